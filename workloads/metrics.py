@@ -1,0 +1,98 @@
+"""What a task measures about itself: clocks, interface byte counters, CPU quota, JSON lines."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+# Set by the launcher (testbed) to the epoch second the worker's container was started, so that
+# container start → first iteration can be measured from inside.
+CONTAINER_START_ENV = "CES_CONTAINER_START"
+
+
+def process_start_time() -> float:
+    """Epoch seconds at which this process was created (before the interpreter started)."""
+    stat = Path("/proc/self/stat").read_text()
+    # Field 22 (starttime, clock ticks since boot) counted after the ')' closing the command.
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def container_start_time() -> float | None:
+    value = os.environ.get(CONTAINER_START_ENV)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class InterfaceCounters:
+    """Bytes sent/received on a network interface, from /sys/class/net/IFACE/statistics.
+
+    Counters belong to the interface, so they include every process using it (on a testbed node
+    several workers may share one interface; on loopback all local ranks share `lo`)."""
+
+    def __init__(self, iface: str) -> None:
+        self.base = Path("/sys/class/net") / iface / "statistics"
+        self._last = self.read()
+
+    def read(self) -> tuple[int, int] | None:
+        try:
+            return (int((self.base / "tx_bytes").read_text()),
+                    int((self.base / "rx_bytes").read_text()))
+        except OSError:
+            return None
+
+    def delta(self) -> tuple[int | None, int | None]:
+        """(tx, rx) bytes since the previous call."""
+        now = self.read()
+        last, self._last = self._last, now
+        if now is None or last is None:
+            return None, None
+        return now[0] - last[0], now[1] - last[1]
+
+
+def cpu_quota() -> float | None:
+    """Cores this process may use under its cgroup's CFS quota (v1 or v2), None if unlimited."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def default_threads() -> int:
+    """One intra-op thread per granted core (rounded up): more only fight over the quota."""
+    cores = os.cpu_count() or 1
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+class JsonLines:
+    """One JSON object per line, flushed at once so a crash loses nothing already measured."""
+
+    def __init__(self, path: str) -> None:
+        if path == "-":
+            self._file: IO[str] = sys.stdout
+        else:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "w", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> None:
+        self._file.write(json.dumps({"type": kind, **fields}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not sys.stdout:
+            self._file.close()
