@@ -1,0 +1,236 @@
+"""Paths through the physical network and the rates flows get on them.
+
+A path runs from one compute node to another and passes through switches only (a compute node is
+an end host, it does not forward). Paths are tuples of vertex names of `Cluster.graph`.
+
+Path rules (`PATH_RULES`; each routes the inter-node flows of a job one at a time, in job order):
+  shortest     fewest hops (ties: least total delay, then name order). Network-blind.
+  widest       largest bottleneck residual on the cluster as it is before this job (ties: fewest
+               hops). Classic widest-shortest path.
+  ksplit       among the k shortest paths (by hops), the one giving this flow the largest *share*:
+               min over its links of residual / (1 + this job's flows already routed there);
+               ties: fewer hops. Spreads a job's flows over parallel paths.
+  constrained  fewest hops among links whose residual, minus the demands of this job's flows
+               already routed there, still covers this flow's demand (bandwidth-constrained
+               shortest path); when no such path exists, the widest path.
+
+Rate rule (one for all path rules, `fair_rates`): the *rate split*. Each directed link's residual
+is split among the job's flows that cross it by weighted max-min fairness (progressive filling):
+every active flow's rate grows in proportion to its weight until it reaches its demand or one of
+its links is full; frozen flows keep their rate, the others go on. A flow never gets more than it
+asked for. With weights = bytes per iteration ("bytes", the default) every flow of the collective
+finishes together, which minimises the collective's time max_f bytes_f / rate_f for the chosen
+paths. With equal weights ("equal") it is TCP-like fair sharing (what a network-blind scheduler
+gets). A single flow is never split over several paths: the SDN app installs one path per flow.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Callable, Hashable, Mapping
+
+import networkx as nx
+
+from .model import EPS, CannotPlace, Cluster, FlowAssignment, Job
+
+Path = tuple[str, ...]
+PATH_RULES = ("shortest", "widest", "ksplit", "constrained")
+WEIGHTINGS = ("bytes", "equal")
+
+
+class NoPath(CannotPlace):
+    """No path through switches joins two compute nodes (or none with enough bandwidth)."""
+
+
+def routing_view(cluster: Cluster, src: str, dst: str) -> nx.Graph:
+    """G restricted to switches plus the two end nodes: the vertices a src→dst path may use."""
+    graph = cluster.graph
+    return nx.subgraph_view(graph, filter_node=lambda v: v == src or v == dst
+                            or graph.nodes[v]["kind"] == "switch")
+
+
+def _check_ends(cluster: Cluster, src: str, dst: str) -> None:
+    for v in (src, dst):
+        if v not in cluster.graph or cluster.graph.nodes[v]["kind"] != "compute":
+            raise ValueError(f"{v} is not a compute node of the cluster")
+    if src == dst:
+        raise ValueError(f"no path needed from {src} to itself")
+
+
+def _hop_weight(min_residual: float, cluster: Cluster,
+                extra: Mapping[tuple[str, str], float] | None = None) -> Callable:
+    """Dijkstra weight: one per hop plus a tiny delay tie-break; hides directed links whose
+    residual (minus `extra`) is below `min_residual`."""
+    def weight(u: str, v: str, d: dict) -> float | None:
+        if min_residual > 0:
+            free = cluster.residual(u, v) - (extra or {}).get((u, v), 0.0)
+            if free < min_residual - EPS:
+                return None
+        return 1.0 + d.get("delay_ms", 0.0) * 1e-6
+    return weight
+
+
+def shortest_path(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
+                  extra: Mapping[tuple[str, str], float] | None = None) -> Path:
+    """Fewest-hop path src→dst (ties: least delay). With `min_residual` > 0 only directed links
+    with at least that residual (after subtracting `extra` Mbit/s per link) are used.
+    Raises `NoPath`."""
+    _check_ends(cluster, src, dst)
+    try:
+        return tuple(nx.dijkstra_path(routing_view(cluster, src, dst), src, dst,
+                                      weight=_hop_weight(min_residual, cluster, extra)))
+    except nx.NetworkXNoPath:
+        what = f" with {min_residual:g} Mbit/s free" if min_residual > 0 else ""
+        raise NoPath(f"no path from {src} to {dst}{what}") from None
+
+
+def widest_path(cluster: Cluster, src: str, dst: str) -> Path:
+    """The path with the largest bottleneck residual (directed), fewest hops among those.
+    Raises `NoPath`."""
+    _check_ends(cluster, src, dst)
+    view = routing_view(cluster, src, dst)
+    # Max-min Dijkstra for the best bottleneck, then the fewest-hop path at that width.
+    width = {src: float("inf")}
+    heap = [(-float("inf"), src)]
+    done: set[str] = set()
+    while heap:
+        w, u = heapq.heappop(heap)
+        if u in done:
+            continue
+        done.add(u)
+        if u == dst:
+            break
+        for v in view.neighbors(u):
+            cand = min(-w, cluster.residual(u, v))
+            if cand > width.get(v, -float("inf")):
+                width[v] = cand
+                heapq.heappush(heap, (-cand, v))
+    if dst not in done:
+        raise NoPath(f"no path from {src} to {dst}")
+    return shortest_path(cluster, src, dst, min_residual=max(width[dst], EPS))
+
+
+def candidate_paths(cluster: Cluster, src: str, dst: str, k: int) -> list[Path]:
+    """Up to k shortest loop-free paths src→dst by hop count (inner vertices are switches).
+    Raises `NoPath` when there is none."""
+    _check_ends(cluster, src, dst)
+    view = routing_view(cluster, src, dst)
+    try:
+        paths = [tuple(p) for p in itertools.islice(nx.shortest_simple_paths(view, src, dst), k)]
+    except nx.NetworkXNoPath:
+        raise NoPath(f"no path from {src} to {dst}") from None
+    return paths
+
+
+def links(path: Path) -> list[tuple[str, str]]:
+    return list(zip(path, path[1:]))
+
+
+def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mapping[Hashable, float],
+               weights: Mapping[Hashable, float] | None = None) -> dict[Hashable, float]:
+    """The rate split (see module doc): weighted max-min fair rates on the cluster's residual,
+    each capped at its demand. Keys are any flow ids. A flow whose path has no residual gets 0."""
+    w = {f: (weights[f] if weights else 1.0) for f in paths}
+    if any(x <= 0 for x in w.values()):
+        raise ValueError("flow weights must be > 0")
+    rate = {f: 0.0 for f in paths}
+    on_link: dict[tuple[str, str], list[Hashable]] = {}
+    for f, p in paths.items():
+        for lk in links(p):
+            on_link.setdefault(lk, []).append(f)
+    left = {lk: max(cluster.residual(*lk), 0.0) for lk in on_link}
+    active = {f for f in paths if demands[f] > EPS}
+    while active:
+        step = min((demands[f] - rate[f]) / w[f] for f in active)
+        for lk, fs in on_link.items():
+            wsum = sum(w[f] for f in fs if f in active)
+            if wsum > 0:
+                step = min(step, left[lk] / wsum)
+        step = max(step, 0.0)
+        for f in active:
+            rate[f] += step * w[f]
+            for lk in links(paths[f]):
+                left[lk] -= step * w[f]
+        full = {lk for lk, x in left.items() if x <= EPS * max(1.0, cluster.link_capacity(*lk))}
+        active = {f for f in active if demands[f] - rate[f] > EPS
+                  and not any(lk in full for lk in links(paths[f]))}
+    return rate
+
+
+def route(cluster: Cluster, src: str, dst: str, rule: str, k: int = 4, demand: float = 0.0,
+          routed: Mapping[tuple[str, str], tuple[int, float]] | None = None) -> Path:
+    """One flow's path under `rule`. `routed` maps a directed link to (flows, Mbit/s demanded)
+    of this job's flows routed before this one (used by ksplit and constrained)."""
+    routed = routed or {}
+    if rule == "shortest":
+        return shortest_path(cluster, src, dst)
+    if rule == "widest":
+        return widest_path(cluster, src, dst)
+    if rule == "ksplit":
+        def share(p: Path) -> tuple[float, int]:
+            s = min(cluster.residual(u, v) / (1 + routed.get((u, v), (0, 0.0))[0])
+                    for u, v in links(p))
+            return (s, -len(p))
+        return max(candidate_paths(cluster, src, dst, k), key=share)
+    if rule == "constrained":
+        try:
+            return shortest_path(cluster, src, dst, min_residual=max(demand, EPS),
+                                 extra={lk: d for lk, (_, d) in routed.items()})
+        except NoPath:
+            return widest_path(cluster, src, dst)
+    raise ValueError(f"unknown path rule '{rule}' (expected one of {', '.join(PATH_RULES)})")
+
+
+def assign_flows(cluster: Cluster, job: Job, placement: Mapping[str, str], rule: str = "shortest",
+                 k: int = 4, weighting: str = "bytes") -> list[FlowAssignment]:
+    """Paths (by `rule`) and rates (the rate split) for every inter-node flow of `job` placed as
+    `placement`. Raises `NoPath` (a `CannotPlace`) when a flow finds no path or no bandwidth."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"unknown weighting '{weighting}' (expected one of "
+                         f"{', '.join(WEIGHTINGS)})")
+    crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
+    paths: dict[tuple[str, str], Path] = {}
+    routed: dict[tuple[str, str], tuple[int, float]] = {}
+    for f in crossing:
+        p = route(cluster, placement[f.src], placement[f.dst], rule, k, f.demand_mbps, routed)
+        paths[(f.src, f.dst)] = p
+        for lk in links(p):
+            n, d = routed.get(lk, (0, 0.0))
+            routed[lk] = (n + 1, d + f.demand_mbps)
+    demands = {(f.src, f.dst): f.demand_mbps for f in crossing}
+    use_bytes = weighting == "bytes" and all(f.bytes_per_iter > 0 for f in crossing)
+    weights = {(f.src, f.dst): (f.bytes_per_iter if use_bytes else 1.0) for f in crossing}
+    rates = fair_rates(cluster, paths, demands, weights)
+    out = []
+    for f in crossing:
+        key = (f.src, f.dst)
+        if rates[key] <= EPS:
+            raise NoPath(f"flow {f.src}->{f.dst}: no residual bandwidth on "
+                         f"{' -> '.join(paths[key])}")
+        out.append(FlowAssignment(f.src, f.dst, paths[key], rates[key]))
+    return out
+
+
+def hop_distances(cluster: Cluster, origin: str, min_residual: float = 0.0,
+                  towards: bool = False) -> dict[str, int]:
+    """Hops from compute node `origin` to every compute node reachable through switches (BFS),
+    using only directed links with at least `min_residual` free. With `towards`, hops *to*
+    `origin` (links taken in the reverse direction)."""
+    graph = cluster.graph
+    dist = {origin: 0}
+    frontier = [origin]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            if u != origin and graph.nodes[u]["kind"] != "switch":
+                continue  # compute nodes end paths, they do not forward
+            for v in graph.neighbors(u):
+                if v in dist:
+                    continue
+                free = cluster.residual(v, u) if towards else cluster.residual(u, v)
+                if min_residual > 0 and free < min_residual - EPS:
+                    continue
+                dist[v] = dist[u] + 1
+                nxt.append(v)
+        frontier = nxt
+    return {v: d for v, d in dist.items() if graph.nodes[v]["kind"] == "compute"}
