@@ -5,6 +5,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,8 +19,8 @@ def process_start_time() -> float:
     stat = Path("/proc/self/stat").read_text()
     # Field 22 (starttime, clock ticks since boot) counted after the ')' closing the command.
     ticks = int(stat.rsplit(")", 1)[1].split()[19])
-    boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                if line.startswith("btime "))
+    # /proc/stat's btime is whole seconds; the boot clock gives the boot instant precisely.
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -96,3 +97,9 @@ class JsonLines:
     def close(self) -> None:
         if self._file is not sys.stdout:
             self._file.close()
+
+    def __enter__(self) -> "JsonLines":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

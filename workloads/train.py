@@ -16,8 +16,8 @@ JSON lines written to --out (one file per task), each with a "type":
   iter   iter, loss, iter_s, compute_s, comm_s, tx_bytes, rx_bytes (interface counters),
          payload_tx_bytes, payload_rx_bytes (what the collective sent)
   eval   iter, elapsed_s, eval_s, accuracy (over the whole held-out split)
-  end    reached_target, tta_s, tta_iter, stop_reason, iters, train_s, startup_s,
-         container_startup_s, jct_s
+  end    reached_target, tta_s, tta_iter, stop_reason, iters, train_s, init_s, startup_s,
+         container_startup_s, jct_s, param_sum
 Exit codes: 0 done (converged or not), 1 runtime failure, 2 bad parameters, 130 interrupted.
 """
 from __future__ import annotations
@@ -228,6 +228,8 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         "container_startup_s": (first_iter_wall - container_started
                                 if first_iter_wall and container_started else None),
         "jct_s": end_wall - (container_started or started),
+        # Equal on every rank when the replicas stayed in sync (a check, not a metric).
+        "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
     }
     log.write("end", **result)
     return result
