@@ -1,0 +1,251 @@
+"""The edge agent: one per compute node. Messenger + Compute Manager + Network Manager.
+
+    python -m testbed.agent --node lab1 --master http://127.0.0.1:7070 \\
+        [--node-container ces1a2b-lab1] [--iface eth0] [--listen 127.0.0.1:0] [--heartbeat 2]
+
+The Messenger registers with the Master, sends a heartbeat every `--heartbeat` seconds (CPU,
+memory and network usage, the state of every worker, new metric lines) and at once when a worker
+ends, and serves the Master's commands over HTTP (`scheduler.service.protocol`). The agent talks
+only to its local Docker engine, its local `tc` and the Master, so the same program runs on a real
+host (workers on the host's network, `--iface` the data interface, `--line-mbps` its rate) and
+beside an emulated node (`--node-container`: workers join that container's network namespace and
+cgroup parent; tc runs in its namespace).
+
+SIGTERM/SIGINT: the agent leaves — it stops its workers, removes its tc classes and exits; the
+Master notices the silence and reschedules. A killed agent (SIGKILL) leaves its workers running;
+when it comes back, the Master's answer to its registration says which of them to keep.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from scheduler.service.http import ApiError, JsonApp, Server, Unreachable, call, json_body
+from scheduler.service.protocol import Heartbeat, Registration, ShapingRule, WorkerSpec, \
+    from_json, to_json
+from testbed import cgroups
+from testbed.agent_compute import ComputeManager
+from testbed.agent_network import NetworkManager, UsageMeter
+
+log = logging.getLogger("testbed.agent")
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    master: str
+    listen: str = "127.0.0.1:0"
+    advertise: str = ""  # the URL the Master uses to reach us (default: the listen address)
+    node_container: str = ""  # emulation: the node's container
+    iface: str = "eth0"
+    ip: str = ""  # data address (default: the interface's IPv4)
+    line_mbps: float = 0.0  # shape the interface at this rate if it has no HTB root yet
+    cgroup_parent: str = ""  # default: the node container's, none on a host
+    name_prefix: str = ""  # worker container names (default: "<node container>-" / "ces-<node>-")
+    workdir: str = ""
+    heartbeat_s: float = 2.0
+    cpu: float = 0.0  # capacity reported (default: the cgroup parent's limits / the host)
+    mem_mb: float = 0.0
+
+
+class Messenger:
+    """Registration, heartbeats and the command channel."""
+
+    def __init__(self, cfg: AgentConfig, reg: Registration, compute: ComputeManager,
+                 network: NetworkManager, usage: UsageMeter, server: Server):
+        self.cfg, self.reg = cfg, reg
+        self.compute, self.network, self.usage, self.server = compute, network, usage, server
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.seq = 0
+        self.registered = False
+        self._unsent: list[dict] = []
+
+    def routes(self, app: JsonApp) -> None:
+        app.route("GET", "/health", lambda req: {"node": self.cfg.node, "ok": True,
+                                                  "workers": len(self.compute.workers)})
+        app.route("GET", "/workers", lambda req: [to_json(w) for w in self.compute.states()])
+        app.route("POST", "/workers", self._start)
+        app.route("DELETE", "/workers/(?P<name>[^/]+)",
+                  lambda req, name: {"removed": self.compute.stop(name)})
+        app.route("PUT", "/shaping", self._shape)
+
+    def _start(self, req) -> tuple[int, dict]:
+        try:
+            spec = from_json(WorkerSpec, json_body(req))
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        try:
+            return 201, to_json(self.compute.start(spec))
+        except docker.errors.ImageNotFound as e:
+            raise ApiError(400, f"image {spec.image!r} not on {self.cfg.node}: {e.explanation}")
+        except docker.errors.APIError as e:
+            status = 409 if e.status_code == 409 else 500
+            raise ApiError(status, f"docker refused {spec.name}: {e.explanation or e}") from None
+
+    def _shape(self, req) -> dict:
+        body = json_body(req)
+        try:
+            if not isinstance(body, dict) or not isinstance(body.get("rules"), list):
+                raise ValueError('expected {"rules": [{"dst_ip": ..., "rate_mbps": ...}]}')
+            rules = [from_json(ShapingRule, r) for r in body["rules"]]
+            return self.network.apply(rules)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+
+    # --- talking to the Master ------------------------------------------------------------------
+    def register(self) -> None:
+        reply = call("POST", f"{self.cfg.master}/agents", to_json(self.reg), timeout=10)
+        self.compute.reconcile(reply.get("expected_workers", []))
+        self.registered = True
+        log.info("registered with %s as %s", self.cfg.master, self.cfg.node)
+
+    def heartbeat(self) -> None:
+        states = self.compute.states()  # before the records: an exit comes with its last lines
+        self._unsent += self.compute.take_records()
+        self.seq += 1
+        hb = Heartbeat(self.cfg.node, self.seq, time.time(), self.usage.sample(), states,
+                       self._unsent)
+        reply = call("POST", f"{self.cfg.master}/agents/{self.cfg.node}/heartbeat", to_json(hb),
+                     timeout=5)
+        self._unsent = []
+        for name in reply.get("stop", []):
+            log.info("the Master no longer wants %s: stopping it", name)
+            self.compute.stop(name)
+
+    def run(self) -> None:
+        silent_since = None
+        while not self.stopping.is_set():
+            try:
+                if not self.registered:
+                    self.register()
+                self.heartbeat()
+                silent_since = None
+            except ApiError as e:
+                if e.status == 409:  # the Master restarted and forgot us
+                    self.registered = False
+                else:
+                    log.warning("master answered %s: %s", e.status, e.message)
+            except Unreachable as e:
+                if silent_since is None:
+                    log.warning("master unreachable (%s); retrying", e)
+                    silent_since = time.time()
+            self.wake.wait(timeout=self.cfg.heartbeat_s)
+            self.wake.clear()
+
+
+def _node_pid(client: docker.DockerClient, name: str) -> tuple[int, str]:
+    """(PID of the node container's init, its cgroup parent)."""
+    c = client.containers.get(name)
+    pid = c.attrs["State"]["Pid"]
+    if not pid:
+        raise RuntimeError(f"node container {name} is not running")
+    return pid, c.attrs["HostConfig"].get("CgroupParent") or ""
+
+
+def _iface_ip(iface: str, pid: int | None) -> str:
+    cmd = (["nsenter", "-t", str(pid), "-n"] if pid else []) + ["ip", "-4", "-o", "addr", "show",
+                                                                "dev", iface]
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout.split()
+    if "inet" not in out:
+        raise RuntimeError(f"{iface} has no IPv4 address (give --ip)")
+    return out[out.index("inet") + 1].split("/")[0]
+
+
+def _capacity(cfg: AgentConfig, parent: str) -> tuple[float, float]:
+    if cfg.cpu and cfg.mem_mb:
+        return cfg.cpu, cfg.mem_mb
+    if parent:
+        cpu, mem = cgroups.limits(parent)
+    else:
+        cpu = float(os.cpu_count() or 1)
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    return cfg.cpu or cpu, cfg.mem_mb or mem
+
+
+def serve(cfg: AgentConfig) -> int:
+    client = docker.from_env(max_pool_size=64)  # one streaming log connection per worker
+    pid, parent = (_node_pid(client, cfg.node_container) if cfg.node_container else (None, ""))
+    parent = cfg.cgroup_parent or parent
+    prefix = cfg.name_prefix or (f"{cfg.node_container}-" if cfg.node_container
+                                 else f"ces-{cfg.node}-")
+    workdir = Path(cfg.workdir or f"/tmp/ces-agent-{cfg.node}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    network = NetworkManager(cfg.iface, pid, cfg.line_mbps or None)
+    cpu, mem = _capacity(cfg, parent)
+    host, _, port = cfg.listen.rpartition(":")
+    app = JsonApp()
+    server = Server(app, host or "127.0.0.1", int(port or 0))
+    reg = Registration(cfg.node, cfg.advertise or server.url, cfg.ip or _iface_ip(cfg.iface, pid),
+                       cfg.iface, cpu, mem)
+    messenger: Messenger | None = None
+    compute = ComputeManager(client, cfg.node, prefix, workdir, cfg.node_container or None,
+                             parent or None, on_change=lambda: messenger and messenger.wake.set())
+    messenger = Messenger(cfg, reg, compute, network, UsageMeter(network, parent), server)
+    messenger.routes(app)
+
+    def leave(signum: int, _frame) -> None:
+        messenger.stopping.set()
+        messenger.wake.set()
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
+    server.start()
+    log.info("agent %s listening on %s (ip %s, iface %s, netns pid %s)", cfg.node, server.url,
+             reg.ip, cfg.iface, pid)
+    try:
+        messenger.run()
+    finally:
+        server.stop()
+        compute.stop_all()
+        network.clear()
+        log.info("agent %s left", cfg.node)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    p = argparse.ArgumentParser(prog="python -m testbed.agent", description=__doc__.split("\n")[0])
+    p.add_argument("--node", required=True, help="the topology's name of this compute node")
+    p.add_argument("--master", required=True, help="the Master's URL, e.g. http://10.0.0.254:7070")
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT of the command channel")
+    p.add_argument("--advertise", default="", help="URL the Master should use to reach us")
+    p.add_argument("--node-container", default="", help="emulation: the node's container")
+    p.add_argument("--iface", default="eth0", help="the data interface")
+    p.add_argument("--ip", default="", help="the data address (default: the interface's)")
+    p.add_argument("--line-mbps", type=float, default=0.0,
+                   help="shape the interface at this rate when it has no HTB root (real hosts)")
+    p.add_argument("--cgroup-parent", default="")
+    p.add_argument("--name-prefix", default="", help="prefix of worker container names")
+    p.add_argument("--workdir", default="", help="where the workers' metric lines are kept")
+    p.add_argument("--heartbeat", dest="heartbeat_s", type=float, default=2.0)
+    p.add_argument("--cpu", type=float, default=0.0)
+    p.add_argument("--mem-mb", type=float, default=0.0)
+    a = p.parse_args(argv)
+    if a.heartbeat_s <= 0:
+        p.error("--heartbeat: expected a positive number of seconds")
+    return AgentConfig(**{k: v for k, v in vars(a).items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{cfg.node}] %(message)s")
+    try:
+        return serve(cfg)
+    except (docker.errors.DockerException, RuntimeError, OSError) as e:
+        print(f"agent {cfg.node}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The edge agent's Compute Manager: worker containers on the local Docker engine.
+
+Workers are started with `testbed.workers` (quota, the node's network namespace and cgroup
+parent). A worker writes its metric lines as JSON to stdout; a thread per worker follows the
+container's log stream, keeps every line in `workdir/<worker>.jsonl` and queues it for the next
+heartbeat, and when the stream ends (the container stopped) records the exit code and wakes the
+Messenger, so the Master hears of a dead worker within a second or so.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from scheduler.service.protocol import WorkerSpec, WorkerState
+from testbed import workers
+
+log = logging.getLogger(__name__)
+
+LABEL_NODE = "ces.agent.node"  # marks the containers an agent owns
+LABEL_WORKER = "ces.worker"
+START_ENV = "CES_CONTAINER_START"  # workloads.metrics reads it: container start -> first iter
+
+
+@dataclass
+class Worker:
+    spec: WorkerSpec
+    container: Container
+    state: str = "running"
+    exit_code: int | None = None
+    detail: str = ""
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def status(self) -> WorkerState:
+        return WorkerState(self.spec.name, self.spec.job, self.spec.task, self.state,
+                           self.exit_code, self.detail)
+
+
+class ComputeManager:
+    def __init__(self, client: docker.DockerClient, node: str, name_prefix: str, workdir: Path,
+                 node_container: str | None = None, cgroup_parent: str | None = None,
+                 on_change: Callable[[], None] = lambda: None):
+        self.client, self.node, self.name_prefix = client, node, name_prefix
+        self.workdir = workdir
+        self.node_container, self.cgroup_parent = node_container, cgroup_parent
+        self.on_change = on_change
+        self.workers: dict[str, Worker] = {}
+        self.lock = threading.Lock()
+        self._records: list[dict] = []
+
+    def container_name(self, worker: str) -> str:
+        return f"{self.name_prefix}{worker}"
+
+    # --- commands -------------------------------------------------------------------------------
+    def start(self, spec: WorkerSpec) -> WorkerState:
+        with self.lock:
+            if spec.name in self.workers:
+                return self.workers[spec.name].status()  # idempotent: a retried request
+        env = {**spec.env, START_ENV: f"{time.time():.3f}"}
+        container = workers.start_worker(
+            self.client, spec.image, self.container_name(spec.name), spec.command, spec.cpu,
+            int(spec.mem_mb), env=env, node_container=self.node_container,
+            cgroup_parent=self.cgroup_parent,
+            labels={LABEL_NODE: self.node, LABEL_WORKER: spec.name, "ces.job": spec.job})
+        worker = Worker(spec, container)
+        with self.lock:
+            self.workers[spec.name] = worker
+        threading.Thread(target=self._follow, args=(worker,), name=f"logs-{spec.name}",
+                         daemon=True).start()
+        log.info("started %s (%s)", spec.name, " ".join(spec.command))
+        return worker.status()
+
+    def stop(self, name: str) -> bool:
+        with self.lock:
+            worker = self.workers.pop(name, None)
+        workers.stop_worker(self.client, self.container_name(name))
+        if worker:
+            worker.done.wait(timeout=5)  # its last lines are in the file before we answer
+        return worker is not None
+
+    def stop_all(self) -> None:
+        for name in list(self.workers):
+            self.stop(name)
+
+    def reconcile(self, expected: list[str]) -> None:
+        """After (re)registration: remove this node's containers the Master does not expect
+        (left by an earlier incarnation of the agent); those it expects are followed again."""
+        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={self.node}"}):
+            name = c.labels.get(LABEL_WORKER, "")
+            if name in expected and name not in self.workers:
+                spec = WorkerSpec(name, c.labels.get("ces.job", ""), "", "", [], 0, 0)
+                worker = Worker(spec, c)
+                self.workers[name] = worker
+                threading.Thread(target=self._follow, args=(worker, int(time.time())),
+                                 daemon=True).start()
+            elif name not in expected:
+                log.info("removing %s: the Master does not expect it", c.name)
+                workers.stop_worker(self.client, c.name)
+
+    # --- observation ----------------------------------------------------------------------------
+    def states(self) -> list[WorkerState]:
+        with self.lock:
+            return [w.status() for w in self.workers.values()]
+
+    def take_records(self) -> list[dict]:
+        with self.lock:
+            out, self._records = self._records, []
+        return out
+
+    def _follow(self, worker: Worker, since: int | None = None) -> None:
+        """Follow the worker's stdout until the container stops; then record how it ended."""
+        name = worker.spec.name
+        out = (self.workdir / f"{name}.jsonl").open("a", encoding="utf-8")
+        buf = b""
+        try:
+            kwargs = {"since": since} if since else {}
+            for chunk in worker.container.logs(stream=True, follow=True, stdout=True,
+                                               stderr=False, **kwargs):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                self._take(name, lines, out)
+            self._take(name, [buf], out)
+            result = worker.container.wait(timeout=30)
+            worker.exit_code = int(result.get("StatusCode", -1))
+            worker.detail = self._why(worker)
+        except docker.errors.NotFound:
+            worker.exit_code, worker.detail = None, "container removed"
+        except Exception as e:  # the daemon went away, a timeout: report it, never hang
+            worker.exit_code, worker.detail = None, f"lost track of the container: {e}"
+        finally:
+            out.close()
+            worker.state = "exited" if worker.exit_code is not None else "missing"
+            worker.done.set()
+            log.info("%s ended: %s %s", name, worker.state, worker.exit_code)
+            self.on_change()
+
+    def _take(self, worker: str, lines: list[bytes], out) -> None:
+        records = []
+        for raw in lines:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue  # not a metric line (a stray print)
+            if isinstance(rec, dict) and "type" in rec:
+                out.write(raw.decode() + "\n")
+                records.append({**rec, "worker": worker})
+        if records:
+            out.flush()
+            with self.lock:
+                self._records += records
+
+    def _why(self, worker: Worker) -> str:
+        """A short reason for a non-zero exit: OOM kill, else the last line of stderr."""
+        if worker.exit_code == 0:
+            return ""
+        try:
+            worker.container.reload()
+            if worker.container.attrs["State"].get("OOMKilled"):
+                return "killed: out of memory"
+            tail = worker.container.logs(stdout=False, stderr=True, tail=3).decode(errors="replace")
+            lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+            return lines[-1][:300] if lines else ""
+        except docker.errors.APIError:
+            return ""

@@ -1,0 +1,123 @@
+"""The edge agent's Network Manager and resource sensing.
+
+Network Manager: the sender-side half of a flow decision. The Master sends the complete set of
+(destination address, granted Mbit/s) for this node; one HTB class per destination on the data
+interface (`testbed.tc`) enforces it. The interface must carry the HTB root at its line rate: the
+emulation puts it there; on a real host the agent does it once with `--line-mbps`.
+
+Usage: CPU and memory of the node's cgroup parent (all its workers together, cgroup v1 or v2), or
+of the whole host when there is none; bytes on the data interface from /proc/PID/net/dev of a
+process inside the node's network namespace (PID 1 of the node container, or the agent's own).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+import time
+from pathlib import Path
+
+from scheduler.service.protocol import ShapingRule, Usage
+from testbed import cgroups, tc
+from topologies.model import DATA_NETWORK
+
+CG = Path("/sys/fs/cgroup")
+
+
+class NetworkManager:
+    def __init__(self, iface: str, pid: int | None, line_mbps: float | None = None):
+        self.iface, self.pid = iface, pid
+        self.lock = threading.Lock()
+        if tc.link_rate(iface, pid) is None:
+            if not line_mbps:
+                raise RuntimeError(f"{iface} has no HTB root: give the line rate (--line-mbps) "
+                                   "so the agent can shape it")
+            tc.shape(iface, line_mbps, pid=pid)
+
+    def apply(self, rules: list[ShapingRule]) -> dict:
+        """Make the per-destination classes exactly `rules` (add, change, remove)."""
+        for r in rules:
+            ipaddress.IPv4Address(r.dst_ip)  # ValueError on a bad address, before any change
+            if not r.rate_mbps > 0:
+                raise ValueError(f"{r.dst_ip}: rate must be > 0, got {r.rate_mbps}")
+        with self.lock:
+            current = tc.destinations(self.iface, self.pid)
+            wanted = {int(ipaddress.IPv4Address(r.dst_ip)) & 0xFFFF: r for r in rules}
+            for r in rules:
+                minor = int(ipaddress.IPv4Address(r.dst_ip)) & 0xFFFF
+                if abs(current.get(minor, -1.0) - r.rate_mbps) > 1e-3:
+                    tc.set_destination(self.iface, r.dst_ip, r.rate_mbps, self.pid)
+            for minor in set(current) - set(wanted):
+                tc.remove_destination(self.iface, self._ip_of(minor), self.pid)
+            return {"classes": len(wanted)}
+
+    @staticmethod
+    def _ip_of(minor: int) -> str:
+        # The class minor is the host part of a data-network address (testbed.tc's layout).
+        return str(DATA_NETWORK.network_address + minor)
+
+    def clear(self) -> None:
+        self.apply([])
+
+    def counters(self) -> tuple[int, int]:
+        """(tx, rx) bytes of the data interface."""
+        netdev = Path(f"/proc/{self.pid or 'self'}/net/dev").read_text()
+        for line in netdev.splitlines():
+            name, _, rest = line.partition(":")
+            if name.strip() == self.iface:
+                f = rest.split()
+                return int(f[8]), int(f[0])
+        raise RuntimeError(f"no interface {self.iface} in the node's network namespace")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class UsageMeter:
+    """Usage since the previous sample: cores busy, memory in use, interface Mbit/s."""
+
+    def __init__(self, network: NetworkManager, cgroup_parent: str | None):
+        self.network, self.parent = network, (cgroup_parent or "").strip("/")
+        self._last = self._sample()
+
+    def _cpu_ns(self) -> int | None:
+        if not self.parent:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+            busy = sum(map(int, fields)) - int(fields[3]) - int(fields[4])  # minus idle, iowait
+            return busy * 10**9 // os.sysconf("SC_CLK_TCK")
+        if cgroups.version() == 2:
+            for line in (CG / self.parent / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec"):
+                    return int(line.split()[1]) * 1000
+            return None
+        for hier in ("cpuacct", "cpu,cpuacct", "cpu"):
+            ns = _read_int(CG / hier / self.parent / "cpuacct.usage")
+            if ns is not None:
+                return ns
+        return None
+
+    def _mem_mb(self) -> float:
+        if not self.parent:
+            info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+            used_kb = int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])
+            return used_kb / 1024
+        path = CG / self.parent / "memory.current" if cgroups.version() == 2 else \
+            CG / "memory" / self.parent / "memory.usage_in_bytes"
+        return (_read_int(path) or 0) / 2**20
+
+    def _sample(self) -> tuple[float, int | None, tuple[int, int]]:
+        return time.monotonic(), self._cpu_ns(), self.network.counters()
+
+    def sample(self) -> Usage:
+        now = self._sample()
+        (t0, cpu0, (tx0, rx0)), (t1, cpu1, (tx1, rx1)) = self._last, now
+        self._last = now
+        dt = max(t1 - t0, 1e-6)
+        cores = (cpu1 - cpu0) / 1e9 / dt if cpu0 is not None and cpu1 is not None else 0.0
+        return Usage(cpu_cores=round(max(cores, 0.0), 3), mem_mb=round(self._mem_mb(), 1),
+                     tx_mbps=round((tx1 - tx0) * 8 / dt / 1e6, 3),
+                     rx_mbps=round((rx1 - rx0) * 8 / dt / 1e6, 3))

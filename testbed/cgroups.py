@@ -1,0 +1,87 @@
+"""The cgroup parent of an emulated node: caps the node container and all its workers together.
+
+Docker puts a container started with `--cgroup-parent P` under P but sets no limit on P itself;
+the node's capacity is written here, on P, so workers of several jobs share the node's CPU and
+memory like pods on a Kubernetes node. Works with cgroup v1 (cpu + memory hierarchies) and v2
+(unified), with Docker's cgroupfs driver (P = "/name") and systemd driver (P = "name.slice").
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+def version() -> int:
+    return 2 if (ROOT / "cgroup.controllers").exists() else 1
+
+
+def parent_name(name: str, systemd_driver: bool) -> str:
+    """What to pass as Docker's cgroup_parent for a node called `name` (a top-level cgroup;
+    systemd reads '-' in a slice name as nesting, so it becomes '_' there)."""
+    return f"{name.replace('-', '_')}.slice" if systemd_driver else f"/{name}"
+
+
+def _roots() -> list[Path]:
+    return [ROOT] if version() == 2 else [ROOT / "cpu", ROOT / "memory"]
+
+
+def _dirs(parent: str) -> list[Path]:
+    return [root / parent.strip("/") for root in _roots()]
+
+
+def set_limits(parent: str, cpu: float, mem_mb: int) -> None:
+    """Cap everything under `parent` at `cpu` cores and `mem_mb` MiB (the parent must exist)."""
+    quota = max(int(cpu * PERIOD_US), 1000)
+    mem = int(mem_mb) * 1024 * 1024
+    if version() == 2:
+        (d,) = _dirs(parent)
+        (d / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+        (d / "memory.max").write_text(str(mem))
+        return
+    cpu_dir, mem_dir = _dirs(parent)
+    (cpu_dir / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    (cpu_dir / "cpu.cfs_quota_us").write_text(str(quota))
+    # v1 refuses a memory limit below current usage of the children; the node is fresh or the
+    # caller lowers it deliberately, so let the error surface.
+    (mem_dir / "memory.limit_in_bytes").write_text(str(mem))
+
+
+def limits(parent: str) -> tuple[float, int]:
+    """(cpu cores, memory MiB) currently set on `parent`."""
+    if version() == 2:
+        (d,) = _dirs(parent)
+        quota, period = (d / "cpu.max").read_text().split()
+        cpu = float("inf") if quota == "max" else int(quota) / int(period)
+        mem = (d / "memory.max").read_text().strip()
+        return cpu, (1 << 62) if mem == "max" else int(mem) // (1024 * 1024)
+    cpu_dir, mem_dir = _dirs(parent)
+    quota = int((cpu_dir / "cpu.cfs_quota_us").read_text())
+    period = int((cpu_dir / "cpu.cfs_period_us").read_text())
+    mem = int((mem_dir / "memory.limit_in_bytes").read_text())
+    return (float("inf") if quota < 0 else quota / period), mem // (1024 * 1024)
+
+
+def remove(parent: str) -> None:
+    """Remove the parent (after its containers are gone) in every hierarchy that has it."""
+    roots = [ROOT] if version() == 2 else [d for d in ROOT.iterdir() if d.is_dir()]
+    for root in roots:
+        d = root / parent.strip("/")
+        if not d.is_dir():
+            continue
+        # Deepest first; cgroup directories are removed with rmdir (their files are virtual).
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            sub.rmdir()
+        d.rmdir()
+
+
+def find(pattern: re.Pattern[str]) -> list[str]:
+    """Cgroup parents (as Docker's cgroup_parent strings) whose name matches `pattern`."""
+    found = set()
+    for root in _roots():
+        for d in root.iterdir():
+            if d.is_dir() and pattern.match(d.name):
+                found.add(d.name if d.name.endswith(".slice") else f"/{d.name}")
+    return sorted(found)

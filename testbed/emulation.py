@@ -1,0 +1,336 @@
+"""Emulate a `Topology`: OVS switches, Docker containers as compute nodes, HTB-shaped veth links.
+
+    with Emulation(load_topology("campus"), controller=("127.0.0.1", 6653)) as net:
+        net.exec("lab1", "ping -c1 10.0.0.2")
+
+Names follow the topology exactly where the rest of the project relies on them: every bridge has
+the switch's dpid, every port its OpenFlow number, every node's `eth0` its ip/mac. Everything
+created carries the run prefix and is removed on exit, on exceptions, on Ctrl-C and SIGTERM.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+import docker
+import docker.errors
+from docker.models.containers import Container
+from mininet.link import Intf
+from mininet.node import RemoteController
+
+from topologies import ComputeNode, Link, Topology
+
+from . import tc, workers
+from .cleanup import cleanup
+from .image import worker_image_tag
+from .names import Names, new_prefix
+from .node import DockerNet, DockerNode, EdgeSwitch
+
+log = logging.getLogger(__name__)
+PROJECT_LABEL = "ces.run"
+
+
+class EmulationError(RuntimeError):
+    pass
+
+
+def detect_datapath() -> str:
+    """'kernel' where the openvswitch module is loaded (ovs-ctl loads it), else 'user'."""
+    return "kernel" if Path("/sys/module/openvswitch").exists() else "user"
+
+
+class Emulation:
+    def __init__(self, topo: Topology, prefix: str | None = None,
+                 controller: tuple[str, int] | None = None, image: str | None = None,
+                 datapath: str | None = None, client: docker.DockerClient | None = None,
+                 converge_timeout_s: float = 30.0) -> None:
+        self.topo = topo
+        self.names = Names(prefix or new_prefix())
+        self.prefix = self.names.prefix
+        self.controller = controller
+        self.image = image or worker_image_tag()
+        self.datapath = datapath or detect_datapath()
+        self.client = client or docker.from_env()
+        self.converge_timeout_s = converge_timeout_s
+        self.net: DockerNet | None = None
+        self.nodes: dict[str, DockerNode] = {}
+        self.switches: dict[str, EdgeSwitch] = {}
+        self.timings: dict[str, float] = {}
+        self._saved_handlers: dict[int, object] = {}
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Emulation":
+        self._trap_signals()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise EmulationError(f"worker image {self.image} is missing: run "
+                                 "`python -m testbed.image ensure` (or scripts/setup.sh)") from None
+        self.net = DockerNet(self.client)
+        if self.controller:
+            ip, port = self.controller
+            self.net.addController("c0", controller=RemoteController, ip=ip, port=port)
+        standalone = self.controller is None
+        for s in self.topo.switches:
+            self.switches[s.name] = self.net.addSwitch(
+                self.names.bridge(s.name), dpid=f"{s.dpid:016x}", protocols="OpenFlow13",
+                failMode="standalone" if standalone else "secure", datapath=self.datapath,
+                batch=True)
+        # Containers start in parallel: `docker run` is most of the bring-up time.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(self._add_container, self.topo.nodes))
+        for lk in self.topo.links:
+            self._add_link(lk)
+        self.net.build()
+        self._prepare_interfaces(self.net.links)
+        self.net.start()
+        self.timings["up_s"] = time.monotonic() - t0
+        if standalone:
+            self.wait_converged(self.converge_timeout_s)
+        self.timings["converged_s"] = time.monotonic() - t0
+        log.info("%s: %d nodes, %d switches, %d links up in %.1f s (%s datapath)", self.prefix,
+                 len(self.nodes), len(self.switches), len(self.topo.links),
+                 self.timings["converged_s"], self.datapath)
+
+    def stop(self) -> None:
+        """Tear everything down; safe to call at any point of a bring-up, and twice."""
+        held = self._hold_signals()
+        try:
+            t0 = time.monotonic()
+            removed = cleanup(self.prefix, self.client)
+            for n in list(self.nodes.values()) + list(self.switches.values()):
+                n.terminate()  # close the Mininet shells' ptys; the processes are gone
+            self.nodes.clear()
+            self.switches.clear()
+            self.net = None
+            self.timings["down_s"] = time.monotonic() - t0
+            if removed.total():
+                log.info("%s: removed %s in %.1f s", self.prefix, removed.summary(),
+                         self.timings["down_s"])
+        finally:
+            self._restore_signals(held)
+            self._restore_signals(self._saved_handlers)
+            self._saved_handlers = {}
+
+    def _trap_signals(self) -> None:
+        """SIGTERM behaves like Ctrl-C (an exception), so the `with` block tears down."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def terminate(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        self._saved_handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminate)}
+
+    @staticmethod
+    def _hold_signals() -> dict[int, object]:
+        """Ignore SIGINT/SIGTERM during teardown so a second Ctrl-C cannot leave half of it."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _restore_signals(saved: dict[int, object]) -> None:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+    # --- building blocks -------------------------------------------------------------------------
+
+    def _add_container(self, node: ComputeNode) -> DockerNode:
+        assert self.net is not None
+        name = self.names.container(node.name)
+        docker_node = self.net.addDocker(
+            name, dimage=self.image, cpu=node.cpu, mem_mb=node.mem_mb, hostname=node.name,
+            cgroup_parent=f"/{self.names.cgroup_parent(node.name)}",
+            labels={PROJECT_LABEL: self.prefix, "ces.node": node.name},
+            ip=f"{node.ip}/16", mac=node.mac)
+        self.nodes[node.name] = docker_node
+        return docker_node
+
+    def _end(self, name: str, port: int) -> tuple[object, str, dict]:
+        """(Mininet node, interface name, interface params) of one end of a link."""
+        if name in self.nodes:
+            return self.nodes[name], "eth0", {"edge": True}
+        return self.switches[name], self.names.interface(name, port), {}
+
+    def _add_link(self, lk: Link):
+        assert self.net is not None
+        a, b = (lk.a, lk.b) if lk.a in self.nodes or lk.b not in self.nodes else (lk.b, lk.a)
+        node1, if1, p1 = self._end(a, lk.port_of(a))
+        node2, if2, p2 = self._end(b, lk.port_of(b))
+        # The veth pair is created in node1's namespace (a container first, so its end is
+        # `eth0` there without clashing with the host's eth0) and its peer moved to node2's.
+        mac1 = self.topo.node(a).mac if a in self.nodes else None
+        return self.net.addLink(node1, node2, port1=lk.port_of(a), port2=lk.port_of(b),
+                                intfName1=if1, intfName2=if2, addr1=mac1,
+                                params1=p1 | {"bw_mbps": lk.bw_mbps},
+                                params2=p2 | {"bw_mbps": lk.bw_mbps, "edge": "edge" in p1})
+
+    def _pid(self, intf: Intf) -> int | None:
+        return intf.node.container_pid if isinstance(intf.node, DockerNode) else None
+
+    def _prepare_interfaces(self, links) -> None:
+        """Checksum offload off (userspace datapath) and HTB shaping on both ends of `links`."""
+        by_ends = {frozenset((lk.a, lk.b)): lk for lk in self.topo.links}
+        for mlink in links:
+            lk = by_ends[frozenset((self._topo_name(mlink.intf1.node),
+                                    self._topo_name(mlink.intf2.node)))]
+            for intf in (mlink.intf1, mlink.intf2):
+                pid = self._pid(intf)
+                if self.datapath == "user":
+                    # The userspace datapath does not complete checksums the veth left to
+                    # hardware: TCP would hang while ping works.
+                    prefix = [] if pid is None else ["nsenter", "-t", str(pid), "-n"]
+                    subprocess.run(prefix + ["ethtool", "-K", intf.name, "tx", "off"],
+                                   capture_output=True, check=True)
+                tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, pid)
+
+    def _topo_name(self, mininet_node: object) -> str:
+        for name, n in list(self.nodes.items()) + list(self.switches.items()):
+            if n is mininet_node:
+                return name
+        raise KeyError(mininet_node)
+
+    def wait_converged(self, timeout_s: float) -> None:
+        """Standalone mode: wait until RSTP has settled every port of our bridges."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            unsettled = self._unsettled_ports()
+            if not unsettled:
+                return
+            if time.monotonic() > deadline:
+                raise EmulationError(f"RSTP did not converge in {timeout_s:.0f} s: "
+                                     f"{', '.join(unsettled[:5])} still learning")
+            time.sleep(0.2)
+
+    def _unsettled_ports(self) -> list[str]:
+        out = subprocess.run(["ovs-vsctl", "--format=json", "--columns=name,rstp_status",
+                              "list", "Port"], capture_output=True, text=True, check=True).stdout
+        unsettled = []
+        for name, status in json.loads(out)["data"]:
+            if not name.startswith(self.prefix) or name in self.names.bridges.values():
+                continue  # not ours, or a bridge's internal port (no RSTP there)
+            fields = dict(status[1]) if status[0] == "map" else {}
+            role, state = fields.get("rstp_port_role"), fields.get("rstp_port_state")
+            # Root/Designated ports must forward; Alternate/Backup ports stay discarding.
+            if role is None or (role in ("Root", "Designated") and state != "Forwarding"):
+                unsettled.append(name)
+        return unsettled
+
+    # --- the API the rest of the project uses ----------------------------------------------------
+
+    def node_container_name(self, node: str) -> str:
+        return self.names.container(node)
+
+    def bridge_name(self, switch: str) -> str:
+        return self.names.bridges[switch]
+
+    def interface_name(self, switch: str, port: int) -> str:
+        return self.names.interfaces[(switch, port)]
+
+    def exec(self, node: str, command: str) -> tuple[int, str]:
+        """Run a shell command inside the node's container: (exit code, output)."""
+        return self._node(node).exec(command)
+
+    def _node(self, name: str) -> DockerNode:
+        if name not in self.nodes:
+            raise EmulationError(f"no compute node '{name}' (have: {', '.join(self.nodes)})")
+        return self.nodes[name]
+
+    def add_node(self, node: ComputeNode, link: Link) -> DockerNode:
+        """Add a compute node at run time, attached by `link` to an existing switch."""
+        assert self.net is not None
+        switch = link.other(node.name)
+        if node.name in self.nodes or node.name in self.switches:
+            raise EmulationError(f"add_node: '{node.name}' already exists")
+        if node.name not in (link.a, link.b) or switch not in self.switches:
+            raise EmulationError(f"add_node: link {link.a}–{link.b} must join '{node.name}' to "
+                                 "an existing switch")
+        port = link.port_of(switch)
+        if any(lk.port_of(switch) == port for lk in self.topo.links_of(switch)):
+            raise EmulationError(f"add_node: port {port} of '{switch}' is already used")
+        self.topo = dataclasses.replace(self.topo, nodes=self.topo.nodes + [node],
+                                        links=self.topo.links + [link])
+        docker_node = self._add_container(node)
+        mlink = self._add_link(link)
+        docker_node.configDefault()
+        self._prepare_interfaces([mlink])
+        self.switches[switch].attach(mlink.intf2)
+        return docker_node
+
+    def remove_node(self, name: str) -> None:
+        """Remove a compute node (its workers, container, link and switch port) at run time."""
+        assert self.net is not None
+        docker_node = self._node(name)
+        for w in workers.find_workers(self.client, self.names.worker(name, "")):
+            w.remove(force=True)
+        self.net.removeDocker(docker_node.name)
+        del self.nodes[name]
+        self.topo = dataclasses.replace(
+            self.topo, nodes=[n for n in self.topo.nodes if n.name != name],
+            links=[lk for lk in self.topo.links if name not in (lk.a, lk.b)])
+
+    def set_link(self, a: str, b: str, bw_mbps: float, delay_ms: float | None = None) -> None:
+        """Change a link's capacity (and delay) at run time, both directions."""
+        assert self.net is not None
+        lk = next((lk for lk in self.topo.links if {lk.a, lk.b} == {a, b}), None)
+        if lk is None:
+            raise EmulationError(f"set_link: no link between '{a}' and '{b}'")
+        for end in (a, b):
+            if end in self.nodes:
+                tc.change("eth0", bw_mbps, delay_ms, self.nodes[end].container_pid)
+            else:
+                tc.change(self.interface_name(end, lk.port_of(end)), bw_mbps, delay_ms)
+        new = dataclasses.replace(lk, bw_mbps=bw_mbps,
+                                  delay_ms=lk.delay_ms if delay_ms is None else delay_ms)
+        self.topo = dataclasses.replace(
+            self.topo, links=[new if x is lk else x for x in self.topo.links])
+
+    def update_node(self, name: str, cpu: float | None = None, mem_mb: int | None = None) -> None:
+        """Change a node's CPU/memory capacity (node container and the cgroup of its workers)."""
+        self._node(name).update(cpu, mem_mb)
+
+    def start_worker(self, node: str, name: str, command: str | list[str], cpu: float,
+                     mem_mb: int, env: dict[str, str] | None = None) -> Container:
+        """Start a worker container in `node`'s network namespace and cgroup."""
+        docker_node = self._node(node)
+        # gloo picks the address of the hostname; with --network none that is loopback.
+        env = {"GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
+        return workers.start_worker(
+            self.client, self.image, self.names.worker(node, name), command, cpu, mem_mb, env,
+            node_container=docker_node.name, cgroup_parent=docker_node.cgroup_parent,
+            labels={PROJECT_LABEL: self.prefix, "ces.node": node, "ces.worker": name})
+
+    def ping_all(self, timeout_s: float = 1.0) -> float:
+        """Ping every node from every other node once; the fraction of pings lost."""
+        ips = {name: n.ip for name, n in self.nodes.items()}
+
+        def from_node(src: str) -> tuple[int, int]:
+            targets = " ".join(ip for name, ip in ips.items() if name != src)
+            code, out = self.exec(src, f"for ip in {targets}; do ping -c1 -W{timeout_s} $ip "
+                                       ">/dev/null 2>&1 && echo ok || echo lost; done")
+            return out.split().count("ok"), len(ips) - 1
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(from_node, ips))
+        sent = sum(total for _, total in results)
+        return 1.0 - sum(ok for ok, _ in results) / sent if sent else 0.0

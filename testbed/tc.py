@@ -1,0 +1,172 @@
+"""Egress shaping with tc HTB, in the root network namespace or in a given process's namespace.
+
+One layout serves both link emulation and the per-destination grants of a node's Network Manager:
+
+    root 1: htb default fffe
+    └── 1:ffff  the interface's capacity (rate = ceil = capacity)
+        ├── 1:fffe  everything not granted per destination (ARP, pings, unscheduled flows)
+        └── 1:<n>   one class per destination IP, rate = ceil = its grant, u32 filter on dst/32
+                    (n = the host part of the address, so no state is kept outside the kernel)
+
+Every leaf gets a short pfifo queue (or netem with the same limit when the link has a delay and
+the kernel has sch_netem): a long queue makes OVS's userspace datapath drop inside the switch
+(ENVIRONMENT.md "Queues matter").
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import subprocess
+
+log = logging.getLogger(__name__)
+
+QUEUE_PKTS = 64
+LINK_CLASS, DEFAULT_CLASS = 0xFFFF, 0xFFFE
+_netem: bool | None = None  # learnt at first use
+
+
+class TcError(RuntimeError):
+    pass
+
+
+def _prefix(pid: int | None) -> list[str]:
+    return [] if pid is None else ["nsenter", "-t", str(pid), "-n"]
+
+
+def tc(pid: int | None, *args: str, check: bool = True) -> str:
+    done = subprocess.run(_prefix(pid) + ["tc", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise TcError(f"tc {' '.join(args)}{'' if pid is None else f' (in netns of {pid})'}: "
+                      f"{done.stderr.strip()}")
+    return done.stdout
+
+
+def _batch(pid: int | None, lines: list[str]) -> None:
+    done = subprocess.run(_prefix(pid) + ["tc", "-batch", "-"], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise TcError(f"tc -batch{'' if pid is None else f' (in netns of {pid})'}: "
+                      f"{done.stderr.strip()}")
+
+
+def _rate(mbps: float) -> str:
+    return f"{max(mbps, 0.001) * 1000:.0f}kbit"
+
+
+def _htb_args(mbps: float) -> str:
+    # burst: ≥ 4 ms of traffic so the userspace datapath's batches pass; quantum: explicit, so
+    # HTB does not warn about r2q at high rates.
+    nbytes = mbps * 1e6 / 8
+    burst = max(15_000, int(nbytes * 0.004))
+    quantum = min(max(1514, int(nbytes / 1000)), 200_000)
+    return f"rate {_rate(mbps)} ceil {_rate(mbps)} burst {burst} cburst {burst} quantum {quantum}"
+
+
+def netem_available() -> bool | None:
+    """Whether sch_netem worked so far (None: not tried yet)."""
+    return _netem
+
+
+def _leaf(pid: int | None, dev: str, minor: int, delay_ms: float, verb: str) -> None:
+    global _netem
+    parent = f"parent 1:{minor:x} handle {minor:x}:"
+    if delay_ms > 0 and _netem is not False:
+        try:
+            tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "netem", "delay",
+               f"{delay_ms}ms", "limit", str(QUEUE_PKTS))
+            _netem = True
+            return
+        except TcError as e:
+            if "unknown" not in str(e).lower() and "no such file" not in str(e).lower():
+                raise
+            _netem = False
+            log.warning("this kernel has no sch_netem: link delays are NOT emulated "
+                        "(bandwidth shaping still works)")
+    tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "pfifo", "limit", str(QUEUE_PKTS))
+
+
+def shape(dev: str, rate_mbps: float, delay_ms: float = 0.0, pid: int | None = None) -> None:
+    """Shape `dev` to `rate_mbps` (+ `delay_ms` where netem exists); replaces any old setup."""
+    tc(pid, "qdisc", "del", "dev", dev, "root", check=False)  # `replace` fails on an HTB root
+    _batch(pid, [f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
+                 f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
+                 f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
+                 f"{_htb_args(rate_mbps)}"])
+    _leaf(pid, dev, DEFAULT_CLASS, delay_ms, "add")
+
+
+def change(dev: str, rate_mbps: float, delay_ms: float | None = None, pid: int | None = None) -> None:
+    """Change the capacity (and delay) of a shaped `dev`, keeping its per-destination classes."""
+    _batch(pid, [f"class change dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
+                 f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
+                 f"{_htb_args(rate_mbps)}"])
+    if delay_ms is not None:
+        tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{DEFAULT_CLASS:x}", check=False)
+        _leaf(pid, dev, DEFAULT_CLASS, delay_ms, "add")
+
+
+def _minor(dst_ip: str) -> int:
+    host = int(ipaddress.IPv4Address(dst_ip)) & 0xFFFF
+    if not 0 < host < DEFAULT_CLASS:
+        raise TcError(f"{dst_ip}: no per-destination class for this address (host part "
+                      f"must be 1..{DEFAULT_CLASS - 1})")
+    return host
+
+
+def set_destination(dev: str, dst_ip: str, rate_mbps: float, pid: int | None = None) -> None:
+    """Grant `rate_mbps` to traffic from `dev` to `dst_ip` (add or change the class)."""
+    minor = _minor(dst_ip)
+    classes = tc(pid, "class", "show", "dev", dev)
+    if f"class htb 1:{LINK_CLASS:x} " not in classes:
+        raise TcError(f"{dev}: not shaped yet (call shape() with the line rate first)")
+    exists = f"class htb 1:{minor:x} " in classes
+    _batch(pid, [f"class {'change' if exists else 'add'} dev {dev} parent 1:{LINK_CLASS:x} "
+                 f"classid 1:{minor:x} htb {_htb_args(rate_mbps)}"])
+    if not exists:
+        _leaf(pid, dev, minor, 0.0, "add")
+        tc(pid, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+           "u32", "match", "ip", "dst", f"{dst_ip}/32", "flowid", f"1:{minor:x}")
+
+
+def remove_destination(dev: str, dst_ip: str, pid: int | None = None) -> None:
+    """Drop the grant to `dst_ip`: its traffic falls back to the default class."""
+    minor = _minor(dst_ip)
+    for line in tc(pid, "filter", "show", "dev", dev, "parent", "1:").splitlines():
+        words = line.split()
+        if f"1:{minor:x}" in words and "fh" in words:  # "... fh 800::801 ... flowid 1:2"
+            tc(pid, "filter", "del", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+               "handle", words[words.index("fh") + 1], "u32")
+    tc(pid, "class", "del", "dev", dev, "classid", f"1:{minor:x}", check=False)
+
+
+def destinations(dev: str, pid: int | None = None) -> dict[int, float]:
+    """{class minor (= host part of the destination): rate in Mbit/s} of the granted classes."""
+    out = {}
+    for line in tc(pid, "class", "show", "dev", dev).splitlines():
+        words = line.split()
+        if len(words) > 2 and words[1] == "htb":
+            minor = int(words[2].split(":")[1], 16)
+            if minor not in (LINK_CLASS, DEFAULT_CLASS):
+                out[minor] = _parse_rate(words[words.index("rate") + 1])
+    return out
+
+
+def link_rate(dev: str, pid: int | None = None) -> float | None:
+    """The shaped capacity of `dev` in Mbit/s, None when not shaped."""
+    for line in tc(pid, "class", "show", "dev", dev).splitlines():
+        words = line.split()
+        if len(words) > 2 and words[2] == f"1:{LINK_CLASS:x}":
+            return _parse_rate(words[words.index("rate") + 1])
+    return None
+
+
+def _parse_rate(text: str) -> float:
+    units = {"bit": 1e-6, "Kbit": 1e-3, "Mbit": 1.0, "Gbit": 1e3}
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            return float(text[:-len(unit)]) * units[unit]
+    raise TcError(f"cannot parse tc rate {text!r}")
+
+
+def clear(dev: str, pid: int | None = None) -> None:
+    tc(pid, "qdisc", "del", "dev", dev, "root", check=False)
