@@ -63,10 +63,10 @@ class Messenger:
     """Registration, heartbeats and the command channel."""
 
     def __init__(self, cfg: AgentConfig, reg: Registration, compute: ComputeManager,
-                 network: NetworkManager, usage: UsageMeter, server: Server):
+                 network: NetworkManager, usage: UsageMeter, wake: threading.Event):
         self.cfg, self.reg = cfg, reg
-        self.compute, self.network, self.usage, self.server = compute, network, usage, server
-        self.wake = threading.Event()
+        self.compute, self.network, self.usage = compute, network, usage
+        self.wake = wake  # set by the Compute Manager when a worker ends: heartbeat at once
         self.stopping = threading.Event()
         self.seq = 0
         self.registered = False
@@ -189,10 +189,10 @@ def serve(cfg: AgentConfig) -> int:
     server = Server(app, host or "127.0.0.1", int(port or 0))
     reg = Registration(cfg.node, cfg.advertise or server.url, cfg.ip or _iface_ip(cfg.iface, pid),
                        cfg.iface, cpu, mem)
-    messenger: Messenger | None = None
+    wake = threading.Event()
     compute = ComputeManager(client, cfg.node, prefix, workdir, cfg.node_container or None,
-                             parent or None, on_change=lambda: messenger and messenger.wake.set())
-    messenger = Messenger(cfg, reg, compute, network, UsageMeter(network, parent), server)
+                             parent or None, on_change=wake.set)
+    messenger = Messenger(cfg, reg, compute, network, UsageMeter(network, parent), wake)
     messenger.routes(app)
 
     def leave(signum: int, _frame) -> None:

@@ -179,9 +179,9 @@ class Emulation:
         node2, if2, p2 = self._end(b, lk.port_of(b))
         # The veth pair is created in node1's namespace (a container first, so its end is
         # `eth0` there without clashing with the host's eth0) and its peer moved to node2's.
-        mac1 = self.topo.node(a).mac if a in self.nodes else None
+        macs = {"addr1": self.topo.node(a).mac} if a in self.nodes else {}
         return self.net.addLink(node1, node2, port1=lk.port_of(a), port2=lk.port_of(b),
-                                intfName1=if1, intfName2=if2, addr1=mac1,
+                                intfName1=if1, intfName2=if2, **macs,
                                 params1=p1 | {"bw_mbps": lk.bw_mbps},
                                 params2=p2 | {"bw_mbps": lk.bw_mbps, "edge": "edge" in p1})
 
