@@ -130,9 +130,11 @@ class Cluster:
     def from_topology(cls, topo: Topology) -> Cluster:
         return cls(topo.graph().copy())
 
-    def copy(self) -> Cluster:
+    def copy(self, share_graph: bool = False) -> Cluster:
+        """An independent copy; with `share_graph` the (read-only) graph is shared, which makes
+        the copy cheap for a what-if view of the allocations."""
         c = copy.copy(self)
-        c.graph = self.graph.copy()
+        c.graph = self.graph if share_graph else self.graph.copy()
         c.used, c.reserved = dict(self.used), dict(self.reserved)
         c.offline, c.jobs = set(self.offline), dict(self.jobs)
         return c
