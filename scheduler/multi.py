@@ -1,0 +1,357 @@
+"""Scheduling a queue of concurrent training jobs: CES-Multi (DESIGN.md §4) and queue baselines.
+
+Every policy implements `simulator.QueuePolicy`: it is handed a `Round` (the queue in arrival
+order, the running jobs, the cluster) on each arrival, completion and node change, and starts
+jobs through one single-job algorithm of the registry (`baselines.make_algorithm`), the same
+for every policy in a comparison.
+
+CES-Multi, per round:
+  1. starving jobs — queued longer than `reserve_after_s` — get a *minimum reservation* (at most
+     `max_reservations` at a time, longest waiting first): the placement the single-job algorithm
+     finds on the cluster as it will be once running jobs end, releasing them in the order they
+     are expected to finish until the job fits (EASY backfilling's shadow placement). The
+     reservation is sticky until the job starts (or a reserved node leaves): no other job may
+     use those resources (node capacity and link bandwidth), so they drain and the job starts —
+     through the algorithm, or on the reserved decision itself once it is feasible;
+  2. the *rolling window*: the first `window` queued jobs (arrival order) are candidates; the
+     best-scoring one is placed, a job that does not fit is skipped (backfilling past it), and a
+     started job's slot goes to the next job in the queue, until every job in the window failed;
+  3. score = a·fit + b·priority + c·wait, each in [0, 1]:
+     fit       cosine between the job's demand and the cluster's free resources, per dimension as
+               a share of the online total: cpu, memory, gpu (if any) and bandwidth (Σ of the
+               job's flow demands vs. the residual of the nodes' access links) — Tetris'
+               alignment, extended to the network; 0 when the job cannot fit;
+     priority  (priority + wait / age_every_s) / the window's largest — priority ageing;
+     wait      waiting time / the window's longest.
+Defaults come from the sweep in docs/multi.md (`experiments/bench_multi.py --sweep`).
+
+Baselines (all backfill past jobs that do not fit, except strict FIFO):
+  fifo           arrival order; stops at the first job that does not fit (no overtaking).
+  fifo-backfill  arrival order; jobs that fit start (first-fit backfilling).
+  sjf            shortest nominal remaining run time first (`JobState.estimated_remaining_s`).
+  las            Tiresias' discretised least-attained-service: queues by attained service
+                 (workers × seconds run) with `thresholds`, FIFO inside a queue; a job that does
+                 not fit may preempt running jobs of lower queues (lowest first), re-evaluated
+                 every `period_s` (the lease). No promotion knob.
+  edf            earliest absolute deadline first among *admitted* jobs — a deadline job is
+                 admitted while now + its nominal remaining run time still meets its deadline;
+                 once it cannot, it is demoted for good — then the rest (demoted and
+                 deadline-free jobs) in arrival order.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import hashlib
+import math
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from topologies import load_topology
+
+from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
+from .baselines import Algorithm, algorithm_names, make_algorithm
+from .model import CannotPlace, Cluster, Decision, Job
+from .simulator import JobState, Round, SimConfig, SimResult, Simulator, quick_fit
+
+# The single-job scheduler CES-Multi uses until CES-PPO is registered (bench_scheduler's best
+# heuristic on bandwidth satisfaction and iteration time).
+BEST_HEURISTIC = "network-aware"
+
+
+def default_algorithm() -> str:
+    """CES-PPO once its module registers it, else the best heuristic."""
+    return "ces-ppo" if "ces-ppo" in algorithm_names() else BEST_HEURISTIC
+
+
+# --- baselines --------------------------------------------------------------------------------------
+
+@dataclass
+class Fifo:
+    algorithm: Algorithm
+    name: ClassVar[str] = "fifo"
+    period_s: ClassVar[float | None] = None
+
+    def schedule(self, rnd: Round) -> None:
+        for js in list(rnd.queue):
+            if rnd.try_place(js) is None:
+                return
+
+
+@dataclass
+class FifoBackfill(Fifo):
+    name: ClassVar[str] = "fifo-backfill"
+
+    def schedule(self, rnd: Round) -> None:
+        for js in list(rnd.queue):
+            rnd.try_place(js)
+
+
+@dataclass
+class Sjf(Fifo):
+    name: ClassVar[str] = "sjf"
+
+    def schedule(self, rnd: Round) -> None:
+        for js in sorted(rnd.queue, key=lambda j: (j.estimated_remaining_s(), j.seq)):
+            rnd.try_place(js)
+
+
+@dataclass
+class Las:
+    algorithm: Algorithm
+    thresholds: tuple[float, ...] = (3600.0, 36000.0)  # workers × s between queues
+    period_s: float | None = 600.0
+    name: ClassVar[str] = "las"
+
+    def level(self, js: JobState, now: float) -> int:
+        return bisect.bisect_right(self.thresholds, js.service(now))
+
+    def schedule(self, rnd: Round) -> None:
+        for js in sorted(rnd.queue, key=lambda j: (self.level(j, rnd.now), j.seq)):
+            if rnd.try_place(js) is None:
+                self._preempt_for(rnd, js)
+
+    def _preempt_for(self, rnd: Round, js: JobState) -> None:
+        """Preempt running jobs of lower queues (lowest, then youngest first) until `js` fits."""
+        mine = self.level(js, rnd.now)
+        victims = sorted((r for r in rnd.running if self.level(r, rnd.now) > mine),
+                         key=lambda r: (-self.level(r, rnd.now), -r.seq))
+        trial = rnd.cluster.copy(share_graph=True)
+        for i, victim in enumerate(victims):
+            trial.release(victim.name)
+            if not quick_fit(trial, js.job):
+                continue
+            try:
+                decision = rnd.algorithm.place(trial, js.job)
+            except CannotPlace:
+                continue
+            for v in victims[:i + 1]:
+                rnd.preempt(v)
+            rnd.commit(js, decision)
+            return
+
+
+@dataclass
+class Edf(Fifo):
+    name: ClassVar[str] = "edf"
+
+    def schedule(self, rnd: Round) -> None:
+        for js in rnd.queue:
+            if js.job.deadline is None:
+                js.admitted = False
+            elif js.admitted is not False:
+                js.admitted = rnd.now + js.estimated_remaining_s() <= js.submit + js.job.deadline
+        admitted = sorted((j for j in rnd.queue if j.admitted),
+                          key=lambda j: (j.submit + j.job.deadline, j.seq))
+        for js in admitted + [j for j in rnd.queue if not j.admitted]:
+            rnd.try_place(js)
+
+
+# --- CES-Multi --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MultiConfig:
+    """CES-Multi's knobs (module doc); defaults from the sweep in docs/multi.md."""
+    window: int = 16
+    a_fit: float = 1.0
+    b_priority: float = 0.5
+    c_wait: float = 1.0
+    age_every_s: float = 3600.0  # priority ageing: +1 level per this much waiting
+    reservation: bool = True
+    reserve_after_s: float = 7200.0
+    max_reservations: int = 1
+    backfill: bool = True
+
+
+@dataclass
+class CesMulti:
+    algorithm: Algorithm
+    config: MultiConfig = MultiConfig()
+    name: ClassVar[str] = "ces-multi"
+    period_s: ClassVar[float | None] = None
+    reserved: dict[JobState, Decision] = field(default_factory=dict)  # sticky reservations
+
+    def schedule(self, rnd: Round) -> None:
+        cfg = self.config
+        if cfg.reservation:
+            self._reserve(rnd)
+        for owner, held in list(self.reserved.items()):
+            if rnd.try_place(owner) or rnd.commit(owner, held):
+                del self.reserved[owner]
+        tried: set[JobState] = set()
+        while True:
+            window = rnd.queue[:cfg.window]
+            candidates = [j for j in window if j not in tried and j not in self.reserved]
+            if not candidates:
+                return
+            scores = self.scores(rnd, window)
+            best = max(candidates, key=lambda j: (scores[j], -j.seq))
+            if rnd.try_place(best) is None:
+                tried.add(best)
+                if not cfg.backfill:
+                    return
+
+    def scores(self, rnd: Round, window: list[JobState]) -> dict[JobState, float]:
+        """a·fit + b·priority + c·wait for the jobs of the window (module doc)."""
+        cfg, view = self.config, rnd.view()
+        free = _free_vector(view)
+        age = {j: j.job.priority + j.wait(rnd.now) / cfg.age_every_s for j in window}
+        wait = {j: j.wait(rnd.now) for j in window}
+        top_age, top_wait = max(age.values(), default=0.0), max(wait.values(), default=0.0)
+        return {j: cfg.a_fit * fit(view, j.job, free)
+                + cfg.b_priority * (age[j] / top_age if top_age > 0 else 0.0)
+                + cfg.c_wait * (wait[j] / top_wait if top_wait > 0 else 0.0) for j in window}
+
+    def _reserve(self, rnd: Round) -> None:
+        """Keep the sticky reservations valid, add new ones for starving jobs, apply them all."""
+        queued = set(rnd.queue)
+        for owner, held in list(self.reserved.items()):
+            if owner not in queued or rnd.cluster.offline & set(held.placement.values()):
+                del self.reserved[owner]
+        for owner, held in self.reserved.items():
+            rnd.hold(owner, held)
+        starving = sorted((j for j in rnd.queue if j not in self.reserved
+                           and j.wait(rnd.now) >= self.config.reserve_after_s),
+                          key=lambda j: (-j.wait(rnd.now), j.seq))
+        for js in starving[:max(self.config.max_reservations - len(self.reserved), 0)]:
+            held = shadow_decision(rnd, js)
+            if held is not None:
+                self.reserved[js] = held
+                rnd.hold(js, held)
+
+
+def shadow_decision(rnd: Round, js: JobState) -> Decision | None:
+    """Where `js` will fit soonest: release running jobs in expected end order on a copy of the
+    cluster (minus other holds) until the algorithm places it."""
+    trial = rnd.view(js).copy(share_graph=True)
+    ending = sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))
+    for i in range(len(ending) + 1):
+        if i:
+            trial.release(ending[i - 1].name)
+        if quick_fit(trial, js.job):
+            try:
+                return rnd.algorithm.place(trial, js.job)
+            except CannotPlace:
+                pass
+    return None
+
+
+def _free_vector(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """(free, total) over online nodes: cpu, mem, gpu, access-link bandwidth (min of the two
+    directions' residual)."""
+    free, total = np.zeros(4), np.zeros(4)
+    for n in cluster.compute_nodes(online_only=True):
+        sw = next(iter(cluster.graph.neighbors(n)))
+        free += (*cluster.free(n).as_tuple(), min(cluster.residual(n, sw), cluster.residual(sw, n)))
+        total += (*cluster.capacity(n).as_tuple(), cluster.link_capacity(n, sw))
+    return free, total
+
+
+def fit(cluster: Cluster, job: Job, free_total: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """Alignment of the job's demand with the free resources (module doc), 0 if it cannot fit."""
+    if not quick_fit(cluster, job):
+        return 0.0
+    free, total = free_total or _free_vector(cluster)
+    demand = np.array((*job.total_demand().as_tuple(), sum(f.demand_mbps for f in job.flows)))
+    has = total > 0
+    d, f = demand[has] / total[has], np.maximum(free[has], 0.0) / total[has]
+    norm = np.linalg.norm(d) * np.linalg.norm(f)
+    return float(d @ f / norm) if norm > 0 else 0.0
+
+
+# --- the registry of queue policies and the multi-job evaluation -----------------------------------
+
+POLICIES: dict[str, Callable[..., object]] = {
+    "ces-multi": CesMulti, "fifo": Fifo, "fifo-backfill": FifoBackfill, "sjf": Sjf, "las": Las,
+    "edf": Edf,
+}
+METRICS = ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction", "balance_std",
+           "fairness", "deadline_hit_rate", "utilisation", "finished", "unfinished", "preemptions",
+           "decision_ms", "events_per_s")
+
+
+def make_policy(name: str, algorithm: str | None = None, seed: int = 0,
+                config: MultiConfig = MultiConfig()):
+    """A queue policy by name, placing jobs with single-job `algorithm` (default: CES-Multi's)."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown queue policy '{name}' (known: {', '.join(POLICIES)})")
+    algo = make_algorithm(algorithm or default_algorithm(), seed=seed)
+    return CesMulti(algo, config) if name == "ces-multi" else POLICIES[name](algo)
+
+
+def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,
+               algorithm: str | None = None, config: MultiConfig = MultiConfig(),
+               sim: SimConfig = SimConfig()) -> dict:
+    """One simulated run of a queue policy on a scenario; its `SimResult.summary()`."""
+    scenario = make_scenario(spec, cluster, seed)
+    policy = make_policy(name, algorithm, seed, config)
+    result = Simulator(cluster.copy(), policy, sim).run(scenario.jobs, scenario.events)
+    return result.summary() | {"schedule_digest": schedule_digest(result)}
+
+
+def schedule_digest(result: SimResult) -> str:
+    """A fingerprint of the schedule (who started when, where): equal runs give equal digests."""
+    return hashlib.sha256(repr(result.starts).encode()).hexdigest()[:16]
+
+
+def evaluate_multi(args: argparse.Namespace) -> dict:
+    """The `--mode multi` evaluation: every policy in `args.algos` ("all" or comma-separated) on
+    `args.topo` (any spec the topology loader takes) under `args.arrivals` (a spec string of
+    `arrivals.parse_arrivals`) for seeds 0..args.seeds-1; metrics as mean and std over seeds.
+    Optional: `args.single` (the single-job algorithm for every policy), `args.metered`.
+    Raises ValueError (incl. TopologyError, ArrivalError) on bad input."""
+    topo = load_topology(args.topo)
+    cluster = Cluster.from_topology(topo)
+    spec = parse_arrivals(args.arrivals)
+    names = list(POLICIES) if args.algos == "all" else [a.strip() for a in args.algos.split(",")]
+    for name in names:
+        if name not in POLICIES:
+            raise ValueError(f"--algos: unknown queue policy '{name}' (known: "
+                             f"{', '.join(POLICIES)}, or all)")
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be ≥ 1, got {args.seeds}")
+    single = getattr(args, "single", None) or default_algorithm()
+    sim = SimConfig(metered=getattr(args, "metered", True))
+    out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
+                 "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
+                 "machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
+                 "algorithms": {}}
+    for name in names:
+        runs = [run_policy(name, cluster, spec, seed, single, sim=sim) for seed in range(args.seeds)]
+        out["algorithms"][name] = {m: _mean_std([r[m] for r in runs]) for m in METRICS}
+    return out
+
+
+def _mean_std(values: list) -> dict[str, float | None]:
+    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not xs:
+        return {"mean": None, "std": None}
+    return {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs)}
+
+
+def multi_table(result: dict) -> str:
+    """A readable table of `evaluate_multi`'s result."""
+    cols = [("avg_wait_s", "avg wait s"), ("p95_wait_s", "p95 wait s"), ("max_wait_s", "max wait s"),
+            ("jct_s", "JCT s"), ("bw_satisfaction", "bw sat"), ("balance_std", "util std"),
+            ("fairness", "Jain"), ("deadline_hit_rate", "deadline hit")]
+    head = f"{'policy':<14}" + "".join(f"{h:>14}" for _, h in cols)
+    lines = [f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "
+             f"{result['seeds']} seeds, single-job algorithm {result['single_job_algorithm']}",
+             head, "-" * len(head)]
+    for name, m in result["algorithms"].items():
+        cells = []
+        for key, _ in cols:
+            v = m[key]["mean"]
+            cells.append(f"{'-':>14}" if v is None else
+                         f"{v:>14.0f}" if key.endswith("_s") else f"{v:>14.3f}")
+        lines.append(f"{name:<14}" + "".join(cells))
+    return "\n".join(lines)
+
+
+__all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "MultiConfig",
+           "POLICIES", "Sjf", "default_algorithm", "evaluate_multi", "fit", "make_policy",
+           "multi_table", "run_policy", "shadow_decision"]

@@ -1,0 +1,592 @@
+"""A discrete-event, flow-level simulator of training jobs sharing an edge network.
+
+What happens in simulated time:
+  - jobs arrive and wait in a queue; a *queue policy* (multi.py: CES-Multi, FIFO, SJF, ...) picks
+    which to start, each placed by a *single-job algorithm* (the registry of baselines.py,
+    CES-PPO): the very objects that run on the testbed;
+  - a running job does `job.iterations` iterations, each as long as the shared iteration-time
+    model says (`metrics.predicted_iteration_s`) at the rates its flows actually get *now*; when
+    rates change the job keeps its progress and goes on at the new pace (fluid model);
+  - metered flows (the granted rate, which the testbed enforces with OpenFlow meters) get their
+    granted rate — scaled down in proportion only where a link's capacity drops below what is
+    granted on it; everything else (background traffic, and every job flow when
+    `SimConfig.metered` is off) shares what the metered flows leave by max-min fairness
+    (`paths.fair_rates`, elastic flows);
+  - nodes leave and join (seed 001's tidal availability, seed 003's registration), links change
+    capacity, background flows come and go; the jobs on a node that leaves are re-queued (keeping
+    their progress, as after a checkpoint, and paying `restart_overhead_s`) or failed.
+
+Queue policies see the world through a `Round`: the queue, the running jobs and the cluster, with
+`try_place` / `commit` / `preempt` / `hold`. A `Round` needs nothing but a `Cluster`, so the
+testbed's manager can drive the same policies. Every decision passes `check_decision`.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Literal, Protocol, Sequence
+
+from .baselines import Algorithm
+from .metrics import (bandwidth_satisfaction, load_balance, node_utilisation, packable,
+                      predicted_iteration_s)
+from .model import CannotPlace, Cluster, Decision, Job, Resources, check_decision
+from .paths import fair_rates, shortest_path
+from .perfmodel import IterationModel, collective_steps, compute_time_s
+
+Link = tuple[str, str]  # a directed link of G
+
+
+# --- scenario events (besides job arrivals) -----------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeLeave:
+    time: float
+    node: str
+
+
+@dataclass(frozen=True)
+class NodeJoin:
+    time: float
+    node: str
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """Link u–v gets capacity `bw_mbps` (each direction)."""
+    time: float
+    u: str
+    v: str
+    bw_mbps: float
+
+
+@dataclass(frozen=True)
+class BackgroundFlow:
+    """Unscheduled traffic from compute node `src` to `dst` over `path` (default: a shortest path)
+    for `duration_s`, taking up to `demand_mbps` (inf: whatever max-min fairness leaves it)."""
+    time: float
+    src: str
+    dst: str
+    duration_s: float
+    demand_mbps: float = math.inf
+    path: tuple[str, ...] | None = None
+
+
+ScenarioEvent = NodeLeave | NodeJoin | LinkChange | BackgroundFlow
+
+
+# --- jobs as the simulator and the queue policies see them ---------------------------------------
+
+State = Literal["pending", "queued", "running", "finished", "failed", "rejected"]
+
+
+@dataclass(eq=False)
+class JobState:
+    job: Job
+    seq: int  # arrival order: the queue's FIFO order
+    state: State = "pending"
+    waited_s: float = 0.0  # time spent queued, up to `queued_since`
+    queued_since: float = 0.0
+    first_start: float | None = None
+    finish: float | None = None
+    done_iters: float = 0.0
+    attained: float = 0.0  # service received: workers × seconds run (Tiresias' measure)
+    preemptions: int = 0
+    decision: Decision | None = None
+    iter_s: float = math.inf  # iteration time at the rates the job gets now
+    last_update: float = 0.0
+    ready_at: float = 0.0  # after a restart: no progress before this (checkpoint reload)
+    expected_end: float = math.inf
+    version: int = 0  # invalidates stale completion events
+    failed_at: tuple | None = None  # (release epoch, holds) of the last failed placement
+    bw_satisfaction: float = 1.0  # granted/demanded of its last placement
+    decision_s: list[float] = field(default_factory=list)
+    admitted: bool | None = None  # queue-policy scratch (EDF's admission verdict)
+    _nominal_iter_s: float | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def submit(self) -> float:
+        return self.job.submit_time
+
+    @property
+    def workers(self) -> int:
+        return len(self.job.tasks)
+
+    def wait(self, now: float) -> float:
+        return self.waited_s + (now - self.queued_since if self.state == "queued" else 0.0)
+
+    def service(self, now: float) -> float:
+        """Attained service up to `now`."""
+        return self.attained + (self.workers * (now - self.last_update)
+                                if self.state == "running" else 0.0)
+
+    def remaining_iters(self) -> float:
+        return max((self.job.iterations or 0) - self.done_iters, 0.0)
+
+    def estimated_remaining_s(self) -> float:
+        """Remaining run time as known before placement (`estimated_iteration_s`)."""
+        if self._nominal_iter_s is None:
+            self._nominal_iter_s = estimated_iteration_s(self.job)
+        return self.remaining_iters() * self._nominal_iter_s
+
+
+def estimated_iteration_s(job: Job, model: IterationModel = IterationModel()) -> float:
+    """The iteration time on reference nodes (speed 1.0) with every flow at its demanded rate:
+    what a queue policy can know about a job before it is placed."""
+    compute = [compute_time_s(job.compute_s, 1.0, t.demand.cpu) for t in job.tasks]
+    flows = [(f.bytes_per_iter, f.demand_mbps) for f in job.flows]
+    return model.iteration_s(compute, flows, collective_steps(job.collective, len(job.tasks)))
+
+
+# --- the interface of queue policies --------------------------------------------------------------
+
+class QueuePolicy(Protocol):
+    name: str
+    algorithm: Algorithm  # places each job the policy starts
+    period_s: float | None  # also run a round every period_s while jobs run (None: on events only)
+
+    def schedule(self, rnd: Round) -> None: ...
+
+
+class Round:
+    """One scheduling round at time `now`: what a queue policy may look at and do.
+
+    `queue` holds the waiting jobs in arrival order, `running` the running ones. Placements go
+    straight into `cluster` (later choices in the round see them); the caller starts the jobs in
+    `placed` and re-queues those in `preempted` afterwards. `epoch` must change whenever resources
+    were released since the last round (it lets `try_place` skip retrying hopeless jobs).
+    """
+
+    def __init__(self, now: float, cluster: Cluster, algorithm: Algorithm,
+                 queue: Sequence[JobState], running: Sequence[JobState], epoch: int = 0):
+        self.now, self.cluster, self.algorithm, self.epoch = now, cluster, algorithm, epoch
+        self.queue, self.running = list(queue), list(running)
+        self.placed: list[JobState] = []
+        self.preempted: list[JobState] = []
+        self.holds: dict[JobState, Decision] = {}
+
+    def hold(self, owner: JobState, decision: Decision) -> None:
+        """Keep the resources of `decision` (a placement computed for `owner`) from every other
+        job for the rest of this round."""
+        self.holds[owner] = decision
+
+    def view(self, js: JobState | None = None) -> Cluster:
+        """The cluster as `js` may use it: without the resources held for other jobs."""
+        others = [(o, d) for o, d in self.holds.items() if o is not js]
+        if not others:
+            return self.cluster
+        view = self.cluster.copy(share_graph=True)
+        for owner, d in others:
+            for task, node in d.placement.items():
+                view.used[node] = view.used[node] + owner.job.task(task).demand
+            for f in d.flows:
+                for link in f.directed_links():
+                    view.reserved[link] = view.reserved.get(link, 0.0) + f.rate_mbps
+        return view
+
+    def try_place(self, js: JobState) -> Decision | None:
+        """Place `js` with the policy's algorithm and commit it; None if it does not fit now.
+
+        A job that failed is not retried until resources are released or the holds change: in
+        between the cluster only fills up (Kubernetes parks unschedulable pods the same way).
+        """
+        key = (self.epoch, frozenset(o.name for o in self.holds if o is not js))
+        if js.failed_at == key:
+            return None
+        view = self.view(js)
+        decision = None
+        if quick_fit(view, js.job):
+            start = time.perf_counter()
+            try:
+                decision = self.algorithm.place(view, js.job)
+            except CannotPlace:
+                pass
+            js.decision_s.append(time.perf_counter() - start)
+        if decision is None or not self.commit(js, decision, view):
+            js.failed_at = key
+            return None
+        return decision
+
+    def commit(self, js: JobState, decision: Decision, view: Cluster | None = None) -> bool:
+        """Start `js` with `decision` if it is feasible on what `js` may use."""
+        if check_decision(view or self.view(js), js.job, decision):
+            return False
+        self.cluster.allocate(js.job, decision)
+        js.decision = decision
+        self.holds.pop(js, None)
+        self.queue.remove(js)
+        self.placed.append(js)
+        return True
+
+    def preempt(self, js: JobState) -> None:
+        """Stop a running job (it keeps its progress) and put it back in the queue."""
+        self.cluster.release(js.name)
+        self.running.remove(js)
+        self.preempted.append(js)
+        self.epoch += 1
+
+
+def quick_fit(cluster: Cluster, job: Job, free: list[Resources] | None = None) -> bool:
+    """A cheap necessary condition for `job` to fit: every task fits some node's free resources
+    and the job's total fits the total free. Spares calling an algorithm that must fail.
+    `free` may pass the online nodes' free resources when they are already at hand."""
+    if free is None:
+        free = [cluster.free(n) for n in cluster.compute_nodes(online_only=True)]
+    if not job.total_demand().fits_in(sum(free, Resources())):
+        return False
+    return all(any(t.demand.fits_in(f) for f in free) for t in job.tasks)
+
+
+# --- the simulator ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: IterationModel = IterationModel()
+    on_node_loss: Literal["requeue", "fail"] = "requeue"
+    restart_overhead_s: float = 10.0  # a re-queued or preempted job reloads its checkpoint
+    metered: bool = True  # False: no job flow is metered, all share max-min (plain TCP)
+    until: float = math.inf  # stop simulated time here
+
+
+# Order of simultaneous events: resources are freed before new demands come in.
+_FINISH, _BG_END, _INFRA, _BG_START, _ARRIVAL, _TICK = range(6)
+
+
+@dataclass
+class SimResult:
+    jobs: list[JobState]
+    end_time: float
+    job_events: int  # arrivals, starts, completions, failures, re-queues
+    wall_s: float
+    balance_std: float  # time average of the std of node utilisation across online nodes
+    utilisation: float  # time average of the mean node utilisation
+    starts: list[tuple[float, str, tuple[tuple[str, str], ...]]]  # (time, job, placement): the schedule
+
+    @property
+    def events_per_s(self) -> float:
+        return self.job_events / self.wall_s if self.wall_s > 0 else math.inf
+
+    def summary(self) -> dict[str, float | None]:
+        """The multi-job figures of one run.
+
+        Waits count every queued period (re-queues too); a job still waiting at the end counts
+        with the wait it has so far (censored: starvation shows). JCT and slowdown are over
+        finished jobs; slowdown = JCT / (iterations × `estimated_iteration_s`), and fairness is
+        Jain's index of the slowdowns, (Σx)² / (n·Σx²). The deadline hit rate is over jobs with
+        a deadline (unfinished ones miss); None when no job has one.
+        """
+        jobs = [js for js in self.jobs if js.state != "rejected"]
+        waits = sorted(js.wait(self.end_time) for js in jobs)
+        done = [js for js in jobs if js.state == "finished"]
+        jct = [js.finish - js.submit for js in done]
+        slow = [(js.finish - js.submit) / (js.job.iterations * estimated_iteration_s(js.job))
+                for js in done]
+        due = [js for js in jobs if js.job.deadline is not None]
+        started = [js for js in jobs if js.first_start is not None]
+        decisions = [d for js in jobs for d in js.decision_s]
+        out = {
+            "jobs": len(self.jobs), "finished": len(done), "rejected": len(self.jobs) - len(jobs),
+            "failed": sum(js.state == "failed" for js in jobs),
+            "unfinished": sum(js.state in ("queued", "running") for js in jobs),
+            "avg_wait_s": statistics.fmean(waits) if waits else 0.0,
+            "p95_wait_s": waits[min(len(waits) - 1, math.ceil(0.95 * len(waits)) - 1)]
+            if waits else 0.0,
+            "max_wait_s": waits[-1] if waits else 0.0,
+            "jct_s": statistics.fmean(jct) if jct else None,
+            "bw_satisfaction": statistics.fmean(js.bw_satisfaction for js in started)
+            if started else None,
+            "balance_std": self.balance_std,
+            "utilisation": self.utilisation,
+            "fairness": sum(slow) ** 2 / (len(slow) * sum(x * x for x in slow)) if slow else None,
+            "deadline_hit_rate": sum(js.state == "finished" and
+                                     js.finish <= js.submit + js.job.deadline + 1e-9
+                                     for js in due) / len(due) if due else None,
+            "preemptions": sum(js.preemptions for js in jobs),
+            "makespan_s": self.end_time - min((js.submit for js in self.jobs), default=0.0),
+            "decision_ms": 1000 * statistics.fmean(decisions) if decisions else 0.0,
+            "job_events": self.job_events,
+            "events_per_s": self.events_per_s,
+        }
+        return {k: v if v is None else float(v) for k, v in out.items()}
+
+
+class Simulator:
+    """Runs one scenario: `Simulator(cluster, policy).run(jobs, events)`. The cluster is mutated
+    (pass a copy to keep the original)."""
+
+    def __init__(self, cluster: Cluster, policy: QueuePolicy, config: SimConfig = SimConfig()):
+        self.cluster, self.policy, self.config = cluster, policy, config
+
+    def run(self, jobs: Iterable[Job], events: Iterable[ScenarioEvent] = ()) -> SimResult:
+        wall = time.perf_counter()
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self.states: list[JobState] = []
+        self.queue: list[JobState] = []
+        self.running: dict[str, JobState] = {}
+        self.epoch = 0
+        self.job_events = 0
+        self.starts: list = []
+        self._bg: dict[int, tuple[tuple[str, ...], float]] = {}  # id -> (path, demand)
+        self._net_dirty = self._links_changed = False
+        self._tick_pending = False
+        self._clock: float | None = None
+        self._balance_area = self._util_area = 0.0
+        self._balance: tuple[float, float] | None = None
+        self._open = 0  # jobs not yet finished, failed or rejected
+        for i, job in enumerate(sorted(jobs, key=lambda j: j.submit_time)):
+            if not job.iterations or job.iterations <= 0:
+                raise ValueError(f"job {job.name}: the simulator needs 'iterations' > 0")
+            self.states.append(JobState(job, i))
+            self._open += 1
+            self._push(job.submit_time, _ARRIVAL, self.states[-1])
+        for ev in events:
+            self._push(ev.time, _BG_START if isinstance(ev, BackgroundFlow) else _INFRA, ev)
+
+        while self._heap:
+            now, kind, _, payload = self._heap[0]
+            if kind == _FINISH and payload[0].version != payload[1]:
+                heapq.heappop(self._heap)  # superseded when the job's pace changed
+                continue
+            if now > self.config.until:
+                break
+            self._integrate(now)
+            self.now = now
+            wake = False
+            while self._heap and self._heap[0][0] == now:
+                _, kind, _, payload = heapq.heappop(self._heap)
+                wake |= self._handle(kind, payload)
+            if wake and self.queue:
+                self._round()
+            if self._net_dirty:
+                self._refresh_rates()
+            if self._open == 0:
+                break  # every job finished, failed or was rejected: the rest is scenery
+        end = self.config.until if self._open and self._heap else self.now
+        self._integrate(end)
+        self.now = end
+        span = end - (self.states[0].submit if self.states else 0.0)
+        return SimResult(self.states, end, self.job_events, time.perf_counter() - wall,
+                         self._balance_area / span if span > 0 else 0.0,
+                         self._util_area / span if span > 0 else 0.0, self.starts)
+
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, payload))
+
+    def _handle(self, kind: int, payload) -> bool:
+        """Apply one event; True if it may let a waiting job start."""
+        if kind == _ARRIVAL:
+            return self._arrive(payload)
+        if kind == _FINISH:
+            js, version = payload
+            if js.version != version:
+                return False
+            self._advance(js)
+            self._stop(js, "finished")
+            return True
+        if kind == _TICK:
+            self._tick_pending = False
+            self._ensure_tick()
+            return True
+        if kind == _BG_START:
+            path = payload.path or shortest_path(self.cluster, payload.src, payload.dst)
+            flow_id = self._seq
+            self._bg[flow_id] = (tuple(path), payload.demand_mbps)
+            self._push(self.now + payload.duration_s, _BG_END, flow_id)
+            self._net_dirty = True
+            return False
+        if kind == _BG_END:
+            del self._bg[payload]
+            self._net_dirty = True
+            return False
+        return self._infrastructure(payload)
+
+    def _arrive(self, js: JobState) -> bool:
+        self.job_events += 1
+        empty = self.cluster.copy(share_graph=True)
+        empty.used, empty.offline = {n: Resources() for n in empty.used}, set()
+        if packable(empty, js.job, budget=20_000) is False:  # could never run here
+            js.state = "rejected"
+            self._open -= 1
+            return False
+        js.state, js.queued_since = "queued", self.now
+        self.queue.append(js)
+        return True
+
+    def _infrastructure(self, ev: NodeLeave | NodeJoin | LinkChange) -> bool:
+        g = self.cluster.graph
+        if isinstance(ev, LinkChange):
+            if not g.has_edge(ev.u, ev.v):
+                raise ValueError(f"link change at t={ev.time}: no link {ev.u}–{ev.v}")
+            grew = ev.bw_mbps > g.edges[ev.u, ev.v]["bw_mbps"]
+            g.edges[ev.u, ev.v]["bw_mbps"] = ev.bw_mbps
+            self._net_dirty = self._links_changed = True
+            self.epoch += grew
+            return grew
+        if ev.node not in g or g.nodes[ev.node].get("kind") != "compute":
+            raise ValueError(f"{type(ev).__name__} at t={ev.time}: unknown compute node {ev.node}")
+        self._balance = None
+        if isinstance(ev, NodeJoin):
+            if ev.node not in self.cluster.offline:
+                return False
+            self.cluster.offline.discard(ev.node)
+            self.epoch += 1
+            return True
+        self.cluster.offline.add(ev.node)
+        hit = [js for js in self.running.values() if ev.node in js.decision.placement.values()]
+        for js in hit:
+            self._advance(js)
+            self._stop(js, "failed" if self.config.on_node_loss == "fail" else "queued")
+        return bool(hit)
+
+    def _ensure_tick(self) -> None:
+        """Periodic rounds (policies with `period_s`) while jobs run."""
+        if self.policy.period_s and self.running and not self._tick_pending:
+            self._tick_pending = True
+            self._push(self.now + self.policy.period_s, _TICK, None)
+
+    # --- scheduling --------------------------------------------------------------------------------
+    def _round(self) -> None:
+        rnd = Round(self.now, self.cluster, self.policy.algorithm, self.queue,
+                    list(self.running.values()), self.epoch)
+        self.policy.schedule(rnd)
+        self.epoch = rnd.epoch
+        for js in rnd.preempted:
+            self._advance(js)
+            js.preemptions += 1
+            self._stop(js, "queued", released=True)
+        for js in rnd.placed:
+            self._start(js)
+
+    def _start(self, js: JobState) -> None:
+        self.job_events += 1
+        self.queue.remove(js)
+        js.waited_s += self.now - js.queued_since
+        js.state, js.last_update = "running", self.now
+        if js.first_start is None:
+            js.first_start = self.now
+        else:
+            js.ready_at = self.now + self.config.restart_overhead_s
+        js.bw_satisfaction = bandwidth_satisfaction(js.job, js.decision)[0]
+        self.running[js.name] = js
+        self.starts.append((self.now, js.name, tuple(sorted(js.decision.placement.items()))))
+        self._balance = None
+        self._net_dirty |= self._shares_network(js)
+        if not self._net_dirty:  # its flows get exactly their granted rates
+            self._set_pace(js, predicted_iteration_s(self.cluster, js.job, js.decision,
+                                                     self.config.model))
+        self._ensure_tick()
+
+    def _stop(self, js: JobState, state: State, released: bool = False) -> None:
+        """End a job's run: finished, failed, or back in the queue (progress kept)."""
+        self.job_events += 1
+        if not released:
+            self.cluster.release(js.name)
+        del self.running[js.name]
+        js.version += 1
+        js.state, js.expected_end, js.iter_s = state, math.inf, math.inf
+        if state == "queued":
+            js.queued_since, js.failed_at = self.now, None
+            self.queue.append(js)
+            self.queue.sort(key=lambda q: q.seq)
+        else:
+            js.finish = self.now
+            self._open -= 1
+        self.epoch += 1
+        self._balance = None
+        self._net_dirty |= self._shares_network(js)
+
+    # --- progress ------------------------------------------------------------------------------------
+    def _advance(self, js: JobState) -> None:
+        """Bring a running job's progress up to now at its current pace."""
+        start = max(js.last_update, js.ready_at)
+        if self.now > start and js.iter_s < math.inf:
+            js.done_iters = min(js.done_iters + (self.now - start) / js.iter_s,
+                                float(js.job.iterations))
+        js.attained += js.workers * max(self.now - js.last_update, 0.0)
+        js.last_update = self.now
+
+    def _set_pace(self, js: JobState, iter_s: float) -> None:
+        js.iter_s = iter_s
+        js.version += 1
+        js.expected_end = max(self.now, js.ready_at) + js.remaining_iters() * iter_s \
+            if iter_s < math.inf else math.inf
+        if js.expected_end < math.inf:
+            self._push(js.expected_end, _FINISH, (js, js.version))
+
+    # --- the network ---------------------------------------------------------------------------------
+    def _shares_network(self, js: JobState) -> bool:
+        """Whether this job's flows starting or stopping can change anyone's rates: elastic flows
+        share, and a link shrunk below its grants scales all its metered flows."""
+        return bool(js.decision.flows) and (not self.config.metered or bool(self._bg)
+                                            or self._oversubscribed())
+
+    def _oversubscribed(self) -> bool:
+        g = self.cluster.graph
+        return self._links_changed and any(r > g.edges[link]["bw_mbps"] + 1e-9 for link, r in self.cluster.reserved.items())
+
+    def _refresh_rates(self) -> None:
+        """Recompute every flow's actual rate; re-pace the jobs whose iteration time changed."""
+        self._net_dirty = False
+        g = self.cluster.graph
+        granted: dict[Link, float] = defaultdict(float)
+        for js in self.running.values():
+            if self.config.metered:
+                for f in js.decision.flows:
+                    for link in f.directed_links():
+                        granted[link] += f.rate_mbps
+        # A link that shrank below its grants scales its metered flows down in proportion.
+        scale = {lk: min(1.0, g.edges[lk]["bw_mbps"] / r) for lk, r in granted.items() if r > 0}
+        actual: dict[tuple[str, str, str], float] = {}
+        elastic: dict[object, tuple[str, ...]] = {}
+        demand: dict[object, float] = {}
+        for js in self.running.values():
+            for f in js.decision.flows:
+                key = (js.name, f.src, f.dst)
+                if self.config.metered:
+                    actual[key] = f.rate_mbps * min(scale.get(lk, 1.0) for lk in f.directed_links())
+                else:
+                    elastic[key], demand[key] = f.path, math.inf
+        for i, (path, cap) in self._bg.items():
+            elastic[i], demand[i] = path, cap
+        if elastic:
+            # What metered flows leave: a view of the cluster whose reservations are their rates.
+            view = self.cluster.copy(share_graph=True)
+            view.reserved = defaultdict(float)
+            for js in self.running.values():
+                if self.config.metered:
+                    for f in js.decision.flows:
+                        for lk in f.directed_links():
+                            view.reserved[lk] += actual[(js.name, f.src, f.dst)]
+            for key, rate in fair_rates(view, elastic, demand).items():
+                if isinstance(key, tuple):
+                    actual[key] = rate
+        for js in self.running.values():
+            flows = [replace(f, rate_mbps=actual[(js.name, f.src, f.dst)])
+                     for f in js.decision.flows]
+            iter_s = predicted_iteration_s(self.cluster, js.job, replace(js.decision, flows=flows),
+                                           self.config.model)
+            if not math.isclose(iter_s, js.iter_s, rel_tol=1e-12):
+                self._advance(js)
+                self._set_pace(js, iter_s)
+
+    # --- time-averaged cluster state -------------------------------------------------------------------
+    def _integrate(self, t: float) -> None:
+        if self._clock is not None and t > self._clock:
+            if self._balance is None:
+                nodes = self.cluster.compute_nodes(online_only=True)
+                mean = statistics.fmean(node_utilisation(self.cluster, n) for n in nodes) \
+                    if nodes else 0.0
+                self._balance = (load_balance(self.cluster)[0], mean)
+            self._balance_area += self._balance[0] * (t - self._clock)
+            self._util_area += self._balance[1] * (t - self._clock)
+        self._clock = t
