@@ -1,0 +1,121 @@
+"""Launcher: `python -m sdn_app --topo campus [--of-port 6653] [--rest 127.0.0.1:8080] ...`.
+
+os-ken ships no `osken-manager`, so this starts the app the way `ryu-manager` does: load the apps
+through `AppManager`, instantiate them, serve until SIGINT/SIGTERM. Every input is checked before
+anything starts; a bad one is a one-line error and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from topologies import TopologyError, load_topology
+
+from .flows import MeterPolicy
+from .jobs import JobTable, StateError
+from .settings import parse_address
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sdn_app", description=__doc__.split("\n")[0])
+    p.add_argument("--topo", default="campus", help="topology name or file (default: campus)")
+    p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port (6653)")
+    p.add_argument("--of-host", default="0.0.0.0",
+                   help="OpenFlow listen address (default 0.0.0.0: physical switches connect "
+                        "from other hosts)")
+    p.add_argument("--rest", default="127.0.0.1:8080", help="REST listen HOST:PORT")
+    p.add_argument("--stats-interval", type=float, default=1.0,
+                   help="statistics polling interval in seconds (1.0)")
+    p.add_argument("--state", default="",
+                   help="job state file: jobs survive a controller restart (default: none; the "
+                        "client then re-PUTs its jobs)")
+    p.add_argument("--burst-s", type=float, default=MeterPolicy.burst_s,
+                   help="meter burst in seconds of traffic at the granted rate "
+                        f"({MeterPolicy.burst_s})")
+    p.add_argument("--barrier-timeout", type=float, default=5.0,
+                   help="seconds to wait for a switch to confirm a change (5)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def check(args: argparse.Namespace) -> None:
+    """Raise ValueError/TopologyError/StateError/OSError for any input that cannot work."""
+    topo = load_topology(args.topo)
+    for name in ("stats_interval", "burst_s", "barrier_timeout"):
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    rest = parse_address(args.rest)
+    of = parse_address(f"{args.of_host}:{args.of_port}")
+    if args.state:
+        JobTable(topo).load(Path(args.state))
+    for what, addr in (("--of-port", of), ("--rest", rest)):
+        _check_free(what, addr)
+
+
+def _check_free(what: str, addr: tuple[str, int]) -> None:
+    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise OSError(f"{what}: cannot listen on {addr[0]}:{addr[1]}: {e.strerror}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        check(args)
+    except (TopologyError, StateError, ValueError, OSError) as e:
+        print(f"sdn_app: error: {e}", file=sys.stderr)
+        return 2
+
+    from .compat import app_manager, cfg
+    from . import app  # noqa: F401  (registers the app's options before the configuration is read)
+
+    conf = cfg.CONF
+    conf(args=[], project="ces-sdn", default_config_files=[])
+    conf.set_override("ofp_tcp_listen_port", args.of_port)
+    conf.set_override("ofp_listen_host", args.of_host)
+    for name, value in (("topo", args.topo), ("rest", args.rest),
+                        ("stats_interval", args.stats_interval), ("state", args.state),
+                        ("burst_s", args.burst_s), ("barrier_timeout", args.barrier_timeout)):
+        conf.set_override(name, value, group="ces_sdn")
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    manager = app_manager.AppManager.get_instance()
+    try:
+        manager.load_apps(["sdn_app.app"])
+        manager.instantiate_apps(**manager.create_contexts())
+        while not stop.wait(3600):
+            pass
+        manager.close()
+    except Exception as e:  # noqa: BLE001  (start-up failure: one line, not a traceback)
+        logging.getLogger("sdn_app").exception("controller failed")
+        print(f"sdn_app: error: {e}", file=sys.stderr)
+        _exit(1)
+    _exit(0)
+    return 0
+
+
+def _exit(code: int) -> None:
+    """Exit now: os-ken's native-hub threads (switch connections, the OpenFlow listener) cannot be
+    stopped from outside. The state file is written after every change, so nothing is lost."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

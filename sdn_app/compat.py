@@ -1,0 +1,93 @@
+"""The Ryu API from whichever framework is running the app: os-ken (maintained) or Ryu 4.x.
+
+The app imports every framework name from here and nothing else. Under `ryu-manager`, Ryu's
+`app_manager` is already imported when our module loads, so Ryu is chosen even if os-ken is also
+installed (an `OSKenApp` subclass would be invisible to Ryu's loader, and vice versa).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+if "ryu.base.app_manager" in sys.modules:
+    FRAMEWORK = "ryu"
+else:
+    try:
+        import os_ken  # noqa: F401
+
+        FRAMEWORK = "os-ken"
+    except ImportError:
+        FRAMEWORK = "ryu"
+
+if FRAMEWORK == "os-ken":
+    from os_ken import cfg
+    from os_ken.base import app_manager
+    from os_ken.controller import ofp_event
+    from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER,
+                                           MAIN_DISPATCHER, set_ev_cls)
+    from os_ken.lib import hub
+    from os_ken.ofproto import ofproto_v1_3
+
+    BaseApp = app_manager.OSKenApp
+else:
+    from ryu import cfg  # type: ignore[no-redef]
+    from ryu.base import app_manager  # type: ignore[no-redef]
+    from ryu.controller import ofp_event  # type: ignore[no-redef]
+    from ryu.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER,  # type: ignore
+                                        MAIN_DISPATCHER, set_ev_cls)
+    from ryu.lib import hub  # type: ignore[no-redef]
+    from ryu.ofproto import ofproto_v1_3  # type: ignore[no-redef]
+
+    BaseApp = app_manager.RyuApp
+
+GREEN = hub.HUB_TYPE == "eventlet"
+
+__all__ = ["BaseApp", "CONFIG_DISPATCHER", "DEAD_DISPATCHER", "FRAMEWORK", "MAIN_DISPATCHER",
+           "app_manager", "cfg", "hub", "new_event", "new_lock", "ofp_event", "ofproto_v1_3",
+           "set_ev_cls", "WsgiServer"]
+
+
+def new_event() -> Any:
+    """An event one thread waits on (with a timeout) while the app's event loop sets it.
+
+    os-ken's native-hub `hub.Event.wait(timeout)` never times out, so native threads get a plain
+    `threading.Event`; under eventlet (Ryu's default hub) a green event is needed instead.
+    """
+    return hub.Event() if GREEN else threading.Event()
+
+
+def new_lock() -> Any:
+    return hub.Semaphore(1) if GREEN else threading.Lock()
+
+
+class WsgiServer:
+    """A WSGI server in the framework's own threading model, stoppable with `stop()`."""
+
+    def __init__(self, app: Callable, host: str, port: int):
+        if GREEN:
+            self._server = hub.WSGIServer((host, port), app)
+            self.port = self._server.server.getsockname()[1]
+        else:
+            from socketserver import ThreadingMixIn
+            from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+            class Server(ThreadingMixIn, WSGIServer):
+                daemon_threads = True
+
+            class QuietHandler(WSGIRequestHandler):
+                def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                    pass  # the app logs what matters; one stderr line per request is noise
+
+            self._server = make_server(host, port, app, server_class=Server,
+                                       handler_class=QuietHandler)
+            self.port = self._server.server_port
+        self._thread = hub.spawn(self._server.serve_forever)
+
+    def stop(self) -> None:
+        if GREEN:
+            hub.kill(self._thread)
+            self._server.server.close()
+        else:
+            self._server.shutdown()
+            self._server.server_close()

@@ -1,0 +1,146 @@
+"""NetworkMonitor: which switches are connected, and what the network is doing.
+
+Every `stats_interval` seconds each connected switch is asked for its port, flow (job entries
+only) and meter counters; the replies become rates (Mbit/s). Port counters are mapped onto the
+topology's links, one rate per direction.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from .compat import (BaseApp, DEAD_DISPATCHER, MAIN_DISPATCHER, hub, new_event, ofp_event,
+                     ofproto_v1_3, set_ev_cls)
+from .flows import COOKIE_JOB, COOKIE_KIND_MASK
+from .settings import settings
+from .stats import Rates, Sample, link_ends, sample_time
+
+
+class NetworkMonitor(BaseApp):
+    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        s = settings()
+        self.topo = s.topo
+        self.interval = s.stats_interval
+        self.known = {sw.dpid: sw.name for sw in self.topo.switches}
+        # Replaced, never mutated (copy-on-write): REST threads iterate them without a lock.
+        self.datapaths: dict[int, Any] = {}
+        self.connected_at: dict[int, float] = {}
+        self.meter_limit: dict[int, int] = {}  # from each switch's meter features
+        self.switch_events: deque[dict[str, Any]] = deque(maxlen=500)
+        self.ports = Rates()  # (dpid, port, "rx"|"tx")
+        self.flows = Rates()  # (dpid, cookie): bytes matched by a job entry
+        self.flow_packets: dict[tuple[int, int], int] = {}
+        self.meters_in = Rates()  # (dpid, meter_id): bytes entering the meter
+        self.meters_dropped = Rates()  # (dpid, meter_id): bytes its drop band dropped
+        self.ends = link_ends(self.topo)
+        self._stopping = new_event()
+        self._poller = None
+
+    def start(self) -> Any:
+        thread = super().start()
+        self._poller = hub.spawn(self._poll_loop)
+        return thread
+
+    def stop(self) -> None:
+        self._stopping.set()
+        super().stop()
+
+    # --- switches come and go -------------------------------------------------------------------
+
+    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
+    def state_change_handler(self, ev: Any) -> None:
+        dp = ev.datapath
+        if dp.id is None:
+            return  # the connection died before the handshake finished
+        if ev.state == MAIN_DISPATCHER:
+            self.datapaths = {**self.datapaths, dp.id: dp}
+            self.connected_at = {**self.connected_at, dp.id: time.time()}
+            self._event("connect", dp.id, address=f"{dp.address[0]}:{dp.address[1]}")
+            if dp.id not in self.known:
+                self.logger.warning("switch %016x is not in topology '%s': left alone",
+                                    dp.id, self.topo.name)
+            parser = dp.ofproto_parser
+            dp.send_msg(parser.OFPMeterFeaturesStatsRequest(dp, 0))
+        elif self.datapaths.get(dp.id) is dp:  # not an old connection dying after a new one
+            self.datapaths = {d: x for d, x in self.datapaths.items() if d != dp.id}
+            self.connected_at = {d: t for d, t in self.connected_at.items() if d != dp.id}
+            for rates in (self.ports, self.flows, self.meters_in, self.meters_dropped):
+                rates.forget(lambda key, d=dp.id: key[0] == d)
+            self._event("disconnect", dp.id)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def port_status_handler(self, ev: Any) -> None:
+        msg = ev.msg
+        ofp = msg.datapath.ofproto
+        reason = {ofp.OFPPR_ADD: "port_add", ofp.OFPPR_DELETE: "port_delete",
+                  ofp.OFPPR_MODIFY: "port_modify"}.get(msg.reason, "port_status")
+        down = bool(msg.desc.state & ofp.OFPPS_LINK_DOWN)
+        self._event(reason, msg.datapath.id, port=msg.desc.port_no, link_down=down)
+
+    def _event(self, kind: str, dpid: int, **extra: Any) -> None:
+        self.switch_events.append({"time": time.time(), "event": kind, "dpid": dpid,
+                            "switch": self.known.get(dpid), **extra})
+        self.logger.info("%s %s %s", kind, self.known.get(dpid, f"{dpid:016x}"), extra or "")
+
+    # --- polling --------------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        while not self._stopping.wait(self.interval):
+            for dp in list(self.datapaths.values()):
+                self.request_stats(dp)
+
+    def request_stats(self, dp: Any) -> None:
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
+        dp.send_msg(parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                               COOKIE_JOB, COOKIE_KIND_MASK))
+        dp.send_msg(parser.OFPMeterStatsRequest(dp, 0, ofp.OFPM_ALL))
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    def port_stats_reply_handler(self, ev: Any) -> None:
+        now, dpid = time.monotonic(), ev.msg.datapath.id
+        for st in ev.msg.body:
+            t = sample_time(st.duration_sec, st.duration_nsec, now)
+            self.ports.update((dpid, st.port_no, "rx"), Sample(st.rx_bytes, t))
+            self.ports.update((dpid, st.port_no, "tx"), Sample(st.tx_bytes, t))
+
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
+    def flow_stats_reply_handler(self, ev: Any) -> None:
+        now, dpid = time.monotonic(), ev.msg.datapath.id
+        for st in ev.msg.body:
+            t = sample_time(st.duration_sec, st.duration_nsec, now)
+            self.flows.update((dpid, st.cookie), Sample(st.byte_count, t))
+            self.flow_packets[(dpid, st.cookie)] = st.packet_count
+
+    @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
+    def meter_stats_reply_handler(self, ev: Any) -> None:
+        now, dpid = time.monotonic(), ev.msg.datapath.id
+        for st in ev.msg.body:
+            t = sample_time(st.duration_sec, st.duration_nsec, now)
+            self.meters_in.update((dpid, st.meter_id), Sample(st.byte_in_count, t))
+            dropped = sum(b.byte_band_count for b in st.band_stats)
+            self.meters_dropped.update((dpid, st.meter_id), Sample(dropped, t))
+
+    @set_ev_cls(ofp_event.EventOFPMeterFeaturesStatsReply, MAIN_DISPATCHER)
+    def meter_features_reply_handler(self, ev: Any) -> None:
+        for st in ev.msg.body:
+            self.meter_limit = {**self.meter_limit, ev.msg.datapath.id: st.max_meter}
+
+    # --- views ----------------------------------------------------------------------------------
+
+    def link_usage(self) -> list[dict[str, Any]]:
+        """Both directions of every link: measured Mbit/s (None until two samples arrived)."""
+        usage = []
+        for end in self.ends:
+            mbps = self.ports.rate((end.dpid, end.port, end.counter))
+            usage.append({"src": end.src, "dst": end.dst, "switch": self.known[end.dpid],
+                          "port": end.port, "counter": end.counter,
+                          "capacity_mbps": end.capacity_mbps,
+                          "mbps": None if mbps is None else round(mbps, 3),
+                          "utilisation": None if mbps is None
+                          else round(mbps / end.capacity_mbps, 4)})
+        return usage
