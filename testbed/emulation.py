@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import docker
+import networkx as nx
 import docker.errors
 from docker.models.containers import Container
 from mininet.link import Intf
@@ -222,19 +223,59 @@ class Emulation:
                                      f"{', '.join(unsettled[:5])} still learning")
             time.sleep(0.2)
 
-    def _unsettled_ports(self) -> list[str]:
+    def _rstp_ports(self) -> dict[str, tuple[str | None, str | None]]:
+        """{our switch-side interface: (RSTP role, RSTP state)}."""
         out = subprocess.run(["ovs-vsctl", "--format=json", "--columns=name,rstp_status",
                               "list", "Port"], capture_output=True, text=True, check=True).stdout
-        unsettled = []
+        ports = {}
         for name, status in json.loads(out)["data"]:
             if not name.startswith(self.prefix) or name in self.names.bridges.values():
                 continue  # not ours, or a bridge's internal port (no RSTP there)
             fields = dict(status[1]) if status[0] == "map" else {}
-            role, state = fields.get("rstp_port_role"), fields.get("rstp_port_state")
-            # Root/Designated ports must forward; Alternate/Backup ports stay discarding.
-            if role is None or (role in ("Root", "Designated") and state != "Forwarding"):
-                unsettled.append(name)
-        return unsettled
+            ports[name] = (fields.get("rstp_port_role"), fields.get("rstp_port_state"))
+        return ports
+
+    def _unsettled_ports(self) -> list[str]:
+        # Root/Designated ports must forward; Alternate/Backup ports stay discarding.
+        return [name for name, (role, state) in self._rstp_ports().items()
+                if role is None or (role in ("Root", "Designated") and state != "Forwarding")]
+
+    def forwarding_path(self, src: str, dst: str) -> list[str]:
+        """The path traffic from `src` to `dst` takes in standalone mode: the RSTP tree's.
+
+        With a controller the path is the controller's decision; ask it instead."""
+        if self.controller is not None:
+            raise EmulationError("forwarding_path: the controller decides paths in this run")
+        ports = self._rstp_ports()
+        tree = self.topo.graph().copy()
+        for lk in self.topo.links:
+            ends = [e for e in (lk.a, lk.b) if e in self.switches]
+            if any(ports.get(self.interface_name(e, lk.port_of(e)), (None,))[0]
+                   in ("Alternate", "Backup", "Disabled") for e in ends):
+                tree.remove_edge(lk.a, lk.b)
+        return nx.shortest_path(tree, src, dst)
+
+    def bottleneck_mbps(self, path: list[str]) -> float:
+        g = self.topo.graph()
+        return min(g.edges[u, v]["bw_mbps"] for u, v in zip(path, path[1:]))
+
+    def iperf(self, src: str, dst: str, seconds: float = 5.0, port: int = 5201) -> float:
+        """TCP goodput from `src` to `dst` in Mbit/s, measured by iperf3 at the receiver."""
+        dst_node = self._node(dst)
+        code, out = dst_node.exec(f"iperf3 -s -1 -D -p {port}")
+        if code != 0:
+            raise EmulationError(f"iperf3 server on {dst}: {out.strip()}")
+        deadline = time.monotonic() + 10
+        while f":{port} " not in dst_node.exec("ss -ltnH")[1]:
+            if time.monotonic() > deadline:
+                raise EmulationError(f"iperf3 server on {dst} did not start listening")
+            time.sleep(0.05)
+        code, out = self._node(src).exec(f"iperf3 -c {dst_node.ip} -p {port} -t {seconds} -J")
+        try:
+            result = json.loads(out)
+            return result["end"]["sum_received"]["bits_per_second"] / 1e6
+        except (json.JSONDecodeError, KeyError):
+            raise EmulationError(f"iperf3 {src} → {dst} failed: {out.strip()[-500:]}") from None
 
     # --- the API the rest of the project uses ----------------------------------------------------
 

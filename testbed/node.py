@@ -93,13 +93,17 @@ class EdgeSwitch(OVSSwitch):
 
     def intfOpts(self, intf) -> str:
         opts = super().intfOpts(intf)
-        port_opts = []
+        port_opts: list[str] = []
         if intf.params.get("bw_mbps"):
             # IEEE 802.1D-2004 path cost: 20 Tbit/s / link speed.
             port_opts.append(f"other_config:rstp-path-cost={max(1, int(2e7 / intf.params['bw_mbps']))}")
         if intf.params.get("edge"):
             port_opts.append("other_config:rstp-port-admin-edge=true")
-        return opts + (f" -- set Port {intf} " + " ".join(port_opts) if port_opts else "")
+        # OVS replaces an interface's root qdisc unless its QoS is "linux-noop"; the links are
+        # shaped with our own HTB (testbed.tc), which must survive the port being added.
+        qos = f"qos{str(intf).replace('-', '_')}"
+        port_opts.append(f"qos=@{qos} -- --id=@{qos} create QoS type=linux-noop")
+        return opts + f" -- set Port {intf} " + " ".join(port_opts)
 
     def attach(self, intf) -> None:
         """Add a port at run time, with its topology port number (Mininet's attach has none)."""
