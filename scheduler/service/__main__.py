@@ -1,0 +1,157 @@
+"""The Master's command line.
+
+    python -m scheduler.service serve --topo campus [--port 7070] [--sdn http://127.0.0.1:8080]
+                                      [--algorithm NAME] [--seed N] [--image TAG]
+    python -m scheduler.service submit JOB.yaml [--algorithm NAME]
+    python -m scheduler.service status [JOB]
+    python -m scheduler.service cancel JOB
+    python -m scheduler.service nodes
+
+`--master URL` (or $CES_MASTER) points the client commands at a Master (default
+http://127.0.0.1:7070). Bad input — a malformed job file, an unknown topology or scheduler — is
+one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from rich.console import Console
+from rich.table import Table
+
+from topologies import TopologyError, load_topology
+
+from ..baselines import algorithm_names
+from ..jobs import JobError
+from .client import DEFAULT_URL, MasterClient
+from .http import ApiError, Unreachable
+from .master import Master, MasterConfig
+from .scheduling import UnknownAlgorithm
+
+
+def _serve(a: argparse.Namespace) -> int:
+    topo = load_topology(a.topo)
+    sdn = None
+    if a.sdn:
+        from sdn_app.client import SdnClient  # the SDN app's own HTTP client
+        sdn = SdnClient(a.sdn)
+    cfg = MasterConfig(algorithm=a.algorithm, seed=a.seed, image=a.image,
+                       heartbeat_timeout_s=a.heartbeat_timeout, max_attempts=a.max_attempts)
+    master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id).start(a.host, a.port)
+    print(f"master: {topo.name}, scheduler {cfg.algorithm}, listening on {master.url}",
+          flush=True)
+    done = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: done.set())
+    done.wait()
+    master.stop()
+    return 0
+
+
+def _submit(a: argparse.Namespace) -> int:
+    for view in MasterClient(a.master).submit_file(a.file, a.algorithm):
+        print(f"{view['name']}: {view['state']} (scheduler {view['algorithm']})")
+    return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    client = MasterClient(a.master)
+    console = Console()
+    if a.job:
+        view = client.job(a.job)
+        console.print(f"[bold]{view['name']}[/]: {view['state']} {view['reason']}")
+        for att in view["attempts"]:
+            console.print(f"  attempt {att['number']}: {att['placement']} -> "
+                          f"{att['outcome'] or 'running'}")
+            for f in att["flows"]:
+                console.print(f"    {f['src']}->{f['dst']} {' '.join(f['path'])} "
+                              f"{f['rate_mbps']:.1f} Mbit/s")
+        for ev in view["events"]:
+            console.print(f"  {ev['t']:8.1f} s  {ev['event']}")
+        if view["result"]:
+            console.print(f"  result: {view['result']}")
+        return 0
+    table = Table("job", "state", "scheduler", "accuracy", "iter", "jct s", "reason")
+    for v in client.jobs():
+        p = v["progress"]
+        table.add_row(v["name"], v["state"], v["algorithm"],
+                      "" if p["accuracy"] is None else f"{p['accuracy']:.3f}",
+                      "" if p["iteration"] is None else str(p["iteration"]),
+                      "" if v["jct_s"] is None else f"{v['jct_s']:.1f}", v["reason"])
+    console.print(table)
+    return 0
+
+
+def _cancel(a: argparse.Namespace) -> int:
+    view = MasterClient(a.master).cancel(a.job)
+    print(f"{view['name']}: {view['state']}")
+    return 0
+
+
+def _nodes(a: argparse.Namespace) -> int:
+    table = Table("node", "online", "cpu alloc/cap", "cpu used", "mem MB", "tx Mbit/s",
+                  "rx Mbit/s", "workers")
+    for n in MasterClient(a.master).nodes():
+        u = n.get("usage", {})
+        table.add_row(n["node"], "cordoned" if n["cordoned"] else str(n["online"]),
+                      f"{n['allocated']['cpu']}/{n['capacity']['cpu']}",
+                      str(u.get("cpu_cores", "")), str(u.get("mem_mb", "")),
+                      str(u.get("tx_mbps", "")), str(u.get("rx_mbps", "")),
+                      " ".join(n.get("workers", [])))
+    Console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scheduler.service",
+                                description="The CES Master (control plane) and its client.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the Master")
+    s.add_argument("--topo", default="campus", help="topology name or file")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=7070)
+    s.add_argument("--sdn", default="", help="the SDN app's REST URL (none: tc shaping only)")
+    s.add_argument("--sdn-job-id", default="ces", help="the SDN job that holds our flows")
+    s.add_argument("--algorithm", default=MasterConfig.algorithm,
+                   help="default scheduler (one of: %s)" % ", ".join(algorithm_names()))
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--image", default="", help="worker image for jobs that name none")
+    s.add_argument("--heartbeat-timeout", type=float, default=MasterConfig.heartbeat_timeout_s)
+    s.add_argument("--max-attempts", type=int, default=MasterConfig.max_attempts)
+    s.set_defaults(run=_serve)
+    for name, fn, helptext in (("submit", _submit, "submit a job file or folder"),
+                               ("status", _status, "jobs, or one job in detail"),
+                               ("cancel", _cancel, "cancel a job"),
+                               ("nodes", _nodes, "the nodes as the Master sees them")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--master", default=DEFAULT_URL, help="the Master's URL")
+        if name == "submit":
+            c.add_argument("file")
+            c.add_argument("--algorithm", default=None)
+        elif name in ("status", "cancel"):
+            c.add_argument("job", nargs="?" if name == "status" else None)
+        c.set_defaults(run=fn)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(message)s")
+    try:
+        return args.run(args)
+    except (TopologyError, JobError, UnknownAlgorithm) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ApiError as e:
+        print(f"error: the Master refused: {e.message}", file=sys.stderr)
+        return 2 if 400 <= e.status < 500 else 1
+    except Unreachable as e:
+        print(f"error: no Master answers ({e})", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""A typed client of the Master's API (used by the CLI and experiments/run.py)."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..jobs import JobError, load_jobs
+from .http import call
+
+DEFAULT_URL = os.environ.get("CES_MASTER", "http://127.0.0.1:7070")
+
+
+def job_documents(path: str | Path) -> list[tuple[str, dict]]:
+    """(source file, job mapping) for every job of a YAML file or folder, validated first with
+    `load_jobs` (a `JobError` names the file, job and field)."""
+    load_jobs(path)
+    path = Path(path)
+    files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")) \
+        if path.is_dir() else [path]
+    docs = []
+    for f in files:
+        doc = yaml.safe_load(f.read_text())
+        docs += [(str(f), d) for d in (doc["jobs"] if "jobs" in doc else [doc])]
+    return docs
+
+
+class MasterClient:
+    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 30.0):
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        return call(method, self.url + path, body, timeout=self.timeout_s)
+
+    def health(self) -> dict:
+        return self._call("GET", "/health")
+
+    def wait_ready(self, nodes: int, timeout_s: float = 60.0) -> dict:
+        """Poll until at least `nodes` agents are online; TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                h = self.health()
+                if h["nodes_online"] >= nodes:
+                    return h
+            except (ConnectionError, OSError):
+                h = None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Master at {self.url} has "
+                                   f"{h['nodes_online'] if h else 'no answer and no'} online "
+                                   f"agents after {timeout_s:.0f} s (wanted {nodes})")
+            time.sleep(0.2)
+
+    def submit(self, job: dict, algorithm: str | None = None, source: str = "") -> dict:
+        body: dict[str, Any] = {"job": job, "source": source}
+        if algorithm:
+            body["algorithm"] = algorithm
+        return self._call("POST", "/jobs", body)
+
+    def submit_file(self, path: str | Path, algorithm: str | None = None) -> list[dict]:
+        return [self.submit(doc, algorithm, src) for src, doc in job_documents(path)]
+
+    def jobs(self) -> list[dict]:
+        return self._call("GET", "/jobs")
+
+    def job(self, name: str, records: bool = False) -> dict:
+        return self._call("GET", f"/jobs/{name}" + ("?records=1" if records else ""))
+
+    def cancel(self, name: str) -> dict:
+        return self._call("DELETE", f"/jobs/{name}")
+
+    def nodes(self) -> list[dict]:
+        return self._call("GET", "/nodes")
+
+    def set_schedulable(self, node: str, schedulable: bool) -> dict:
+        return self._call("PUT", f"/nodes/{node}", {"schedulable": schedulable})
+
+    def links(self) -> list[dict]:
+        return self._call("GET", "/links")
+
+    def set_scheduler(self, algorithm: str, seed: int = 0) -> dict:
+        return self._call("PUT", "/scheduler", {"algorithm": algorithm, "seed": seed})
+
+
+__all__ = ["DEFAULT_URL", "JobError", "MasterClient", "job_documents"]
