@@ -74,7 +74,17 @@ class NetnsNetwork:
                 self._attach(sw, lk.port_of(sw), outer)
                 self._host(node, inner)
         for br in self.bridges.values():
-            sh("ovs-vsctl", "set-controller", br, "tcp:%s:%d" % self.controller)
+            self.connect(br)
+
+    def connect(self, bridge: str) -> None:
+        """Point the bridge at the controller, retrying at most every second when it is away
+        (OVS's default backoff grows to 8 s)."""
+        sh("ovs-vsctl", "--", "--id=@c", "create", "Controller",
+           'target="tcp:%s:%d"' % self.controller, "max_backoff=1000",
+           "--", "set", "Bridge", bridge, "controller=@c")
+
+    def disconnect(self, bridge: str) -> None:
+        sh("ovs-vsctl", "del-controller", bridge)
 
     def port_name(self, switch: str, port: int) -> str:
         return f"{self.bridges[switch]}p{port}"
@@ -155,7 +165,7 @@ class NetnsNetwork:
         """{meter id: {"rate": kbps, "burst": kbit}}."""
         out = sh("ovs-ofctl", "-O", "OpenFlow13", "dump-meters", self.bridges[switch])
         return {int(m[1]): {"rate": int(m[2]), "burst": int(m[3])}
-                for m in re.finditer(r"meter=(\d+) .*?rate=(\d+) burst_size=(\d+)", out)}
+                for m in re.finditer(r"meter=(\d+) .*?rate=(\d+) burst_size=(\d+)", out, re.S)}
 
     def port_tx_bytes(self, switch: str) -> dict[int, int]:
         out = sh("ovs-ofctl", "-O", "OpenFlow13", "dump-ports", self.bridges[switch])
