@@ -316,6 +316,8 @@ class Emulation:
         docker_node.configDefault()
         self._prepare_interfaces([mlink])
         self.switches[switch].attach(mlink.intf2)
+        if self.controller is None:
+            self.wait_converged(self.converge_timeout_s)  # the new port starts discarding
         return docker_node
 
     def remove_node(self, name: str) -> None:
