@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from topologies import TopologyError, load_topology
+from topologies import TopologyError, load_topology, parse_topology
 
 from .baselines import algorithm_names, make_algorithm
-from .jobs import JobError, apply_machine_spec, load_jobs, load_machine_spec
+from .jobs import JobDistribution, JobError, apply_machine_spec, load_jobs, load_machine_spec, \
+    random_job
 from .metrics import cluster_metrics, decision_metrics, deployed_count, packable
 from .model import CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
 from .paths import NoPath, shortest_path
@@ -98,6 +99,36 @@ def make_instance(base: Cluster, seed: int, background: float,
     rng = np.random.default_rng(seed)
     cluster = apply_machine_spec(base, machines, rng) if machines else base
     return background_load(cluster, rng, background)
+
+
+def random_instance(rng: np.random.Generator, max_switches: int = 4, max_nodes: int = 5,
+                    max_workers: int = 4, background: float = 0.5) -> tuple[Cluster, Job]:
+    """A small random instance (the exact reference's playground, also used by the tests):
+    2..max_switches switches joined by a random tree plus each other pair with probability 0.3
+    (parallel paths), 2..max_nodes compute nodes on random switches (cpu 0.5-2, mem 1-2 GB,
+    speed 0.5-1.5), switch links of 10-1000 Mbit/s and 0-2 ms, access links of 100 or 1000
+    Mbit/s; background load at `background`; and one `jobs.random_job` of up to `max_workers`
+    workers with tasks of 0.25-1 cpu."""
+    n_sw = int(rng.integers(2, max_switches + 1))
+    n_nodes = int(rng.integers(2, max_nodes + 1))
+    switches = [{"name": f"s{i}"} for i in range(n_sw)]
+    pairs = {(int(rng.integers(i)), i) for i in range(1, n_sw)}
+    pairs |= {(i, j) for i in range(n_sw) for j in range(i + 1, n_sw) if rng.random() < 0.3}
+    links = [{"ends": [f"s{i}", f"s{j}"], "bw_mbps": float(rng.choice([10, 50, 100, 200, 1000])),
+              "delay_ms": round(float(rng.uniform(0, 2)), 2)} for i, j in sorted(pairs)]
+    nodes = []
+    for i in range(n_nodes):
+        nodes.append({"name": f"h{i}", "cpu": float(rng.choice([0.5, 1.0, 1.5, 2.0])),
+                      "mem_mb": int(rng.choice([1024, 2048])),
+                      "speed": float(rng.choice([0.5, 1.0, 1.5]))})
+        links.append({"ends": [f"h{i}", f"s{int(rng.integers(n_sw))}"],
+                      "bw_mbps": float(rng.choice([100, 1000]))})
+    topo = parse_topology({"name": "random", "switches": switches, "nodes": nodes,
+                           "links": links}, "<random instance>")
+    cluster = background_load(Cluster.from_topology(topo), rng, background)
+    dist = JobDistribution(max_workers=max_workers, cpu_choices=(0.25, 0.5, 1.0),
+                           mem_choices=(256.0, 512.0))
+    return cluster, random_job(rng, "job", dist)
 
 
 def run_sequence(cluster: Cluster, jobs: list[Job], algo) -> dict[str, float]:

@@ -191,7 +191,7 @@ class _Search:
             any_bytes |= f.bytes_per_iter > 0
         return self.value(compute, transfer, rtt, any_bytes)
 
-    # --- paths for one complete placement ----------------------------------------------------------
+    # --- paths for one complete placement ---------------------------------------------------------
     def route(self, placement: dict[str, str]) -> None:
         crossing = sorted((f for f in self.job.flows if placement[f.src] != placement[f.dst]),
                           key=lambda f: -f.bytes_per_iter)

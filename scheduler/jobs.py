@@ -37,7 +37,8 @@ def _workers(k: int, demand: Resources) -> list[Task]:
     return [Task(f"w{i}", demand) for i in range(k)]
 
 
-def _flows(pairs: Iterable[tuple[str, str]], demand_mbps: float, nbytes: float) -> list[LogicalFlow]:
+def _flows(pairs: Iterable[tuple[str, str]], demand_mbps: float,
+           nbytes: float) -> list[LogicalFlow]:
     return [LogicalFlow(a, b, demand_mbps, nbytes) for a, b in pairs]
 
 
@@ -133,7 +134,8 @@ def random_job(rng: np.random.Generator, name: str = "job",
                                               p=list(COLLECTIVE_WEIGHTS.values())))
     k = int(rng.integers(dist.min_workers, dist.max_workers + 1))
     demand = Resources(float(rng.choice(dist.cpu_choices)), float(rng.choice(dist.mem_choices)))
-    model_bytes = BYTES_PER_PARAM * round(_log_uniform(rng, dist.min_params, dist.max_params))
+    params = round(_log_uniform(rng, dist.min_params, dist.max_params))
+    model_bytes = float(BYTES_PER_PARAM * params)
     mbps = round(_log_uniform(rng, dist.min_mbps, dist.max_mbps), 1)
     fields = dict(compute_s=round(_log_uniform(rng, dist.min_compute_s, dist.max_compute_s), 4),
                   iterations=int(rng.integers(dist.min_iterations, dist.max_iterations + 1)),
@@ -162,7 +164,8 @@ class _Where:
 
     def error(self, field: str, expected: str, got: Any = ...) -> JobError:
         tail = "" if got is ... else f", got {got!r}"
-        return JobError(f"{self.file}: {self.job}: field '{field}': expected {expected}{tail}")
+        where = f"field '{field}': " if field else ""
+        return JobError(f"{self.file}: {self.job}: {where}expected {expected}{tail}")
 
 
 def _num(d: dict, key: str, w: _Where, field: str, *, default: Any = ..., lo: float | None = None,
@@ -173,8 +176,8 @@ def _num(d: dict, key: str, w: _Where, field: str, *, default: Any = ..., lo: fl
         return default
     v = d[key]
     kind = "an integer" if integer else "a number"
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)) \
-            or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or (integer and not isinstance(v, int)):
         raise w.error(field, kind, v)
     if lo is not None and (v <= lo if strict else v < lo):
         raise w.error(field, f"{kind} {'>' if strict else '>='} {lo:g}", v)
@@ -218,8 +221,8 @@ def _workload(v: Any, w: _Where, collective: str) -> dict:
             raise w.error(f"workload.{key}", "a scalar or a list", val)
     if "collective" in d and collective in WORKLOAD_COLLECTIVE \
             and d["collective"] != WORKLOAD_COLLECTIVE[collective]:
-        raise w.error("workload.collective",
-                      f"'{WORKLOAD_COLLECTIVE[collective]}' for a {collective} job", d["collective"])
+        want = WORKLOAD_COLLECTIVE[collective]
+        raise w.error("workload.collective", f"'{want}' for a {collective} job", d["collective"])
     return dict(d)
 
 
@@ -403,8 +406,9 @@ def load_alibaba_tasks(path: str | Path, *, model_bytes: float = 4e6, demand_mbp
     ring over its instances. Instances are named `<task_name><i>`. `submit_time` is the job's
     first start time relative to the earliest job in the file; `iterations` is the job's trace
     duration / `compute_s` (so at speed 1 with no communication it runs as long as in the trace;
-    None when an end time is missing). Rows whose status is not in `statuses` are skipped (None
-    keeps all). The trace's own figures go into `workload` (source, duration_s, gpu_type)."""
+    None, and no target accuracy either, when an end time is missing). Rows whose status is not
+    in `statuses` are skipped (None keeps all). The trace's own figures go into `workload`
+    (source, duration_s, gpu_type)."""
     path = Path(path)
     groups: dict[str, list[tuple[int, dict[str, str]]]] = {}
     for line, row in _csv_rows(path, TASK_COLUMNS):
@@ -442,14 +446,16 @@ def load_alibaba_tasks(path: str | Path, *, model_bytes: float = 4e6, demand_mbp
         parsed.append((job_name, tasks, ps_names, starts, ends, sorted(gpu_types)))
     first = min((s for _, _, _, st, _, _ in parsed for s in st if s is not None), default=0.0)
     jobs = []
-    for job_name, tasks, ps_names, starts, ends, gpu_types in sorted(
-            parsed, key=lambda p: (min((s for s in p[3] if s is not None), default=math.inf), p[0])):
+
+    def first_start(p: tuple) -> tuple[float, str]:
+        return min((s for s in p[3] if s is not None), default=math.inf), p[0]
+
+    for job_name, tasks, ps_names, starts, ends, gpu_types in sorted(parsed, key=first_start):
         known_starts = [s for s in starts if s is not None]
         start = min(known_starts, default=first)
         duration = (max(ends) - start) if None not in ends and known_starts else None
         fields = dict(compute_s=compute_s, submit_time=start - first,
                       iterations=max(1, round(duration / compute_s)) if duration else None,
-                      target_accuracy=None if duration else 0.9,
                       workload={"source": "alibaba-gpu-v2020", "duration_s": duration,
                                 "gpu_type": ",".join(gpu_types)})
         if ps_names and len(ps_names) < len(tasks):
@@ -463,13 +469,15 @@ def load_alibaba_tasks(path: str | Path, *, model_bytes: float = 4e6, demand_mbp
             names = [t.name for t in tasks]
             pairs = [(names[i], names[(i + 1) % k]) for i in range(k)] if k > 2 else \
                 ([(names[0], names[1]), (names[1], names[0])] if k == 2 else [])
-            job = Job(job_name, tasks, _flows(pairs, demand_mbps, flow_bytes("ring", k, model_bytes)),
-                      collective="ring", model_bytes=model_bytes, **fields)
+            nbytes = flow_bytes("ring", k, model_bytes)
+            job = Job(job_name, tasks, _flows(pairs, demand_mbps, nbytes), collective="ring",
+                      model_bytes=model_bytes, **fields)
         jobs.append(job)
         if limit is not None and len(jobs) >= limit:
             break
     if not jobs:
-        raise JobError(f"{path}: no task rows" + (f" with status in {statuses}" if statuses else ""))
+        raise JobError(f"{path}: no task rows"
+                       + (f" with status in {statuses}" if statuses else ""))
     return jobs
 
 
@@ -510,7 +518,8 @@ def apply_machine_spec(cluster: Cluster, machines: list[Machine],
         raise ValueError("apply_machine_spec needs an idle cluster (no allocations)")
     nodes = cluster.compute_nodes()
     out = cluster.copy()
-    cpu_scale = np.mean([cluster.capacity(n).cpu for n in nodes]) / np.mean([m.cpu for m in machines])
+    cpu_scale = np.mean([cluster.capacity(n).cpu for n in nodes]) / \
+        np.mean([m.cpu for m in machines])
     mem_scale = np.mean([cluster.capacity(n).mem_mb for n in nodes]) / \
         np.mean([m.mem_gb for m in machines])
     for n, i in zip(nodes, rng.integers(0, len(machines), size=len(nodes))):
@@ -518,4 +527,3 @@ def apply_machine_spec(cluster: Cluster, machines: list[Machine],
         out.graph.nodes[n].update(cpu=float(m.cpu * cpu_scale), mem_mb=float(m.mem_gb * mem_scale),
                                   gpu=float(m.gpu), machine=m.name)
     return out
-

@@ -14,8 +14,9 @@ Per decision (one job placed on the cluster *before* it is allocated):
   decision_ms             the algorithm's wall time.
 Per cluster state (after allocation):
   load_balance            (std, max/mean) of the nodes' multi-resource utilisation Ū_n.
-  fragmentation           seed 004 eq. (27): F = 1/N Σ_n Σ_{r∈R_n} (r_t - r_o)/r_t, the free share
-                          of each resource summed over resources, averaged over the N online nodes.
+  fragmentation           seed 004 eq. (27): F = 1/N Σ_n Σ_{r∈R_n} (r_t - r_o)/r_t, the free
+                          share of each resource summed over resources, averaged over the N
+                          online nodes.
   load_variance           seed 004 eq. (28): population variance of Ū_n across nodes (or of one
                           resource's utilisation, e.g. gpu as the seed reports it).
   Ū_n                     seed 004 eq. (8): mean over the node's resources R_n of used/capacity.
@@ -177,7 +178,7 @@ def deployed_count(placed_tasks: int, correctly_rejected_tasks: int) -> int:
     return placed_tasks + correctly_rejected_tasks
 
 
-# --- everything about one decision, as one record ---------------------------------------------------
+# --- everything about one decision, as one record -------------------------------------------------
 @dataclass(frozen=True)
 class DecisionMetrics:
     iteration_time_s: float
