@@ -1,0 +1,81 @@
+"""The training program in worker containers on the emulated network (real OVS, Docker, gloo).
+
+Three nodes on one switch, every access link shaped to 20 Mbit/s: the job's traffic must leave
+through each node's `eth0`, cross the switch, and obey the shaper.
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+
+import pytest
+
+from scheduler.perfmodel import ring_lower_bound_s
+from testbed import Emulation, cleanup, new_prefix
+from topologies import parse_topology
+from workloads.job import run_job
+from workloads.results import read_task_log, summarize_job
+
+pytestmark = pytest.mark.integration
+RATE_MBPS = 20.0
+NODES = ("n1", "n2", "n3")
+TOPO = {"name": "three", "switches": [{"name": "s1"}],
+        "nodes": [{"name": n, "cpu": 0.6, "mem_mb": 1024} for n in NODES],
+        "links": [{"ends": [n, "s1"], "bw_mbps": RATE_MBPS} for n in NODES]}
+JOB = {"dataset": "digits", "eval_every": 10, "max_iters": 400, "max_seconds": 240,
+       "timeout_s": 120, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def net(testbed_host, worker_image):
+    prefix = new_prefix()
+    try:
+        with Emulation(parse_topology(TOPO, "test"), prefix=prefix, image=worker_image) as em:
+            yield em
+    finally:
+        cleanup(prefix)
+
+
+def switch_rx_bytes(net: Emulation, node: str) -> int:
+    """Bytes the switch received on the port of `node`'s access link (OVS's own counter)."""
+    lk = net.topo.access_link(node)
+    name = net.interface_name(lk.other(node), lk.port_of(lk.other(node)))
+    out = subprocess.run(["ovs-vsctl", "get", "Interface", name, "statistics:rx_bytes"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip().strip('"'))
+
+
+def test_ring_job_trains_over_the_shaped_links(net, tmp_path):
+    before = {n: switch_rx_bytes(net, n) for n in NODES}
+    paths = run_job(net, NODES, tmp_path, job="ring", deadline_s=400, model="mlp-small",
+                    collective="ring", target_acc=0.9, **JOB)
+    logs = [read_task_log(p) for p in paths]
+    summary = summarize_job(logs)
+    assert summary.reached_target and summary.tta_s > 0
+    assert len({t.end["param_sum"] for t in logs}) == 1
+    grad = summary.gradient_bytes
+    share = 2 * 2 * grad // 3
+    for node, t in zip(NODES, logs):
+        assert t.start["host"] == node and t.start["cpu_quota"] == pytest.approx(0.6)
+        assert t.end["container_startup_s"] >= t.end["startup_s"] > 0
+        steady = t.iters[3:]
+        # gloo used eth0: this task's ring share left through it (plus TCP/IP headers), ...
+        tx = statistics.median(r["tx_bytes"] for r in steady)
+        assert share <= tx <= 1.15 * share
+        # ... and the shaper held it to the link rate: never faster than the bandwidth bound
+        comm = statistics.median(r["comm_s"] for r in steady)
+        assert comm >= 0.9 * ring_lower_bound_s(3, grad, RATE_MBPS)
+        # the switch saw it: every iteration's share arrived at the node's switch port
+        assert switch_rx_bytes(net, node) - before[node] >= share * len(t.iters)
+
+
+def test_parameter_server_job_is_a_star(net, tmp_path):
+    paths = run_job(net, NODES, tmp_path, job="ps", deadline_s=400, model="cnn",
+                    collective="ps", target_acc=0.85, **JOB)
+    logs = sorted((read_task_log(p) for p in paths), key=lambda t: t.rank)
+    assert all(t.end["reached_target"] for t in logs)
+    grad = logs[0].start["gradient_bytes"]
+    tx = [statistics.median(r["tx_bytes"] for r in t.iters[3:]) for t in logs]
+    # the server sends the average to both workers; each worker only sends to the server
+    assert 2 * grad <= tx[0] <= 1.15 * 2 * grad
+    assert all(grad <= w <= 1.15 * grad for w in tx[1:])
