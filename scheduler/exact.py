@@ -138,7 +138,7 @@ class _Search:
 
     def tick(self) -> None:
         self.ticks += 1
-        if self.ticks % 256 == 0 and time.perf_counter() > self.deadline:
+        if self.ticks % 256 == 1 and time.perf_counter() > self.deadline:
             raise _Timeout
 
     def run(self) -> bool:
