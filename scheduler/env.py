@@ -70,7 +70,7 @@ class EnvConfig:
     sites: tuple[int, int] = (5, 30)  # compute nodes of the random topologies
     background: tuple[float, float] = (0.0, 0.5)  # share of nodes/links already in use
     jobs: JobDistribution = JobDistribution(max_workers=8)  # the random jobs
-    episodes_per_topology: int = 8  # random jobs placed one after another on one network
+    episodes_per_topology: int = 16  # random jobs placed one after another on one network
     teacher: str = "network-aware"  # heuristic whose choices guide early training ("" = none)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
@@ -137,6 +137,7 @@ class PlacementEpisode:
         self._hops: dict[int, np.ndarray] = {}
         self._candidates: dict[tuple[str, str], list[Path]] = {}
         self._comp: np.ndarray | None = None
+        self._opts: dict[int, FlowOptions] = {}  # this step's options per node
 
         self.order = [t.name for t in placement_order(job)]
         self.tasks = {t.name: t for t in job.tasks}
@@ -372,6 +373,11 @@ class PlacementEpisode:
     def options(self, node: int) -> FlowOptions:
         """The new inter-node flows if this step's task goes on compute node `node`, each with
         up to K candidate paths and their features."""
+        if node not in self._opts:
+            self._opts[node] = self._options(node)
+        return self._opts[node]
+
+    def _options(self, node: int) -> FlowOptions:
         k = self.cfg.k_paths
         effective = np.maximum(self.residual - self.job_load, 0.0)
         here = self.compute[node]
@@ -469,7 +475,7 @@ class PlacementEpisode:
                   self.satisfaction) - w.hops * hop_cost)
         self.balance, self.satisfaction = balance, satisfaction
         self.t += 1
-        self._obs = None
+        self._obs, self._opts = None, {}
         info: dict = {}
         if self.t == len(self.order):
             self.done = True
