@@ -108,6 +108,18 @@ def placement_order(job: Job) -> list[Task]:
 
 
 @dataclass
+class Placing:
+    """The state of one `place` call: what is free (this job's tasks so far subtracted), node
+    capacities as tuples (read once: scoring 1000 nodes per task must be cheap), and the
+    placement so far."""
+    cluster: Cluster
+    job: Job
+    free: dict[str, Resources]
+    caps: dict[str, tuple[float, float, float]]
+    placement: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class TaskPlacer:
     """Place task by task with `choose`, then route with `path_rule` and the rate split."""
     name: ClassVar[str] = ""
@@ -125,22 +137,22 @@ class TaskPlacer:
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
-        free = {n: cluster.free(n) for n in cluster.compute_nodes(online_only=True)}
-        placement: dict[str, str] = {}
+        nodes = cluster.compute_nodes(online_only=True)
+        st = Placing(cluster, job, {n: cluster.free(n) for n in nodes},
+                     {n: cluster.capacity(n).as_tuple() for n in nodes})
         for task in placement_order(job):
-            fits = [n for n, f in free.items() if task.demand.fits_in(f)]
+            fits = [n for n, f in st.free.items() if task.demand.fits_in(f)]
             if not fits:
                 raise CannotPlace(f"job {job.name}: task {task.name} (cpu {task.demand.cpu:g}, "
                                   f"mem {task.demand.mem_mb:g} MB, gpu {task.demand.gpu:g}) fits "
                                   "on no online node")
-            node = self.choose(cluster, job, task, fits, free, placement)
-            free[node] = free[node] - task.demand
-            placement[task.name] = node
-        flows = assign_flows(cluster, job, placement, self.path_rule, self.k, self.weighting)
-        return Decision(job.name, placement, flows, time.perf_counter() - start)
+            node = self.choose(st, task, fits)
+            st.free[node] = st.free[node] - task.demand
+            st.placement[task.name] = node
+        flows = assign_flows(cluster, job, st.placement, self.path_rule, self.k, self.weighting)
+        return Decision(job.name, st.placement, flows, time.perf_counter() - start)
 
-    def choose(self, cluster: Cluster, job: Job, task: Task, fits: list[str],
-               free: dict[str, Resources], placement: dict[str, str]) -> str:
+    def choose(self, st: Placing, task: Task, fits: list[str]) -> str:
         raise NotImplementedError
 
 
@@ -149,7 +161,7 @@ class TaskPlacer:
 class RandomPlacer(TaskPlacer):
     name: ClassVar[str] = "random"
 
-    def choose(self, cluster, job, task, fits, free, placement):
+    def choose(self, st, task, fits):
         return fits[int(self.rng.integers(len(fits)))]
 
 
@@ -158,7 +170,7 @@ class RandomPlacer(TaskPlacer):
 class FirstFit(TaskPlacer):
     name: ClassVar[str] = "first-fit"
 
-    def choose(self, cluster, job, task, fits, free, placement):
+    def choose(self, st, task, fits):
         return fits[0]
 
 
@@ -167,12 +179,13 @@ class FirstFit(TaskPlacer):
 class BestFit(TaskPlacer):
     name: ClassVar[str] = "best-fit"
 
-    def choose(self, cluster, job, task, fits, free, placement):
-        scale = [max(cluster.capacity(n).as_tuple()[i] for n in free) for i in range(3)]
+    def choose(self, st, task, fits):
+        scale = [max(c[i] for c in st.caps.values()) for i in range(3)]
+        d = task.demand.as_tuple()
 
         def leftover(n: str) -> float:
-            left = (free[n] - task.demand).as_tuple()
-            return sum(x / s for x, s in zip(left, scale) if s > 0)
+            f = st.free[n].as_tuple()
+            return sum((f[i] - d[i]) / scale[i] for i in range(3) if scale[i] > 0)
         return min(fits, key=leftover)
 
 
@@ -186,12 +199,13 @@ def _cosine(a: list[float], b: list[float]) -> float:
 class UtilizationPlacer(TaskPlacer):
     name: ClassVar[str] = "utilization"
 
-    def choose(self, cluster, job, task, fits, free, placement):
+    def choose(self, st, task, fits):
+        d = task.demand.as_tuple()
+
         def match(n: str) -> float:
-            cap = cluster.capacity(n).as_tuple()
-            idx = [i for i, c in enumerate(cap) if c > 0]
-            return _cosine([task.demand.as_tuple()[i] / cap[i] for i in idx],
-                           [free[n].as_tuple()[i] / cap[i] for i in idx])
+            cap, f = st.caps[n], st.free[n].as_tuple()
+            idx = [i for i in range(3) if cap[i] > 0]
+            return _cosine([d[i] / cap[i] for i in idx], [f[i] / cap[i] for i in idx])
         return max(fits, key=match)
 
 
@@ -201,14 +215,17 @@ class K8sSpread(TaskPlacer):
     name: ClassVar[str] = "k8s-spread"
     weighting: str = "equal"
 
-    def choose(self, cluster, job, task, fits, free, placement):
+    def choose(self, st, task, fits):
+        d = task.demand.as_tuple()
+
         def score(n: str) -> float:
-            cap = cluster.capacity(n).as_tuple()
-            after = (free[n] - task.demand).as_tuple()
+            cap, f = st.caps[n], st.free[n].as_tuple()
+            after = [f[i] - d[i] for i in range(3)]
             least = 100 * (after[0] / cap[0] + after[1] / cap[1]) / 2
             used = [1 - after[i] / cap[i] for i in range(3) if cap[i] > 0]
-            balanced = 100 * (1 - float(np.std(used)))
-            return least + balanced
+            mean = sum(used) / len(used)
+            std = math.sqrt(sum((u - mean) ** 2 for u in used) / len(used))
+            return least + 100 * (1 - std)
         scores = {n: score(n) for n in fits}
         best = max(scores.values())
         top = [n for n in fits if scores[n] >= best - 1e-9]
@@ -221,11 +238,12 @@ class NetworkAware(TaskPlacer):
     name: ClassVar[str] = "network-aware"
     path_rule: str = "constrained"
 
-    def choose(self, cluster, job, task, fits, free, placement):
+    def choose(self, st, task, fits):
+        cluster, placement = st.cluster, st.placement
         # (peer node, demand, flow goes towards the new task?) for flows to placed peers
-        peer_flows = [(placement[f.dst], f.demand_mbps, False) for f in job.flows
+        peer_flows = [(placement[f.dst], f.demand_mbps, False) for f in st.job.flows
                       if f.src == task.name and f.dst in placement] + \
-                     [(placement[f.src], f.demand_mbps, True) for f in job.flows
+                     [(placement[f.src], f.demand_mbps, True) for f in st.job.flows
                       if f.dst == task.name and f.src in placement]
         # hops from the new node to a peer = BFS from the peer against the flow's direction
         tight = [hop_distances(cluster, node, demand, towards=not to_new)
@@ -244,5 +262,5 @@ class NetworkAware(TaskPlacer):
                         loose[i] = hop_distances(cluster, node, towards=not to_new)
                     hops = loose[i].get(n, math.inf)
                 cost += demand * hops
-            return (blocked, cost, -free[n].cpu)
+            return (blocked, cost, -st.free[n].cpu)
         return min(fits, key=key)

@@ -57,11 +57,17 @@ def _check_ends(cluster: Cluster, src: str, dst: str) -> None:
         raise ValueError(f"no path needed from {src} to itself")
 
 
-def _hop_weight(min_residual: float, cluster: Cluster,
+def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
                 extra: Mapping[tuple[str, str], float] | None = None) -> Callable:
-    """Dijkstra weight: one per hop plus a tiny delay tie-break; hides directed links whose
-    residual (minus `extra`) is below `min_residual`."""
+    """Dijkstra weight for the directed step u→v: one per hop plus a tiny delay tie-break.
+    Hides steps out of or into a compute node other than the ends (they do not forward) and,
+    with `min_residual` > 0, steps with less residual (minus `extra`) than that."""
+    nodes = cluster.graph.nodes
+
     def weight(u: str, v: str, d: dict) -> float | None:
+        if (u != src and nodes[u]["kind"] != "switch") or \
+                (v != dst and nodes[v]["kind"] != "switch"):
+            return None
         if min_residual > 0:
             free = cluster.residual(u, v) - (extra or {}).get((u, v), 0.0)
             if free < min_residual - EPS:
@@ -77,18 +83,19 @@ def shortest_path(cluster: Cluster, src: str, dst: str, min_residual: float = 0.
     Raises `NoPath`."""
     _check_ends(cluster, src, dst)
     try:
-        return tuple(nx.dijkstra_path(routing_view(cluster, src, dst), src, dst,
-                                      weight=_hop_weight(min_residual, cluster, extra)))
+        _, path = nx.bidirectional_dijkstra(
+            cluster.graph, src, dst, weight=_hop_weight(cluster, src, dst, min_residual, extra))
     except nx.NetworkXNoPath:
         what = f" with {min_residual:g} Mbit/s free" if min_residual > 0 else ""
         raise NoPath(f"no path from {src} to {dst}{what}") from None
+    return tuple(path)
 
 
 def widest_path(cluster: Cluster, src: str, dst: str) -> Path:
     """The path with the largest bottleneck residual (directed), fewest hops among those.
     Raises `NoPath`."""
     _check_ends(cluster, src, dst)
-    view = routing_view(cluster, src, dst)
+    kind = cluster.graph.nodes
     # Max-min Dijkstra for the best bottleneck, then the fewest-hop path at that width.
     width = {src: float("inf")}
     heap = [(-float("inf"), src)]
@@ -100,7 +107,9 @@ def widest_path(cluster: Cluster, src: str, dst: str) -> Path:
         done.add(u)
         if u == dst:
             break
-        for v in view.neighbors(u):
+        if u != src and kind[u]["kind"] != "switch":
+            continue  # compute nodes do not forward
+        for v in cluster.graph.neighbors(u):
             cand = min(-w, cluster.residual(u, v))
             if cand > width.get(v, -float("inf")):
                 width[v] = cand
