@@ -27,9 +27,8 @@ from mininet.node import RemoteController
 
 from topologies import ComputeNode, Link, Topology
 
-from . import tc, workers
+from . import image, tc, workers
 from .cleanup import cleanup
-from .image import worker_image_tag
 from .names import Names, new_prefix
 from .node import DockerNet, DockerNode, EdgeSwitch
 
@@ -55,7 +54,7 @@ class Emulation:
         self.names = Names(prefix or new_prefix())
         self.prefix = self.names.prefix
         self.controller = controller
-        self.image = image or worker_image_tag()
+        self.image = image  # None: the worker image of the current inputs, built if missing
         self.datapath = datapath or detect_datapath()
         self.client = client or docker.from_env()
         self.converge_timeout_s = converge_timeout_s
@@ -80,12 +79,16 @@ class Emulation:
         self.stop()
 
     def start(self) -> None:
-        t0 = time.monotonic()
+        if self.image is None:
+            try:
+                self.image = image.ensure(self.client)  # a no-op unless workloads/ etc. changed
+            except image.ImageError as e:
+                raise EmulationError(f"worker image: {e}") from None
         try:
             self.client.images.get(self.image)
         except docker.errors.ImageNotFound:
-            raise EmulationError(f"worker image {self.image} is missing: run "
-                                 "`python -m testbed.image ensure` (or scripts/setup.sh)") from None
+            raise EmulationError(f"image {self.image} does not exist") from None
+        t0 = time.monotonic()
         self.net = DockerNet(self.client)
         if self.controller:
             ip, port = self.controller
@@ -259,8 +262,10 @@ class Emulation:
         g = self.topo.graph()
         return min(g.edges[u, v]["bw_mbps"] for u, v in zip(path, path[1:]))
 
-    def iperf(self, src: str, dst: str, seconds: float = 5.0, port: int = 5201) -> float:
-        """TCP goodput from `src` to `dst` in Mbit/s, measured by iperf3 at the receiver."""
+    def iperf(self, src: str, dst: str, seconds: float = 5.0, port: int = 5201,
+              omit_s: int = 0) -> float:
+        """TCP goodput from `src` to `dst` in Mbit/s, measured by iperf3 at the receiver
+        (the first `omit_s` seconds, TCP's slow start, not counted)."""
         dst_node = self._node(dst)
         code, out = dst_node.exec(f"iperf3 -s -1 -D -p {port}")
         if code != 0:
@@ -270,7 +275,7 @@ class Emulation:
             if time.monotonic() > deadline:
                 raise EmulationError(f"iperf3 server on {dst} did not start listening")
             time.sleep(0.05)
-        code, out = self._node(src).exec(f"iperf3 -c {dst_node.ip} -p {port} -t {seconds} -J")
+        code, out = self._node(src).exec(f"iperf3 -c {dst_node.ip} -p {port} -t {seconds} -O {omit_s} -J")
         try:
             result = json.loads(out)
             return result["end"]["sum_received"]["bits_per_second"] / 1e6

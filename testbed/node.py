@@ -65,6 +65,10 @@ class DockerNode(Host):
         old_cpu, old_mem = cgroups.limits(self.cgroup_parent)
         cpu = old_cpu if cpu is None else cpu
         mem_mb = old_mem if mem_mb is None else mem_mb
+        # cgroup v1 refuses a child CPU quota above its parent's: widen the parent first,
+        # narrow it last.
+        if cpu >= old_cpu:
+            cgroups.set_limits(self.cgroup_parent, cpu, max(mem_mb, old_mem))
         self.container.update(cpu_period=CPU_PERIOD_US, cpu_quota=int(cpu * CPU_PERIOD_US),
                               mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
         cgroups.set_limits(self.cgroup_parent, cpu, mem_mb)

@@ -8,7 +8,7 @@ One layout serves both link emulation and the per-destination grants of a node's
         └── 1:<n>   one class per destination IP, rate = ceil = its grant, u32 filter on dst/32
                     (n = the host part of the address, so no state is kept outside the kernel)
 
-Every leaf gets a short pfifo queue (or netem with the same limit when the link has a delay and
+Every leaf gets a short pfifo queue (`queue_pkts`) (or netem with the same limit when the link has a delay and
 the kernel has sch_netem): a long queue makes OVS's userspace datapath drop inside the switch
 (ENVIRONMENT.md "Queues matter").
 """
@@ -20,7 +20,11 @@ import subprocess
 
 log = logging.getLogger(__name__)
 
-QUEUE_PKTS = 64
+
+def queue_pkts(rate_mbps: float) -> int:
+    """Leaf queue: ~5 ms of traffic at the rate, between 32 and 128 full-size packets."""
+    return int(min(max(rate_mbps * 1e6 / 8 * 0.005 / 1500, 32), 128))
+
 LINK_CLASS, DEFAULT_CLASS = 0xFFFF, 0xFFFE
 _netem: bool | None = None  # learnt at first use
 
@@ -67,13 +71,14 @@ def netem_available() -> bool | None:
     return _netem
 
 
-def _leaf(pid: int | None, dev: str, minor: int, delay_ms: float, verb: str) -> None:
+def _leaf(pid: int | None, dev: str, minor: int, rate_mbps: float, delay_ms: float,
+          verb: str) -> None:
     global _netem
     parent = f"parent 1:{minor:x} handle {minor:x}:"
     if delay_ms > 0 and _netem is not False:
         try:
             tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "netem", "delay",
-               f"{delay_ms}ms", "limit", str(QUEUE_PKTS))
+               f"{delay_ms}ms", "limit", str(queue_pkts(rate_mbps)))
             _netem = True
             return
         except TcError as e:
@@ -82,7 +87,7 @@ def _leaf(pid: int | None, dev: str, minor: int, delay_ms: float, verb: str) -> 
             _netem = False
             log.warning("this kernel has no sch_netem: link delays are NOT emulated "
                         "(bandwidth shaping still works)")
-    tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "pfifo", "limit", str(QUEUE_PKTS))
+    tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "pfifo", "limit", str(queue_pkts(rate_mbps)))
 
 
 def shape(dev: str, rate_mbps: float, delay_ms: float = 0.0, pid: int | None = None) -> None:
@@ -92,7 +97,7 @@ def shape(dev: str, rate_mbps: float, delay_ms: float = 0.0, pid: int | None = N
                  f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
                  f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
                  f"{_htb_args(rate_mbps)}"])
-    _leaf(pid, dev, DEFAULT_CLASS, delay_ms, "add")
+    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add")
 
 
 def change(dev: str, rate_mbps: float, delay_ms: float | None = None, pid: int | None = None) -> None:
@@ -100,9 +105,26 @@ def change(dev: str, rate_mbps: float, delay_ms: float | None = None, pid: int |
     _batch(pid, [f"class change dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
                  f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
                  f"{_htb_args(rate_mbps)}"])
-    if delay_ms is not None:
-        tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{DEFAULT_CLASS:x}", check=False)
-        _leaf(pid, dev, DEFAULT_CLASS, delay_ms, "add")
+    # The leaf's queue length follows the rate; its delay stays unless a new one is given.
+    if delay_ms is None:
+        delay_ms = _leaf_delay_ms(pid, dev, DEFAULT_CLASS)
+    tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{DEFAULT_CLASS:x}", check=False)
+    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add")
+
+
+def _leaf_delay_ms(pid: int | None, dev: str, minor: int) -> float:
+    for line in tc(pid, "qdisc", "show", "dev", dev).splitlines():
+        words = line.split()
+        if "netem" in words and f"1:{minor:x}" in words and "delay" in words:
+            return _parse_time_ms(words[words.index("delay") + 1])
+    return 0.0
+
+
+def _parse_time_ms(text: str) -> float:
+    for unit, scale in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if text.endswith(unit):
+            return float(text[:-len(unit)]) * scale
+    return float(text) * 1e-3  # tc prints plain numbers in microseconds
 
 
 def _minor(dst_ip: str) -> int:
@@ -123,7 +145,7 @@ def set_destination(dev: str, dst_ip: str, rate_mbps: float, pid: int | None = N
     _batch(pid, [f"class {'change' if exists else 'add'} dev {dev} parent 1:{LINK_CLASS:x} "
                  f"classid 1:{minor:x} htb {_htb_args(rate_mbps)}"])
     if not exists:
-        _leaf(pid, dev, minor, 0.0, "add")
+        _leaf(pid, dev, minor, rate_mbps, 0.0, "add")
         tc(pid, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
            "u32", "match", "ip", "dst", f"{dst_ip}/32", "flowid", f"1:{minor:x}")
 

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Testbed benchmark: bring-up/teardown time of a topology, and shaping fidelity.
+
+    sudo python experiments/bench_testbed.py --seed 1 [--topo campus] [--repeats 3]
+
+1. Bring-up (until RSTP has converged, i.e. the network forwards) and teardown time, `--repeats`
+   times (targets: ≤ 30 s up, ≤ 10 s down for campus).
+2. Shaping fidelity: iperf3 TCP between two node containers over a multi-switch path whose
+   bottleneck is an inter-switch link set to B ∈ {10, 50, 200} Mbit/s (target 0.85·B … 1.05·B).
+   The seed picks the pair (among the shortest paths with an inter-switch link whose other
+   links are ≥ 500 Mbit/s) and the bottleneck link on its path; iperf3 omits its first second. The two end nodes get 2 CPUs for the measurement, so that the
+   figure is the shaping's, not the sender's CPU quota.
+Prints a table and writes results/bench_testbed.json (with the machine it ran on).
+"""
+from __future__ import annotations
+
+import _venv  # noqa: F401  (re-exec under .venv)
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from topologies import TopologyError, load_topology
+
+from testbed import Emulation
+
+RATES = (10.0, 50.0, 200.0)
+FAST_LINK_MBPS = 500.0
+
+
+def machine(datapath: str) -> dict:
+    def out(cmd: list[str]) -> str:
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+    return {"cpus": os.cpu_count(), "kernel": platform.release(), "datapath": datapath,
+            "ovs": out(["ovs-vsctl", "--version"]).splitlines()[0],
+            "docker": out(["docker", "version", "--format", "{{.Server.Version}}"]),
+            "python": platform.python_version(), "host": platform.node()}
+
+
+def bring_up_down(topo_spec: str, repeats: int) -> list[dict]:
+    runs = []
+    for i in range(repeats):
+        net = Emulation(load_topology(topo_spec))
+        with net:
+            loss = net.ping_all(timeout_s=1.0)
+        runs.append({"up_s": round(net.timings["converged_s"], 2),
+                     "down_s": round(net.timings["down_s"], 2), "ping_loss": loss})
+        print(f"  run {i + 1}: up {runs[-1]['up_s']:.1f} s, down {runs[-1]['down_s']:.1f} s, "
+              f"ping loss {loss:.0%}", flush=True)
+    return runs
+
+
+def shaping(topo_spec: str, seed: int, repeats: int, seconds: float) -> dict:
+    rng = random.Random(seed)
+    with Emulation(load_topology(topo_spec)) as net:
+        candidates = []
+        names = sorted(net.nodes)
+        for a in names:
+            for b in names:
+                if a >= b:
+                    continue
+                path = net.forwarding_path(a, b)
+                hops = list(zip(path, path[1:]))
+                inter = [h for h in hops if h[0] in net.switches and h[1] in net.switches]
+                if inter and net.bottleneck_mbps(path) >= FAST_LINK_MBPS:
+                    candidates.append((a, b, path, inter))
+        if not candidates:
+            raise SystemExit(f"{topo_spec}: no node pair whose path has an inter-switch link "
+                             f"and only links ≥ {FAST_LINK_MBPS:g} Mbit/s")
+        # The shortest such paths: every userspace-datapath hop costs CPU on a small machine.
+        fewest = min(len(c[2]) for c in candidates)
+        src, dst, path, inter = rng.choice([c for c in candidates if len(c[2]) == fewest])
+        u, v = rng.choice(inter)
+        for node in (src, dst):
+            net.update_node(node, cpu=2.0)
+        print(f"  path {' → '.join(path)}; bottleneck set on {u}–{v}", flush=True)
+        rows = []
+        for rate in RATES:
+            net.set_link(u, v, rate)
+            goodputs = [net.iperf(src, dst, seconds=seconds, omit_s=1) for _ in range(repeats)]
+            rows.append({"bottleneck_mbps": rate, "goodput_mbps": [round(g, 2) for g in goodputs],
+                         "median_ratio": round(statistics.median(goodputs) / rate, 3),
+                         "min_ratio": round(min(goodputs) / rate, 3),
+                         "max_ratio": round(max(goodputs) / rate, 3)})
+            print(f"  B = {rate:>5g} Mbit/s: " + ", ".join(f"{g:.1f}" for g in goodputs), flush=True)
+        return {"src": src, "dst": dst, "path": path, "bottleneck_link": [u, v],
+                "seconds": seconds, "rows": rows, "datapath": net.datapath}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--topo", default="campus")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="iperf3 duration")
+    parser.add_argument("--out", type=Path, default=Path(_venv.REPO) / "results" / "bench_testbed.json")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("error: run as root (sudo)", file=sys.stderr)
+        return 2
+    try:
+        load_topology(args.topo)
+    except TopologyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    started = time.time()
+    print(f"bring-up / teardown of {args.topo} ×{args.repeats}", flush=True)
+    runs = bring_up_down(args.topo, args.repeats)
+    print("shaping fidelity (iperf3 TCP, receiver side)", flush=True)
+    fidelity = shaping(args.topo, args.seed, args.repeats, args.seconds)
+    result = {"topology": args.topo, "seed": args.seed, "repeats": args.repeats,
+              "machine": machine(fidelity["datapath"]), "bring_up_teardown": runs,
+              "shaping": fidelity, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+    up = [r["up_s"] for r in runs]
+    down = [r["down_s"] for r in runs]
+    print(f"\n{args.topo} on {result['machine']['cpus']} cpus, kernel {result['machine']['kernel']},"
+          f" {result['machine']['datapath']} datapath")
+    print(f"{'metric':<24}{'median':>10}{'max':>10}{'target':>12}")
+    print(f"{'bring-up (s)':<24}{statistics.median(up):>10.1f}{max(up):>10.1f}{'≤ 30':>12}")
+    print(f"{'teardown (s)':<24}{statistics.median(down):>10.1f}{max(down):>10.1f}{'≤ 10':>12}")
+    for row in fidelity["rows"]:
+        print(f"{'goodput / B, B=' + format(row['bottleneck_mbps'], 'g'):<24}"
+              f"{row['median_ratio']:>10.2f}{row['max_ratio']:>10.2f}{'0.85–1.05':>12}  "
+              f"(min {row['min_ratio']:.2f})")
+    print(f"written {args.out}")
+    ok = max(up) <= 30 and max(down) <= 10 and all(
+        0.85 <= r["min_ratio"] and r["max_ratio"] <= 1.05 for r in fidelity["rows"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
