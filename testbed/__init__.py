@@ -6,9 +6,8 @@
 """
 from .cleanup import cleanup, leftovers
 from .emulation import Emulation, EmulationError, detect_datapath
-from .image import worker_image_tag
 from .names import new_prefix
 from .node import DockerNode
 
 __all__ = ["DockerNode", "Emulation", "EmulationError", "cleanup", "detect_datapath",
-           "leftovers", "new_prefix", "worker_image_tag"]
+           "leftovers", "new_prefix"]

@@ -27,7 +27,7 @@ from mininet.node import RemoteController
 
 from topologies import ComputeNode, Link, Topology
 
-from . import image, tc, workers
+from . import cgroups, tc, workers
 from .cleanup import cleanup
 from .names import Names, new_prefix
 from .node import DockerNet, DockerNode, EdgeSwitch
@@ -80,6 +80,10 @@ class Emulation:
 
     def start(self) -> None:
         if self.image is None:
+            # Imported here, not at the top: `python -m testbed.image` runs that module as
+            # __main__ and must not find it imported already through the package.
+            from . import image
+
             try:
                 self.image = image.ensure(self.client)  # a no-op unless workloads/ etc. changed
             except image.ImageError as e:
@@ -89,6 +93,7 @@ class Emulation:
         except docker.errors.ImageNotFound:
             raise EmulationError(f"image {self.image} does not exist") from None
         t0 = time.monotonic()
+        self._systemd_cgroups = self.client.info().get("CgroupDriver") == "systemd"
         self.net = DockerNet(self.client)
         if self.controller:
             ip, port = self.controller
@@ -164,7 +169,8 @@ class Emulation:
         name = self.names.container(node.name)
         docker_node = self.net.addDocker(
             name, dimage=self.image, cpu=node.cpu, mem_mb=node.mem_mb, hostname=node.name,
-            cgroup_parent=f"/{self.names.cgroup_parent(node.name)}",
+            cgroup_parent=cgroups.parent_name(self.names.cgroup_parent(node.name),
+                                              self._systemd_cgroups),
             labels={PROJECT_LABEL: self.prefix, "ces.node": node.name},
             ip=f"{node.ip}/16", mac=node.mac)
         self.nodes[node.name] = docker_node
