@@ -220,7 +220,12 @@ def _wheelhouse() -> Path:
         wheel = next((tmp / "bootstrap").glob("pip-*.whl"))
         wheel.rename(tmp / "bootstrap" / "pip.whl")  # a fixed name for the Dockerfile
         (tmp / "constraints.txt").unlink()
-        tmp.rename(house)
+        try:
+            tmp.rename(house)
+        except OSError:
+            if not (house / "requirements.txt").exists():
+                raise  # not a concurrent build that finished first
+
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return house

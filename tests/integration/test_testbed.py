@@ -182,6 +182,20 @@ def test_sigterm_during_run_tears_down(tiny: Path, prefix: str, worker_image: st
     assert nothing_left(prefix) == {}
 
 
+def test_ctrl_c_during_bring_up_tears_down(tiny: Path, prefix: str, worker_image: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", BRING_UP, str(tiny), prefix, worker_image],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while not leftovers(prefix)["containers"]:  # the bring-up has started creating nodes
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    assert nothing_left(prefix) == {}
+
+
 def test_run_rejects_malformed_topology(tmp_path: Path, prefix: str) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(TINY.replace("bw_mbps: 20", "bw_mbps: fast"))
