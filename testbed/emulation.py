@@ -61,7 +61,8 @@ class Emulation:
         self.net: DockerNet | None = None
         self.nodes: dict[str, DockerNode] = {}
         self.switches: dict[str, EdgeSwitch] = {}
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = {}  # up_s (built), converged_s (forwarding), down_s
+        self._systemd_cgroups = False  # Docker's cgroup driver, learnt in start()
         self._saved_handlers: dict[int, object] = {}
 
     # --- life cycle ------------------------------------------------------------------------------
