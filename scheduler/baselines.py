@@ -38,7 +38,7 @@ from typing import Callable, ClassVar, Protocol
 import networkx as nx
 import numpy as np
 
-from .model import CannotPlace, Cluster, Decision, Job, Resources, Task
+from .model import EPS, CannotPlace, Cluster, Decision, Job, Task
 from .paths import PATH_RULES, assign_flows, hop_distances
 
 
@@ -109,14 +109,22 @@ def placement_order(job: Job) -> list[Task]:
 
 @dataclass
 class Placing:
-    """The state of one `place` call: what is free (this job's tasks so far subtracted), node
-    capacities as tuples (read once: scoring 1000 nodes per task must be cheap), and the
-    placement so far."""
+    """The state of one `place` call as arrays over the online nodes (scoring 1000 nodes per
+    task must be cheap): capacities and what is still free (this job's tasks so far subtracted),
+    one row per node, columns RESOURCES; and the placement so far."""
     cluster: Cluster
     job: Job
-    free: dict[str, Resources]
-    caps: dict[str, tuple[float, float, float]]
+    nodes: list[str]
+    cap: np.ndarray
+    free: np.ndarray
     placement: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, cluster: Cluster, job: Job) -> Placing:
+        nodes = cluster.compute_nodes(online_only=True)
+        cap = np.array([cluster.capacity(n).as_tuple() for n in nodes], dtype=float).reshape(-1, 3)
+        used = np.array([cluster.used[n].as_tuple() for n in nodes], dtype=float).reshape(-1, 3)
+        return cls(cluster, job, nodes, cap, cap - used)
 
 
 @dataclass
@@ -137,23 +145,29 @@ class TaskPlacer:
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
-        nodes = cluster.compute_nodes(online_only=True)
-        st = Placing(cluster, job, {n: cluster.free(n) for n in nodes},
-                     {n: cluster.capacity(n).as_tuple() for n in nodes})
+        st = Placing.start(cluster, job)
         for task in placement_order(job):
-            fits = [n for n, f in st.free.items() if task.demand.fits_in(f)]
-            if not fits:
+            d = np.array(task.demand.as_tuple())
+            fits = np.flatnonzero(np.all(st.free >= d - EPS, axis=1))
+            if not len(fits):
                 raise CannotPlace(f"job {job.name}: task {task.name} (cpu {task.demand.cpu:g}, "
                                   f"mem {task.demand.mem_mb:g} MB, gpu {task.demand.gpu:g}) fits "
                                   "on no online node")
-            node = self.choose(st, task, fits)
-            st.free[node] = st.free[node] - task.demand
-            st.placement[task.name] = node
+            i = int(fits[self.choose(st, d, task, fits)])
+            st.free[i] -= d
+            st.placement[task.name] = st.nodes[i]
         flows = assign_flows(cluster, job, st.placement, self.path_rule, self.k, self.weighting)
         return Decision(job.name, st.placement, flows, time.perf_counter() - start)
 
-    def choose(self, st: Placing, task: Task, fits: list[str]) -> str:
+    def choose(self, st: Placing, d: np.ndarray, task: Task, fits: np.ndarray) -> int:
+        """The position in `fits` (node indices, topology order) of the node for `task`
+        (demand `d`)."""
         raise NotImplementedError
+
+
+def _shares(x: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """x / cap per resource, 0 where the node has none of it."""
+    return np.divide(x, cap, out=np.zeros_like(x), where=cap > 0)
 
 
 @register("random")
@@ -161,8 +175,8 @@ class TaskPlacer:
 class RandomPlacer(TaskPlacer):
     name: ClassVar[str] = "random"
 
-    def choose(self, st, task, fits):
-        return fits[int(self.rng.integers(len(fits)))]
+    def choose(self, st, d, task, fits):
+        return int(self.rng.integers(len(fits)))
 
 
 @register("first-fit")
@@ -170,8 +184,8 @@ class RandomPlacer(TaskPlacer):
 class FirstFit(TaskPlacer):
     name: ClassVar[str] = "first-fit"
 
-    def choose(self, st, task, fits):
-        return fits[0]
+    def choose(self, st, d, task, fits):
+        return 0
 
 
 @register("best-fit")
@@ -179,19 +193,10 @@ class FirstFit(TaskPlacer):
 class BestFit(TaskPlacer):
     name: ClassVar[str] = "best-fit"
 
-    def choose(self, st, task, fits):
-        scale = [max(c[i] for c in st.caps.values()) for i in range(3)]
-        d = task.demand.as_tuple()
-
-        def leftover(n: str) -> float:
-            f = st.free[n].as_tuple()
-            return sum((f[i] - d[i]) / scale[i] for i in range(3) if scale[i] > 0)
-        return min(fits, key=leftover)
-
-
-def _cosine(a: list[float], b: list[float]) -> float:
-    na, nb = math.hypot(*a), math.hypot(*b)
-    return sum(x * y for x, y in zip(a, b)) / (na * nb) if na > 0 and nb > 0 else 0.0
+    def choose(self, st, d, task, fits):
+        scale = st.cap.max(axis=0)
+        leftover = (st.free[fits] - d)[:, scale > 0] / scale[scale > 0]
+        return int(np.argmin(leftover.sum(axis=1)))
 
 
 @register("utilization")
@@ -199,14 +204,14 @@ def _cosine(a: list[float], b: list[float]) -> float:
 class UtilizationPlacer(TaskPlacer):
     name: ClassVar[str] = "utilization"
 
-    def choose(self, st, task, fits):
-        d = task.demand.as_tuple()
-
-        def match(n: str) -> float:
-            cap, f = st.caps[n], st.free[n].as_tuple()
-            idx = [i for i in range(3) if cap[i] > 0]
-            return _cosine([d[i] / cap[i] for i in idx], [f[i] / cap[i] for i in idx])
-        return max(fits, key=match)
+    def choose(self, st, d, task, fits):
+        cap = st.cap[fits]
+        want = _shares(np.broadcast_to(d, cap.shape).copy(), cap)
+        have = _shares(st.free[fits], cap)
+        norm = np.linalg.norm(want, axis=1) * np.linalg.norm(have, axis=1)
+        cosine = np.divide((want * have).sum(axis=1), norm, out=np.zeros(len(fits)),
+                           where=norm > 0)
+        return int(np.argmax(cosine))
 
 
 @register("k8s-spread")
@@ -215,21 +220,18 @@ class K8sSpread(TaskPlacer):
     name: ClassVar[str] = "k8s-spread"
     weighting: str = "equal"
 
-    def choose(self, st, task, fits):
-        d = task.demand.as_tuple()
-
-        def score(n: str) -> float:
-            cap, f = st.caps[n], st.free[n].as_tuple()
-            after = [f[i] - d[i] for i in range(3)]
-            least = 100 * (after[0] / cap[0] + after[1] / cap[1]) / 2
-            used = [1 - after[i] / cap[i] for i in range(3) if cap[i] > 0]
-            mean = sum(used) / len(used)
-            std = math.sqrt(sum((u - mean) ** 2 for u in used) / len(used))
-            return least + 100 * (1 - std)
-        scores = {n: score(n) for n in fits}
-        best = max(scores.values())
-        top = [n for n in fits if scores[n] >= best - 1e-9]
-        return top[int(self.rng.integers(len(top)))]
+    def choose(self, st, d, task, fits):
+        cap = st.cap[fits]
+        after = _shares(st.free[fits] - d, cap)  # free share after placing
+        least = 100 * (after[:, 0] + after[:, 1]) / 2
+        has = cap > 0
+        used = np.where(has, 1 - after, 0.0)
+        n = has.sum(axis=1)
+        mean = used.sum(axis=1) / n
+        std = np.sqrt((np.where(has, used - mean[:, None], 0.0) ** 2).sum(axis=1) / n)
+        score = least + 100 * (1 - std)
+        top = np.flatnonzero(score >= score.max() - 1e-9)
+        return int(top[self.rng.integers(len(top))])
 
 
 @register("network-aware")
@@ -238,7 +240,7 @@ class NetworkAware(TaskPlacer):
     name: ClassVar[str] = "network-aware"
     path_rule: str = "constrained"
 
-    def choose(self, st, task, fits):
+    def choose(self, st, d, task, fits):
         cluster, placement = st.cluster, st.placement
         # (peer node, demand, flow goes towards the new task?) for flows to placed peers
         peer_flows = [(placement[f.dst], f.demand_mbps, False) for f in st.job.flows
@@ -250,17 +252,19 @@ class NetworkAware(TaskPlacer):
                  for node, demand, to_new in peer_flows]
         loose: list[dict[str, int] | None] = [None] * len(peer_flows)
 
-        def key(n: str) -> tuple[bool, float, float]:
+        def key(pos: int) -> tuple[bool, float, float]:
+            i = int(fits[pos])
+            n = st.nodes[i]
             cost, blocked = 0.0, False
-            for i, (node, demand, to_new) in enumerate(peer_flows):
+            for j, (node, demand, to_new) in enumerate(peer_flows):
                 if n == node:
                     continue
-                hops = tight[i].get(n)
+                hops = tight[j].get(n)
                 if hops is None:
                     blocked = True
-                    if loose[i] is None:
-                        loose[i] = hop_distances(cluster, node, towards=not to_new)
-                    hops = loose[i].get(n, math.inf)
+                    if loose[j] is None:
+                        loose[j] = hop_distances(cluster, node, towards=not to_new)
+                    hops = loose[j].get(n, math.inf)
                 cost += demand * hops
-            return (blocked, cost, -st.free[n].cpu)
-        return min(fits, key=key)
+            return (blocked, cost, -st.free[i, 0])
+        return min(range(len(fits)), key=key)
