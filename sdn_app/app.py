@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -137,7 +138,8 @@ class CesSdnApp(BaseApp):
                                    status=500) from None
             elapsed = (time.monotonic() - t0) * 1000
         self.logger.info("job %s: %d flows installed in %.1f ms", job_id, len(specs), elapsed)
-        return self.job_view(job_id) | {"install_ms": round(elapsed, 2)}
+        return {"job": job_id, "updated": new.updated, "install_ms": round(elapsed, 2),
+                "flows": [self._flow_view(new, f, counters=False) for f in new.flows]}
 
     def delete_job(self, job_id: str) -> dict[str, Any]:
         """Remove all flows and meters of a job. Switches that are down lose them when they
@@ -211,20 +213,23 @@ class CesSdnApp(BaseApp):
         waits: dict[int, Any] = {}
         tracked: list[tuple[int, int]] = []
         barriers: list[tuple[int, int]] = []
+        problems: dict[int, list[str]] = {}
         for dpid, (dp, msgs) in batches.items():
-            for msg in msgs:
+            barrier = dp.ofproto_parser.OFPBarrierRequest(dp)
+            for msg in msgs + [barrier]:
                 dp.set_xid(msg)
+                msg.serialize()
+            for msg in msgs:
                 self._errors[(dpid, msg.xid)] = []
                 tracked.append((dpid, msg.xid))
-            barrier = dp.ofproto_parser.OFPBarrierRequest(dp)
-            dp.set_xid(barrier)
             waits[dpid] = self._barriers[(dpid, barrier.xid)] = new_event()
             barriers.append((dpid, barrier.xid))
-            for msg in msgs:
-                dp.send_msg(msg)
-            dp.send_msg(barrier)
+            # One write instead of one queued send per message: thousands of messages would
+            # otherwise hand the GIL to the connection's sender thread thousands of times.
+            if not dp.send(b"".join(m.buf for m in msgs + [barrier])):
+                problems.setdefault(dpid, []).append("disconnected")
+                waits.pop(dpid)
         deadline = time.monotonic() + self.settings.barrier_timeout_s
-        problems: dict[int, list[str]] = {}
         for dpid, event in waits.items():
             if not event.wait(max(0.0, deadline - time.monotonic())):
                 problems.setdefault(dpid, []).append(
@@ -273,11 +278,20 @@ class CesSdnApp(BaseApp):
         return {"job": job.job_id, "updated": job.updated,
                 "flows": [self._flow_view(job, f) for f in job.flows]}
 
-    def _flow_view(self, job: Job, flow: Any) -> dict[str, Any]:
+    def _flow_view(self, job: Job, flow: Any, counters: bool = True) -> dict[str, Any]:
+        """A flow as installed: its request, cookie and meter, and with `counters` what the
+        switches count for it (per hop, and at its meter)."""
         spec, mon = flow.spec, self.monitor
         cookie = job_cookie(job.seq, flow.flow_no)
         first = self.topo.switch(spec.path[0]).dpid
         rate_kbps, burst_kbit = self.table.policy.params(spec.rate_mbps)
+        view = spec.to_json() | {
+            "src_ip": self.topo.node(spec.src).ip, "dst_ip": self.topo.node(spec.dst).ip,
+            "cookie": f"{cookie:#018x}",
+            "meter": {"switch": spec.path[0], "dpid": first, "meter_id": flow.meter_id,
+                      "rate_kbps": rate_kbps, "burst_kbit": burst_kbit}}
+        if not counters:
+            return view
         hops = []
         for rule in self.table.rules(Job(job.job_id, job.seq, (flow,))):
             mbps = mon.flows.rate((rule.dpid, cookie))
@@ -288,13 +302,9 @@ class CesSdnApp(BaseApp):
                          "mbps": None if mbps is None else round(mbps, 3)})
         meter_in = mon.meters_in.rate((first, flow.meter_id))
         dropped = mon.meters_dropped.rate((first, flow.meter_id))
-        return spec.to_json() | {
-            "src_ip": self.topo.node(spec.src).ip, "dst_ip": self.topo.node(spec.dst).ip,
-            "cookie": f"{cookie:#018x}", "hops": hops,
-            "meter": {"switch": spec.path[0], "dpid": first, "meter_id": flow.meter_id,
-                      "rate_kbps": rate_kbps, "burst_kbit": burst_kbit,
-                      "in_mbps": None if meter_in is None else round(meter_in, 3),
-                      "dropped_mbps": None if dropped is None else round(dropped, 3)}}
+        view["meter"] |= {"in_mbps": None if meter_in is None else round(meter_in, 3),
+                          "dropped_mbps": None if dropped is None else round(dropped, 3)}
+        return view | {"hops": hops}
 
     def switches_view(self) -> dict[str, Any]:
         mon = self.monitor
@@ -326,6 +336,13 @@ def _address(dp: Any) -> str | None:
     return None if dp is None else f"{dp.address[0]}:{dp.address[1]}"
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _match(parser: Any, fields: tuple[tuple[str, int | str], ...]) -> Any:
+    """An OFPMatch, built once per flow: its construction dominates the cost of a flow-mod, and a
+    flow's entries on every switch of its path share it (serialising does not change it)."""
+    return parser.OFPMatch(**dict(fields))
+
+
 def _flow_add(dp: Any, rule: Rule) -> Any:
     ofp, parser = dp.ofproto, dp.ofproto_parser
     instructions = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
@@ -333,14 +350,14 @@ def _flow_add(dp: Any, rule: Rule) -> Any:
     if rule.meter_id:
         instructions.insert(0, parser.OFPInstructionMeter(rule.meter_id, ofp.OFPIT_METER))
     return parser.OFPFlowMod(dp, cookie=rule.cookie, command=ofp.OFPFC_ADD,
-                             priority=rule.priority, match=parser.OFPMatch(**dict(rule.match)),
+                             priority=rule.priority, match=_match(parser, rule.match),
                              instructions=instructions)
 
 
 def _flow_delete(dp: Any, rule: Rule) -> Any:
     ofp, parser = dp.ofproto, dp.ofproto_parser
     return parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE_STRICT, priority=rule.priority,
-                             match=parser.OFPMatch(**dict(rule.match)),
+                             match=_match(parser, rule.match),
                              out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY)
 
 

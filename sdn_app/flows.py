@@ -285,22 +285,32 @@ def flow_rules(spec: FlowSpec, topo: Topology, cookie: int, meter_id: int) -> li
     return rules
 
 
+def paths_to(topo: Topology, node: str) -> dict[str, list[str]]:
+    """{switch: the default path from that switch to `node`'s access switch}: fewest hops, the
+    wider links on ties. Unscheduled traffic to `node` follows these paths."""
+    switches = topo.graph().subgraph(s.name for s in topo.switches)
+    # 1 per hop plus a tie-breaker far smaller than a hop: prefer the higher-capacity link.
+    paths = nx.single_source_dijkstra_path(
+        switches, topo.access_link(node).other(node),
+        weight=lambda a, b, d: 1.0 + 1e-6 / d["bw_mbps"])
+    return {sw: path[::-1] for sw, path in paths.items()}
+
+
+def default_path(topo: Topology, src: str, dst: str) -> list[str]:
+    """The switches unscheduled traffic from compute node `src` to `dst` crosses."""
+    return paths_to(topo, dst)[topo.access_link(src).other(src)]
+
+
 def default_rules(topo: Topology) -> list[Rule]:
-    """Per-destination IPv4 and ARP forwarding along shortest paths (fewest hops, widest links on
-    ties). ARP requests go to the target host itself rather than being flooded or answered by the
+    """Per-destination IPv4 and ARP forwarding along the default paths (`paths_to`). ARP
+    requests go to the target host itself rather than being flooded or answered by the
     controller, so hosts learn their peers' real MACs and ARP keeps working while the controller
     is down."""
     g = topo.graph()
-    switches = g.subgraph(s.name for s in topo.switches)
-    # 1 per hop plus a tie-breaker far smaller than a hop: prefer the higher-capacity link.
-    weight = {(a, b): 1.0 + 1e-6 / d["bw_mbps"] for a, b, d in switches.edges(data=True)}
     rules = []
     for node in topo.nodes:
-        access = topo.access_link(node.name).other(node.name)
-        paths = nx.single_source_dijkstra_path(
-            switches, access, weight=lambda a, b, _d: weight.get((a, b), weight.get((b, a))))
-        for sw_name, path in paths.items():
-            nxt = path[-2] if len(path) > 1 else node.name  # the path runs access → sw
+        for sw_name, path in paths_to(topo, node.name).items():
+            nxt = path[1] if len(path) > 1 else node.name
             port = g.edges[sw_name, nxt]["ports"][sw_name]
             dpid = topo.switch(sw_name).dpid
             rules.append(Rule(dpid, PRIORITY_DEFAULT,
