@@ -147,15 +147,16 @@ def worker_command(job: Job, rank: int, master_addr: str, master_port: int, ifac
                    seed: int) -> list[str]:
     """The command of one task's worker.
 
-    A job's `command` is a template ({rank} {world_size} {master_addr} {master_port} {iface}
-    {seed} {out}); without one the task runs `python3 -m workloads.train` with the job's
-    `workload:` mapping as options (key `max_iters` -> `--max-iters VALUE`, a true boolean as a
-    bare flag, a list as several values), completed from the job's `target_accuracy`,
-    `iterations` and collective.
+    A job's `command` with placeholders ({rank} {world_size} {master_addr} {master_port} {iface}
+    {seed} {out}) is a complete template. Otherwise `command` is the program (default
+    `python3 -m workloads.train`) and gets the rendezvous options plus the job's `workload:`
+    mapping as options (key `max_iters` -> `--max-iters VALUE`, a true boolean as a bare flag, a
+    list as several values), completed from the job's `target_accuracy`, `iterations` and
+    collective.
     """
     fill = dict(rank=rank, world_size=len(job.tasks), master_addr=master_addr,
                 master_port=master_port, iface=iface, seed=seed, out=METRICS_OUT)
-    if job.command:
+    if "{" in job.command:
         try:
             return shlex.split(job.command.format(**fill))
         except (KeyError, IndexError, ValueError) as e:
@@ -170,7 +171,8 @@ def worker_command(job: Job, rank: int, master_addr: str, master_port: int, ifac
     if job.iterations is not None:
         options["max_iters"] = job.iterations
     options.update(job.workload)
-    args = ["python3", "-m", "workloads.train", "--rank", str(rank),
+    program = shlex.split(job.command) if job.command else ["python3", "-m", "workloads.train"]
+    args = [*program, "--rank", str(rank),
             "--world-size", str(len(job.tasks)), "--master-addr", master_addr,
             "--master-port", str(master_port), "--iface", iface, "--seed", str(seed),
             "--out", METRICS_OUT]
@@ -185,3 +187,13 @@ def worker_command(job: Job, rank: int, master_addr: str, master_port: int, ifac
         else:
             args += [flag, str(value)]
     return args
+
+
+def worker_image(job_image: str, default: str) -> str:
+    """The image a job's workers run: the Master's worker image when the job names none or names
+    its repository without a tag (job files say `ces-worker`; the built tag is a content hash),
+    else exactly what the job names."""
+    if not job_image or (":" not in job_image.rsplit("/", 1)[-1]
+                         and default.rsplit(":", 1)[0] == job_image):
+        return default
+    return job_image

@@ -193,6 +193,12 @@ class Manager:
             rec.log(now, f"failed: {rec.reason}")
         return rec.state
 
+    def reject(self, rec: JobRecord, reason: str) -> None:
+        """A queued job that can never be scheduled (its algorithm fails): failed, with why."""
+        now = self.clock()
+        rec.state, rec.finished_at, rec.reason = JobState.FAILED, now, reason
+        rec.log(now, f"failed: {reason}")
+
     def cancel(self, rec: JobRecord) -> None:
         if rec.state in TERMINAL:
             raise ManagerError(409, f"job '{rec.name}' is already {rec.state.value}")

@@ -38,7 +38,7 @@ from topologies import Topology
 from ..jobs import JobError, parse_job
 from ..metrics import predicted_iteration_s
 from ..model import CannotPlace, Cluster, Decision, check_decision
-from .compute import AgentError, ComputeController, worker_command
+from .compute import AgentError, ComputeController, worker_command, worker_image
 from .http import ApiError, JsonApp, Server, json_body
 from .manager import EXIT_BAD_PARAMETERS, TERMINAL, JobRecord, JobState, Manager, ManagerError
 from .network import NetworkController, SdnApi
@@ -180,6 +180,12 @@ class Master:
                 with self.lock:
                     self.manager.wait(rec, str(e) or type(e).__name__)
                 continue
+            except Exception as e:  # the algorithm itself broke: say so, do not retry forever
+                log.exception("scheduler %s failed on %s", rec.algorithm, rec.name)
+                with self.lock:
+                    self.manager.reject(rec, f"scheduler {rec.algorithm} failed: "
+                                             f"{type(e).__name__}: {e}")
+                continue
             self._launch(rec, decision, view)
 
     def _launch(self, rec: JobRecord, decision: Decision, view: Cluster) -> None:
@@ -206,8 +212,9 @@ class Master:
             except ValueError as e:
                 self._fail_attempt(rec, str(e), retryable=False)
                 return
-            spec = WorkerSpec(names[task.name], job.name, task.name, job.image or self.cfg.image,
-                              command, task.demand.cpu, task.demand.mem_mb)
+            spec = WorkerSpec(names[task.name], job.name, task.name,
+                              worker_image(job.image, self.cfg.image), command, task.demand.cpu,
+                              task.demand.mem_mb)
             try:
                 self.compute.start_worker(node, spec)
             except AgentError as e:

@@ -34,9 +34,9 @@ Share = tuple[str, str, str]  # (job, src task, dst task)
 class SdnApi(Protocol):
     """What the Network Controller needs from the SDN app (`sdn_app.client.SdnClient`)."""
 
-    def put_flows(self, job_id: str, flows: list[dict]) -> object: ...
-    def delete_flows(self, job_id: str) -> object: ...
-    def links(self) -> list[dict]: ...
+    def put_job_flows(self, job_id: str, flows: list[dict]) -> object: ...
+    def delete_job_flows(self, job_id: str) -> object: ...
+    def links(self) -> list: ...  # objects with src, dst, mbps (None before two samples)
 
 
 @dataclass
@@ -61,6 +61,7 @@ class NetworkController:
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
         self.shaped: dict[str, list[ShapingRule]] = {}  # node -> rules its agent applied
         self.dirty_shaping: set[str] = set()  # nodes whose agent missed an update
+        self._sdn_has_job = False
 
     # --- the view -------------------------------------------------------------------------------
     def granted(self, u: str, v: str) -> float:
@@ -86,10 +87,9 @@ class NetworkController:
                                                                          view.residual(*link))
         return view
 
-    def observe(self, links: list[dict]) -> None:
-        """Take the SDN app's `GET /links` answer (src, dst, mbps per directed link)."""
-        self.measured = {(d["src"], d["dst"]): float(d["mbps"]) for d in links
-                         if d.get("mbps") is not None}
+    def observe(self, links: list) -> None:
+        """Take the SDN app's link usage (src, dst, mbps per directed link)."""
+        self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
 
     # --- pinning --------------------------------------------------------------------------------
     def pin(self, decision: Decision) -> Decision:
@@ -155,9 +155,11 @@ class NetworkController:
         if self.sdn is not None:
             flows = self.sdn_flows()
             if flows:
-                self.sdn.put_flows(self.sdn_job_id, flows)
-            else:
-                self.sdn.delete_flows(self.sdn_job_id)
+                self.sdn.put_job_flows(self.sdn_job_id, flows)
+                self._sdn_has_job = True
+            elif self._sdn_has_job:
+                self.sdn.delete_job_flows(self.sdn_job_id)
+                self._sdn_has_job = False
         wanted = self.shaping()
         for node in sorted(set(wanted) | set(self.shaped) | self.dirty_shaping):
             rules = wanted.get(node, [])

@@ -9,40 +9,54 @@ from __future__ import annotations
 
 import time
 
-from ..baselines import ALGORITHMS, make_algorithm
+from ..baselines import algorithm_names, make_algorithm
 from ..model import CannotPlace, Cluster, Decision, Job, check_decision
 
 
 class UnknownAlgorithm(ValueError):
-    pass
+    """A scheduler name that is not registered, or whose algorithm cannot be built."""
 
 
 class Scheduler:
     def __init__(self, default: str, seed: int = 0):
-        self.seed = seed
         self._algorithms: dict[str, object] = {}
-        self.default = self._check(default)
+        self.configure(default, seed)
 
     @staticmethod
     def _check(name: str) -> str:
-        if name not in ALGORITHMS:
-            raise UnknownAlgorithm(f"unknown scheduler '{name}' (known: "
-                                   f"{', '.join(sorted(ALGORITHMS))})")
+        known = algorithm_names()
+        if name.partition(":")[0] not in known:
+            raise UnknownAlgorithm(f"unknown scheduler '{name}' (known: {', '.join(known)})")
         return name
 
     def configure(self, default: str, seed: int) -> None:
-        """A new default algorithm and seed (algorithms are re-created: seeded at construction)."""
-        self.default, self.seed = self._check(default), seed
-        self._algorithms.clear()
+        """A new default algorithm and seed (algorithms are re-created: seeded at construction).
+        Fails, changing nothing, when the algorithm cannot be built (e.g. a missing checkpoint)."""
+        algo = self._build(self._check(default), seed)
+        self._algorithms = {default: algo}
+        self.default, self.seed = default, seed
 
     def resolve(self, name: str | None) -> str:
-        return self._check(name) if name else self.default
+        if not name:
+            return self.default
+        self.algorithm(self._check(name))
+        return name
+
+    def algorithm(self, name: str):
+        if name not in self._algorithms:
+            self._algorithms[name] = self._build(name, self.seed)
+        return self._algorithms[name]
+
+    @staticmethod
+    def _build(name: str, seed: int):
+        try:
+            return make_algorithm(name, seed=seed)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise UnknownAlgorithm(f"scheduler '{name}' cannot be used: {e}") from None
 
     def decide(self, view: Cluster, job: Job, algorithm: str) -> Decision:
         """The algorithm's decision for `job` on `view`; `CannotPlace` when it does not fit."""
-        algo = self._algorithms.get(algorithm)
-        if algo is None:
-            algo = self._algorithms[algorithm] = make_algorithm(algorithm, seed=self.seed)
+        algo = self.algorithm(algorithm)
         t0 = time.perf_counter()
         decision = algo.place(view, job)
         decision.decision_s = time.perf_counter() - t0
