@@ -105,3 +105,18 @@ def test_cli_bad_input_exits_2(tmp_path, capsys, args, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_run_sequence_counts_placements_and_correct_rejections():
+    from scheduler.evaluate import run_sequence
+    from scheduler.baselines import make_algorithm
+    from test_sched_baselines import cluster_of
+
+    cluster = cluster_of(("a", 1, 1000), ("b", 1, 1000))
+    jobs = [ring_job(f"r{i}", 2, Resources(0.5, 100), 1e6, 10, iterations=10) for i in range(3)]
+    row = run_sequence(cluster, jobs, make_algorithm("first-fit"))
+    # two 2-task jobs fill both nodes; the third cannot fit anywhere: a correct rejection
+    assert row["placed_fraction"] == pytest.approx(2 / 3)
+    assert row["deployed_count"] == 4 + 2
+    assert row["fragmentation"] == pytest.approx(0.8)  # cpu full, memory 80 % free on both
+    assert cluster.jobs == {}  # the instance itself is untouched
