@@ -118,6 +118,7 @@ class Placing:
     cap: np.ndarray
     free: np.ndarray
     placement: dict[str, str] = field(default_factory=dict)
+    memo: dict = field(default_factory=dict)  # per-call caches (the cluster does not change)
 
     @classmethod
     def start(cls, cluster: Cluster, job: Job) -> Placing:
@@ -247,10 +248,13 @@ class NetworkAware(TaskPlacer):
                       if f.src == task.name and f.dst in placement] + \
                      [(placement[f.src], f.demand_mbps, True) for f in st.job.flows
                       if f.dst == task.name and f.src in placement]
-        # hops from the new node to a peer = BFS from the peer against the flow's direction
-        tight = [hop_distances(cluster, node, demand, towards=not to_new)
-                 for node, demand, to_new in peer_flows]
-        loose: list[dict[str, int] | None] = [None] * len(peer_flows)
+
+        # hops from the new node to a peer = BFS from the peer against the flow's direction;
+        # over links with the flow's demand free (tight), or any link (loose, when blocked)
+        def hops(node: str, demand: float, towards: bool) -> dict[str, int]:
+            if (node, demand, towards) not in st.memo:
+                st.memo[node, demand, towards] = hop_distances(cluster, node, demand, towards)
+            return st.memo[node, demand, towards]
 
         def key(pos: int) -> tuple[bool, float, float]:
             i = int(fits[pos])
@@ -259,12 +263,10 @@ class NetworkAware(TaskPlacer):
             for j, (node, demand, to_new) in enumerate(peer_flows):
                 if n == node:
                     continue
-                hops = tight[j].get(n)
-                if hops is None:
+                h = hops(node, demand, not to_new).get(n)
+                if h is None:
                     blocked = True
-                    if loose[j] is None:
-                        loose[j] = hop_distances(cluster, node, towards=not to_new)
-                    hops = loose[j].get(n, math.inf)
-                cost += demand * hops
+                    h = hops(node, 0.0, not to_new).get(n, math.inf)
+                cost += demand * h
             return (blocked, cost, -st.free[i, 0])
         return min(range(len(fits)), key=key)

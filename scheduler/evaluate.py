@@ -64,7 +64,8 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu_model": model or platform.processor(), "cores": os.cpu_count(),
-            "platform": platform.platform(), "python": platform.python_version()}
+            "platform": platform.platform(), "python": platform.python_version(),
+            "load_average_1m": round(os.getloadavg()[0], 2)}  # other work sharing the cores
 
 
 def background_load(cluster: Cluster, rng: np.random.Generator, level: float) -> Cluster:
