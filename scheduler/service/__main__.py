@@ -24,7 +24,6 @@ from rich.table import Table
 
 from topologies import TopologyError, load_topology
 
-from ..baselines import algorithm_names
 from ..jobs import JobError
 from .client import DEFAULT_URL, MasterClient
 from .http import ApiError, Unreachable
@@ -116,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sdn", default="", help="the SDN app's REST URL (none: tc shaping only)")
     s.add_argument("--sdn-job-id", default="ces", help="the SDN job that holds our flows")
     s.add_argument("--algorithm", default=MasterConfig.algorithm,
-                   help="default scheduler (one of: %s)" % ", ".join(algorithm_names()))
+                   help="default scheduler (a name of the scheduler registry)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--image", default="", help="worker image for jobs that name none")
     s.add_argument("--heartbeat-timeout", type=float, default=MasterConfig.heartbeat_timeout_s)

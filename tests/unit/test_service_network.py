@@ -1,0 +1,101 @@
+"""The Network Controller's view and its per-node-pair enforcement (pure logic, no SDN app and
+no agents: what it would send is read from `sdn_flows()` and `shaping()`)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from scheduler.jobs import ring_job
+from scheduler.model import Cluster, Decision, FlowAssignment, Resources, check_decision
+from scheduler.service.compute import ComputeController
+from scheduler.service.network import NetworkController
+from topologies import parse_topology
+
+TOPO = {
+    "name": "twopaths",
+    "switches": [{"name": "s1"}, {"name": "s2"}, {"name": "s3"}],
+    "nodes": [{"name": "a", "cpu": 2, "mem_mb": 2048}, {"name": "b", "cpu": 2, "mem_mb": 2048}],
+    "links": [{"ends": ["a", "s1"], "bw_mbps": 1000}, {"ends": ["b", "s2"], "bw_mbps": 1000},
+              {"ends": ["s1", "s2"], "bw_mbps": 100}, {"ends": ["s1", "s3"], "bw_mbps": 500},
+              {"ends": ["s3", "s2"], "bw_mbps": 500}],
+}
+DIRECT = ("a", "s1", "s2", "b")
+AROUND = ("a", "s1", "s3", "s2", "b")
+
+
+@pytest.fixture
+def nc() -> NetworkController:
+    topo = parse_topology(TOPO, "twopaths.yaml")
+    return NetworkController(topo, Cluster.from_topology(topo), ComputeController())
+
+
+def two_task_job(name: str, mbps: float = 40):
+    return ring_job(name, 2, Resources(0.5, 256), 4e5, mbps, iterations=10)
+
+
+def place(job, path_ab, path_ba, rate: float) -> Decision:
+    return Decision(job.name, {"w0": "a", "w1": "b"},
+                    [FlowAssignment("w0", "w1", path_ab, rate),
+                     FlowAssignment("w1", "w0", path_ba, rate)])
+
+
+def test_install_aggregates_per_node_pair_and_remove_undoes(nc):
+    j1, j2 = two_task_job("j1"), two_task_job("j2")
+    nc.install(j1, place(j1, DIRECT, DIRECT[::-1], 40))
+    pinned = nc.pin(place(j2, AROUND, AROUND[::-1], 30))
+    assert all(f.path in (DIRECT, DIRECT[::-1]) for f in pinned.flows)  # follows j1's path
+    assert check_decision(nc.cluster, j2, pinned) == []
+    nc.install(j2, pinned)
+    flows = {(f["src"], f["dst"]): f for f in nc.sdn_flows()}
+    assert flows[("a", "b")] == {"src": "a", "dst": "b", "path": ["s1", "s2"], "rate_mbps": 70.0,
+                                 "name": "j1,j2"}
+    assert nc.cluster.residual("s1", "s2") == pytest.approx(30.0)
+    shaping = nc.shaping()
+    assert [(r.dst_ip, r.rate_mbps) for r in shaping["a"]] == [("10.0.0.2", 70.0)]
+    nc.remove("j1")
+    assert [f["rate_mbps"] for f in nc.sdn_flows()] == [30.0, 30.0]
+    nc.remove("j2")
+    assert nc.sdn_flows() == [] and nc.shaping() == {}
+    assert nc.cluster.residual("s1", "s2") == pytest.approx(100.0)
+    # agents were not registered: their shaping waits for them
+    assert nc.dirty_shaping == {"a", "b"}
+
+
+def test_pin_makes_a_decision_infeasible_when_the_shared_path_is_full(nc):
+    j1, j2 = two_task_job("j1"), two_task_job("j2")
+    nc.install(j1, place(j1, DIRECT, DIRECT[::-1], 80))
+    pinned = nc.pin(place(j2, AROUND, AROUND[::-1], 30))
+    problems = check_decision(nc.cluster, j2, pinned)
+    assert problems and "over capacity" in problems[0]
+
+
+def test_pin_within_one_decision():
+    """Two flows of one job between the same node pair share the first one's path."""
+    topo = parse_topology(TOPO, "twopaths.yaml")
+    nc = NetworkController(topo, Cluster.from_topology(topo), ComputeController())
+    j = ring_job("r4", 4, Resources(0.5, 256), 4e5, 10, iterations=5)
+    d = Decision("r4", {"w0": "a", "w1": "b", "w2": "a", "w3": "b"},
+                 [FlowAssignment("w0", "w1", DIRECT, 10), FlowAssignment("w1", "w2", DIRECT[::-1], 10),
+                  FlowAssignment("w2", "w3", AROUND, 10), FlowAssignment("w3", "w0", AROUND[::-1], 10)])
+    pinned = nc.pin(d)
+    assert [f.path for f in pinned.flows] == [DIRECT, DIRECT[::-1], DIRECT, DIRECT[::-1]]
+
+
+def test_view_reserves_measured_background_and_marks_unschedulable(nc):
+    j1 = two_task_job("j1")
+    nc.install(j1, place(j1, DIRECT, DIRECT[::-1], 40))
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps)  # noqa: E731
+    nc.observe([link("s1", "s2", 75.0),  # 40 ours + 35 unscheduled
+                link("s2", "s1", 20.0),  # below our grant: no background
+                link("s1", "s3", 0.5),  # noise
+                link("s3", "s2", None)])  # not measured yet
+    assert nc.background() == {("s1", "s2"): pytest.approx(35.0)}
+    view = nc.view({"b"})
+    assert view.offline == {"b"}
+    assert view.residual("s1", "s2") == pytest.approx(100 - 40 - 35)
+    assert view.residual("s2", "s1") == pytest.approx(60.0)
+    assert nc.cluster.residual("s1", "s2") == pytest.approx(60.0)  # the real one is untouched
+    report = {(r["src"], r["dst"]): r for r in nc.report()}
+    assert report[("s1", "s2")]["granted_mbps"] == 40 and \
+        report[("s1", "s2")]["background_mbps"] == pytest.approx(35.0)

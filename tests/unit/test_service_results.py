@@ -1,0 +1,114 @@
+"""From the Master's view of a job to results rows, and from results.json to summary.md,
+results.csv and the figures (hand-made data with known answers)."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "experiments"))
+
+import plots  # noqa: E402
+import report  # noqa: E402
+import run  # noqa: E402
+
+
+def it(i: int, payload: int, comm_s: float) -> dict:
+    return {"type": "iter", "iter": i, "iter_s": comm_s + 0.01, "comm_s": comm_s,
+            "payload_tx_bytes": payload}
+
+
+def test_measured_mbps_is_the_median_collective_goodput_per_outgoing_flow():
+    recs = [it(i, 1_000_000, 0.8) for i in range(2)] + \
+           [it(i, 1_000_000, t) for i, t in enumerate([0.1, 0.2, 0.4, 0.2, 0.2], start=2)]
+    # warm-up dropped; median of 8 Mbit over {0.1, 0.2, 0.4, 0.2, 0.2} s = 40 Mbit/s
+    assert run.measured_mbps(recs, 1) == pytest.approx(40.0)
+    assert run.measured_mbps(recs, 2) == pytest.approx(20.0)
+    assert run.measured_mbps([{"type": "eval"}], 1) is None
+
+
+def view(reached: bool) -> dict:
+    r0 = [{"type": "start"}, it(1, 800_000, 0.1), it(2, 800_000, 0.1), it(3, 800_000, 0.1),
+          {"type": "eval", "iter": 3, "elapsed_s": 1.5, "accuracy": 0.5},
+          {"type": "eval", "iter": 6, "elapsed_s": 3.0, "accuracy": 0.92 if reached else 0.6},
+          {"type": "end", "reached_target": reached, "tta_s": 3.0 if reached else None,
+           "iters": 6, "startup_s": 9.0}]
+    r1 = [it(1, 400_000, 0.1), it(2, 400_000, 0.1), it(3, 400_000, 0.1)]
+    return {"name": "heavy.r0", "state": "finished", "reason": "", "collective": "ring",
+            "tasks": ["w0", "w1"], "workload": {"model": "mlp-large"}, "jct_s": 20.0,
+            "events": [], "records": {"heavy.r0-w0-a1": r0, "heavy.r0-w1-a1": r1},
+            "attempts": [{"number": 1, "placement": {"w0": "a", "w1": "b"},
+                          "workers": {"w0": "heavy.r0-w0-a1", "w1": "heavy.r0-w1-a1"},
+                          "predicted_iteration_s": 0.1, "decision_s": 0.002,
+                          "flows": [{"src": "w0", "dst": "w1", "src_node": "a", "dst_node": "b",
+                                     "path": ["a", "s1", "b"], "rate_mbps": 80.0},
+                                    {"src": "w1", "dst": "w0", "src_node": "b", "dst_node": "a",
+                                     "path": ["b", "s1", "a"], "rate_mbps": 40.0}]}]}
+
+
+def test_job_row():
+    row = run.job_row("k8s-spread", 2, "heavy", view(True), timed_out=False)
+    assert row["job"] == "heavy" and row["seed"] == 2 and row["state"] == "finished"
+    assert row["reached_target"] and row["tta_s"] == 3.0 and row["final_accuracy"] == 0.92
+    assert row["placement"] == {"w0": "a", "w1": "b"} and row["jct_s"] == 20.0
+    assert [f["measured_mbps"] for f in row["flows"]] == [pytest.approx(64.0),
+                                                          pytest.approx(32.0)]
+    assert row["curve"] == [[1.5, 0.5], [3.0, 0.92]]
+    assert row["decision_ms"] == 2.0 and row["median_iter_s"] == pytest.approx(0.11)
+    late = run.job_row("k8s-spread", 2, "heavy", view(False), timed_out=True)
+    assert late["state"] == "timeout" and not late["reached_target"]
+    assert late["tta_s"] is None and late["jct_s"] is None
+
+
+def results() -> dict:
+    def run_(scheduler: str, seed: int, tta: float | None) -> dict:
+        row = run.job_row(scheduler, seed, "heavy", view(tta is not None), timed_out=False)
+        row["tta_s"] = tta
+        light = {**row, "job": "light", "flows": [], "tta_s": 1.0, "reached_target": True}
+        return {"scheduler": scheduler, "seed": seed, "wall_s": 30.0, "jobs": [row, light],
+                "links": {"t": [0.0, 2.0, 4.0], "mbps": {"a>s1": [0.0, 60.0, None]},
+                          "capacity_mbps": {"a>s1": 100.0}}}
+    return {"version": 1, "topology": "campus", "schedulers": ["ces-ppo", "k8s-spread"],
+            "seeds": 2, "machine": {"cores": 2, "loadavg": [0.5, 0.5, 0.5]},
+            "scenario": {"name": "t", "timeout_s": 100.0, "description": "",
+                         "jobs": [{"name": "heavy", "model_params": 2_000_000},
+                                  {"name": "light", "model_params": 100_000,
+                                   "target_accuracy": 0.9}]},
+            "background": [{"src": "lab3", "dst": "srv3", "mbps": 50, "path": ["acc1"]}],
+            "wall_s": 123.0, "bringup_s": 10.0, "teardown_s": 3.0,
+            "runs": [run_("ces-ppo", 0, 30.0), run_("ces-ppo", 1, 50.0),
+                     run_("k8s-spread", 0, 80.0), run_("k8s-spread", 1, None)]}
+
+
+def test_summary_and_csv(tmp_path: Path):
+    res = results()
+    assert report.heavy_job(res) == "heavy"
+    text = report.summary(res)
+    assert "| ces-ppo | 2/2 | 40.0 ± 14.1 |" in text
+    assert "| k8s-spread | 1/2 | 80.0 ± 0.0 | 90.0 ± 14.1 |" in text  # unreached = 100 s
+    assert "40.0 s vs 90.0 s, 56% lower" in text
+    assert "8 inter-node flows: median measured/granted 0.80" in text
+    assert "k8s-spread seed 1 `heavy`" in text
+    csv_path, md = report.write(res, tmp_path)
+    got = list(csv.DictReader(csv_path.open()))
+    assert len(got) == 8 and got[0]["placement"] == "w0=a;w1=b" and got[0]["flows"] == "2"
+    assert md.read_text() == text
+
+
+def test_figures_are_made_from_the_json(tmp_path: Path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results()))
+    done = subprocess.run([sys.executable, str(REPO / "experiments" / "plots.py"), str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name in plots.FIGURES:
+        png = tmp_path / f"{name}.png"
+        assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, str(REPO / "experiments" / "plots.py"),
+                          str(tmp_path / "missing.json")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "missing.json" in bad.stderr
