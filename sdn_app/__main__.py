@@ -7,6 +7,7 @@ anything starts; a bad one is a one-line error and exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"({MeterPolicy.burst_s})")
     p.add_argument("--barrier-timeout", type=float, default=5.0,
                    help="seconds to wait for a switch to confirm a change (5)")
+    p.add_argument("--lldp", action="store_true",
+                   help="discover links with LLDP and check them against the topology "
+                        "(GET /switches → lldp)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -78,9 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sdn_app: error: {e}", file=sys.stderr)
         return 2
 
-    from .compat import app_manager, cfg
+    from .compat import TOPOLOGY_APP, app_manager, cfg
     from . import app  # noqa: F401  (registers the app's options before the configuration is read)
 
+    apps = ["sdn_app.app"]
+    if args.lldp:
+        importlib.import_module(TOPOLOGY_APP)  # registers --observe-links
+        apps += ["sdn_app.discovery", TOPOLOGY_APP]
     conf = cfg.CONF
     conf(args=[], project="ces-sdn", default_config_files=[])
     conf.set_override("ofp_tcp_listen_port", args.of_port)
@@ -89,17 +97,19 @@ def main(argv: list[str] | None = None) -> int:
                         ("stats_interval", args.stats_interval), ("state", args.state),
                         ("burst_s", args.burst_s), ("barrier_timeout", args.barrier_timeout)):
         conf.set_override(name, value, group="ces_sdn")
+    if args.lldp:
+        conf.set_override("observe_links", True)
+        conf.set_override("install_lldp_flow", False)  # our resync installs it (after its wipe)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     manager = app_manager.AppManager.get_instance()
     try:
-        manager.load_apps(["sdn_app.app"])
+        manager.load_apps(apps)
         manager.instantiate_apps(**manager.create_contexts())
         while not stop.wait(3600):
             pass
-        manager.close()
     except Exception as e:  # noqa: BLE001  (start-up failure: one line, not a traceback)
         logging.getLogger("sdn_app").exception("controller failed")
         print(f"sdn_app: error: {e}", file=sys.stderr)
@@ -109,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit(code: int) -> None:
-    """Exit now: os-ken's native-hub threads (switch connections, the OpenFlow listener) cannot be
-    stopped from outside. The state file is written after every change, so nothing is lost."""
+    """Exit now, without `AppManager.close()`: os-ken's native-hub threads (switch connections,
+    the OpenFlow listener) cannot be stopped from outside, and closing its LLDP app deadlocks
+    (it joins threads that wait on a `hub.Event` whose timeout never fires on the native hub).
+    The state file is written after every change, so nothing is lost; the switches keep their
+    entries (fail-mode secure) until the next controller resynchronises them."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

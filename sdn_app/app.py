@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 from .compat import (BaseApp, CONFIG_DISPATCHER, DEAD_DISPATCHER, FRAMEWORK, MAIN_DISPATCHER,
-                     WsgiServer, hub, new_event, new_lock, ofp_event, ofproto_v1_3, set_ev_cls)
-from .flows import (Meter, Plan, RequestError, Rule, job_cookie, parse_flows, parse_job_id,
-                    plan_change)
+                     WsgiServer, app_manager, hub, lldp_enabled, new_event, new_lock, ofp_event,
+                     ofproto_v1_3, set_ev_cls)
+from .flows import (Meter, Plan, RequestError, Rule, job_cookie, lldp_rules, parse_flows,
+                    parse_job_id, plan_change)
 from .jobs import Job, JobTable
 from .monitor import NetworkMonitor
 from .rest import RestApi
@@ -84,6 +85,8 @@ class CesSdnApp(BaseApp):
         ofp, parser = dp.ofproto, dp.ofproto_parser
         with self._job_lock:
             rules, meters = self.table.switch_contents(dp.id)
+            if lldp_enabled():
+                rules += [r for r in lldp_rules(self.topo) if r.dpid == dp.id]
             plan = plan_change([], [], rules, meters)
             wipe = [parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
                                       out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY),
@@ -316,7 +319,11 @@ class CesSdnApp(BaseApp):
                     for s in self.topo.switches]
         unknown = [{"dpid": d, "dpid_hex": f"{d:016x}", "address": _address(dp)}
                    for d, dp in mon.datapaths.items() if d not in self.names]
-        return {"switches": switches, "unknown": unknown, "events": list(mon.switch_events)}
+        view = {"switches": switches, "unknown": unknown, "events": list(mon.switch_events)}
+        discovery = app_manager.lookup_service_brick("LinkDiscovery")
+        if discovery is not None:
+            view["lldp"] = discovery.report()
+        return view
 
     def links_view(self) -> dict[str, Any]:
         return {"interval_s": self.monitor.interval, "links": self.monitor.link_usage()}

@@ -28,8 +28,10 @@ if FRAMEWORK == "os-ken":
                                            MAIN_DISPATCHER, set_ev_cls)
     from os_ken.lib import hub
     from os_ken.ofproto import ofproto_v1_3
+    from os_ken.topology import event as topology_event
 
     BaseApp = app_manager.OSKenApp
+    TOPOLOGY_APP = "os_ken.topology.switches"  # LLDP link discovery
 else:
     from ryu import cfg  # type: ignore[no-redef]
     from ryu.base import app_manager  # type: ignore[no-redef]
@@ -38,14 +40,21 @@ else:
                                         MAIN_DISPATCHER, set_ev_cls)
     from ryu.lib import hub  # type: ignore[no-redef]
     from ryu.ofproto import ofproto_v1_3  # type: ignore[no-redef]
+    from ryu.topology import event as topology_event  # type: ignore[no-redef]
 
     BaseApp = app_manager.RyuApp
+    TOPOLOGY_APP = "ryu.topology.switches"
 
 GREEN = hub.HUB_TYPE == "eventlet"
 
 __all__ = ["BaseApp", "CONFIG_DISPATCHER", "DEAD_DISPATCHER", "FRAMEWORK", "MAIN_DISPATCHER",
-           "app_manager", "cfg", "hub", "new_event", "new_lock", "ofp_event", "ofproto_v1_3",
-           "set_ev_cls", "WsgiServer"]
+           "TOPOLOGY_APP", "WsgiServer", "app_manager", "cfg", "hub", "lldp_enabled", "new_event",
+           "new_lock", "ofp_event", "ofproto_v1_3", "set_ev_cls", "topology_event"]
+
+
+def lldp_enabled() -> bool:
+    """Whether LLDP link discovery runs (`--observe-links`, registered by TOPOLOGY_APP)."""
+    return bool(getattr(cfg.CONF, "observe_links", False))
 
 
 def new_event() -> Any:

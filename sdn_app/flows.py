@@ -19,9 +19,13 @@ from topologies import Topology
 
 ETH_IPV4 = 0x0800
 ETH_ARP = 0x0806
+ETH_LLDP = 0x88CC
+LLDP_MAC = "01:80:c2:00:00:0e"  # nearest bridge: LLDP frames are never forwarded
+OFPP_CONTROLLER = 0xFFFFFFFD
 IPPROTO_TCP = 6
 
 PRIORITY_DEFAULT = 10  # per-destination forwarding of unscheduled traffic
+PRIORITY_LLDP = 0xFFFF
 PRIORITY_FLOW = 100  # + 10 per TCP port given: a narrower flow wins over a host-pair flow
 
 # Cookies mark who owns an entry: 0xce50… the defaults, 0xce51|job(24 bits)|flow(24 bits) job flows.
@@ -320,6 +324,12 @@ def default_rules(topo: Topology) -> list[Rule]:
                               (("eth_type", ETH_ARP), ("arp_tpa", node.ip)), port, 0,
                               COOKIE_DEFAULT))
     return rules
+
+
+def lldp_rules(topo: Topology) -> list[Rule]:
+    """LLDP frames to the controller, on every switch (only when link discovery runs)."""
+    return [Rule(s.dpid, PRIORITY_LLDP, (("eth_type", ETH_LLDP), ("eth_dst", LLDP_MAC)),
+                 OFPP_CONTROLLER, 0, COOKIE_DEFAULT) for s in topo.switches]
 
 
 # --- changes ------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ class ControllerProcess:
                 [sys.executable, "-m", "sdn_app", "--topo", str(self.topo_file),
                  "--of-port", str(self.of_port), "--of-host", "127.0.0.1",
                  "--rest", f"127.0.0.1:{self.rest_port}", "--stats-interval", "0.5",
-                 "--state", str(self.state)],
+                 "--state", str(self.state), "--lldp"],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                 env=os.environ | {"PYTHONUNBUFFERED": "1"})
 
@@ -178,8 +178,13 @@ def test_fresh_network_pings_with_no_job(net, sdn, topo):
         for b in topo.nodes:
             if a != b:
                 assert net.ping(a.name, b.name), f"{a.name} cannot ping {b.name}"
-    for sw in net.bridges:  # per-destination IPv4 + ARP entries, nothing else
-        assert len(net.dump_flows(sw)) == 2 * len(topo.nodes)
+    for sw in net.bridges:  # per-destination IPv4 + ARP entries and LLDP to the controller
+        assert len(net.dump_flows(sw)) == 2 * len(topo.nodes) + 1
+    # LLDP sees exactly the cabling the topology file describes
+    lldp = wait_for(lambda: (r := sdn.switches()["lldp"])["discovered"] and not r["missing"]
+                    and r, 15, "LLDP to discover every link")
+    assert len(lldp["discovered"]) == 6 and lldp["unexpected"] == []
+    assert {"src": "s1", "src_port": 2, "dst": "s2", "dst_port": 1} in lldp["discovered"]
     switches = sdn.switches()
     assert [s["connected"] and s["synced"] for s in switches["switches"]] == [True] * 3
     assert switches["unknown"] == []
