@@ -54,6 +54,9 @@ class IterationModel:
     efficiency: float = 0.92  # goodput / granted rate of a metered/shaped TCP flow
     per_message_latency_s: float = 0.0005  # per collective step (framing, syscalls, RTT)
     overhead_s: float = 0.0  # per iteration, outside compute and communication
+    # The goodput one worker's stack sustains however fast the link (CPU-bound: gloo, TCP and,
+    # on the testbed, the userspace switch): granting more than this buys nothing.
+    max_rate_mbps: float = float("inf")
 
     def communication_s(self, flows: Iterable[tuple[float, float]], steps: int = 1,
                         rtt_s: float = 0.0) -> float:
@@ -69,7 +72,8 @@ class IterationModel:
                 continue
             if rate_mbps <= 0:
                 return float("inf")
-            worst = max(worst, nbytes * 8 / (rate_mbps * 1e6 * self.efficiency))
+            goodput_mbps = min(rate_mbps * self.efficiency, self.max_rate_mbps)
+            worst = max(worst, nbytes * 8 / (goodput_mbps * 1e6))
         if worst == 0.0:
             return 0.0
         return worst + steps * (self.per_message_latency_s + rtt_s)

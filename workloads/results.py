@@ -79,6 +79,7 @@ class JobSummary:
     iters: int
     reached_target: bool
     tta_s: float | None  # the job reaches the target when its last task does
+    tta_iter: int | None
     jct_s: float
     startup_s: float  # process start → first iteration, slowest task
     container_startup_s: float | None
@@ -113,6 +114,7 @@ def summarize_job(logs: list[TaskLog]) -> JobSummary:
         gradient_bytes=logs[0].start["gradient_bytes"], iters=max(t.end["iters"] for t in logs),
         reached_target=reached,
         tta_s=max(t.end["tta_s"] for t in logs) if reached else None,
+        tta_iter=max(t.end["tta_iter"] for t in logs) if reached else None,
         jct_s=max(t.end["jct_s"] for t in logs),
         startup_s=max(t.end["startup_s"] for t in logs),
         container_startup_s=None if None in container else max(container),
