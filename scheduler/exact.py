@@ -8,9 +8,10 @@ flow, the best rates give the collective time in closed form
     T = max( max_f b_f / d_f ,  max_l Σ_{f ∋ l} b_f / res_l )        (b_f in Mbit, d_f in Mbit/s)
 
 (each flow at most its demand; every directed link l carries its flows within its residual), and
-the iteration time is  C + T/η + s·(ℓ + R) + overhead  with C the slowest task's compute, η the
-model's efficiency, ℓ its per-message latency, s the collective's step count and R the round trip
-of the longest path. The rates granted are `paths.fair_rates` weighted by bytes, which reach
+the iteration time is  C + max(T/η, b_max/g) + s·(ℓ + R) + overhead  with C the slowest task's
+compute, η the model's efficiency, g its per-worker goodput cap (`max_rate_mbps`), b_max the
+largest inter-node flow, ℓ the per-message latency, s the collective's step count and R the round
+trip of the longest path. The rates granted are `paths.fair_rates` weighted by bytes, which reach
 exactly this T (its first filling level) and give any slack to flows up to their demand.
 
 Search: depth-first branch and bound over task placements (tasks in `placement_order`) and then
@@ -123,9 +124,11 @@ class _Search:
             self._paths[a, b] = sorted(out, key=lambda p: (-p.width, len(p.vertices)))
         return self._paths[a, b]
 
-    def value(self, compute: float, transfer: float, rtt: float, any_bytes: bool) -> float:
-        comm = transfer / self.model.efficiency + \
-            self.steps * (self.model.per_message_latency_s + rtt) if any_bytes else 0.0
+    def value(self, compute: float, transfer: float, rtt: float, biggest: float) -> float:
+        """The iteration time; `biggest` is the largest flow crossing nodes, in Mbit (0: none),
+        which alone takes biggest / max_rate_mbps when the model caps a worker's goodput."""
+        comm = max(transfer / self.model.efficiency, biggest / self.model.max_rate_mbps) + \
+            self.steps * (self.model.per_message_latency_s + rtt) if biggest > 0 else 0.0
         return compute + comm + self.model.overhead_s
 
     def flow_alone(self, f: LogicalFlow, a: str, b: str) -> tuple[float, float] | None:
@@ -179,7 +182,7 @@ class _Search:
         compute = max([compute] + [self.min_compute[t.name] for t in self.job.tasks
                                    if t.name not in placement])
         transfer = rtt = 0.0
-        any_bytes = False
+        biggest = 0.0
         for f in self.job.flows:
             a, b = placement.get(f.src), placement.get(f.dst)
             if a is None or b is None or a == b:
@@ -188,15 +191,15 @@ class _Search:
             if alone is None:
                 return math.inf
             transfer, rtt = max(transfer, alone[0]), max(rtt, alone[1])
-            any_bytes |= f.bytes_per_iter > 0
-        return self.value(compute, transfer, rtt, any_bytes)
+            biggest = max(biggest, 8 * f.bytes_per_iter / 1e6)
+        return self.value(compute, transfer, rtt, biggest)
 
     # --- paths for one complete placement ---------------------------------------------------------
     def route(self, placement: dict[str, str]) -> None:
         crossing = sorted((f for f in self.job.flows if placement[f.src] != placement[f.dst]),
                           key=lambda f: -f.bytes_per_iter)
         compute = max(self.compute[t, n] for t, n in placement.items())
-        any_bytes = any(f.bytes_per_iter > 0 for f in crossing)
+        biggest = max((8 * f.bytes_per_iter / 1e6 for f in crossing), default=0.0)
         floor = [self.flow_alone(f, placement[f.src], placement[f.dst]) for f in crossing]
         # remaining flows' own lower bounds, from position j on
         rest_t = [max((x[0] for x in floor[j:]), default=0.0) for j in range(len(crossing) + 1)]
@@ -206,11 +209,11 @@ class _Search:
 
         def step(j: int, transfer: float, rtt: float) -> None:
             self.tick()
-            if self.value(compute, max(transfer, rest_t[j]), max(rtt, rest_r[j]), any_bytes) \
+            if self.value(compute, max(transfer, rest_t[j]), max(rtt, rest_r[j]), biggest) \
                     >= self.best_value - 1e-12:
                 return
             if j == len(crossing):
-                self.best_value = self.value(compute, transfer, rtt, any_bytes)
+                self.best_value = self.value(compute, transfer, rtt, biggest)
                 self.best = (dict(placement), dict(chosen))
                 return
             f = crossing[j]

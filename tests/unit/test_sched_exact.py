@@ -18,6 +18,7 @@ from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Decision, FlowAssignment, Job, Resources, \
     check_decision
 from scheduler.paths import fair_rates
+from scheduler.perfmodel import IterationModel
 from topologies import load_topology
 
 
@@ -27,7 +28,7 @@ def all_paths(cluster: Cluster, a: str, b: str) -> list[tuple[str, ...]]:
     return [tuple(p) for p in nx.all_simple_paths(view, a, b)]
 
 
-def brute_force(cluster: Cluster, job: Job) -> float:
+def brute_force(cluster: Cluster, job: Job, model: IterationModel) -> float:
     """The best predicted iteration time over everything (inf when nothing is feasible)."""
     nodes = cluster.compute_nodes(online_only=True)
     best = math.inf
@@ -44,24 +45,26 @@ def brute_force(cluster: Cluster, job: Job) -> float:
                                                 rates[f.src, f.dst]) for f in crossing])
             if check_decision(cluster, job, decision):
                 continue
-            best = min(best, predicted_iteration_s(cluster, job, decision))
+            best = min(best, predicted_iteration_s(cluster, job, decision, model))
     return best
 
 
+@pytest.mark.parametrize("model", [IterationModel(), IterationModel(max_rate_mbps=40)],
+                         ids=["default-model", "goodput-capped"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
-def test_exact_matches_brute_force_on_tiny_instances(seed):
+def test_exact_matches_brute_force_on_tiny_instances(model, seed):
     cluster, job = random_instance(np.random.default_rng(seed), max_switches=3, max_nodes=3,
                                    max_workers=3)
-    expected = brute_force(cluster, job)
-    exact = make_algorithm("exact")
+    expected = brute_force(cluster, job, model)
+    exact = make_algorithm("exact", model=model)
     try:
         decision = exact.place(cluster, job)
     except CannotPlace:
         assert expected == math.inf
         return
     assert check_decision(cluster, job, decision) == []
-    got = predicted_iteration_s(cluster, job, decision)
+    got = predicted_iteration_s(cluster, job, decision, model)
     assert got == pytest.approx(expected, rel=1e-9)
     assert exact.last_objective_s == pytest.approx(got, rel=1e-9)  # the closed form is the model
 
