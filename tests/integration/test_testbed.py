@@ -26,11 +26,11 @@ nodes:
   - {name: h1, cpu: 0.5, mem_mb: 384}
   - {name: h2, cpu: 0.5, mem_mb: 384}
 links:
-  - {ends: [s1, s2], bw_mbps: 20, ports: [7, 8]}
+  - {ends: [s1, s2], bw_mbps: 10, ports: [7, 8]}
   - {ends: [h1, s1], bw_mbps: 1000}
   - {ends: [h2, s2], bw_mbps: 1000}
 """
-BOTTLENECK = 20.0
+BOTTLENECK = 10.0
 
 
 @pytest.fixture
@@ -92,13 +92,13 @@ def test_link_change_at_run_time(net: Emulation) -> None:
 
 def test_per_destination_shaping_in_node_namespace(net: Emulation) -> None:
     h1, h2 = net.nodes["h1"], net.nodes["h2"]
-    tc.set_destination("eth0", h2.ip, 4, pid=h1.container_pid)
-    assert tc.destinations("eth0", pid=h1.container_pid) == {2: 4.0}
+    tc.set_destination("eth0", h2.ip, 3, pid=h1.container_pid)
+    assert tc.destinations("eth0", pid=h1.container_pid) == {2: 3.0}
     rate = net.iperf("h1", "h2", seconds=3)
-    assert 0.7 * 4 <= rate <= 1.05 * 4, rate
+    assert 0.7 * 3 <= rate <= 1.05 * 3, rate
     tc.remove_destination("eth0", h2.ip, pid=h1.container_pid)
     assert tc.destinations("eth0", pid=h1.container_pid) == {}
-    assert net.iperf("h1", "h2", seconds=2) > 2 * 4  # back to the 20 Mbit/s link
+    assert net.iperf("h1", "h2", seconds=2) > 2 * 3  # back to the 10 Mbit/s link
 
 
 def test_add_and_remove_node_at_run_time(net: Emulation) -> None:
@@ -171,7 +171,6 @@ def test_cleanup_after_a_killed_run(tiny: Path, prefix: str, worker_image: str) 
     done = subprocess.run([sys.executable, "experiments/run.py", "--cleanup", "--prefix", prefix],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "removed" in done.stdout
     assert nothing_left(prefix) == {}
 
 
@@ -198,7 +197,7 @@ def test_ctrl_c_during_bring_up_tears_down(tiny: Path, prefix: str, worker_image
 
 def test_run_rejects_malformed_topology(tmp_path: Path, prefix: str) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(TINY.replace("bw_mbps: 20", "bw_mbps: fast"))
+    bad.write_text(TINY.replace("bw_mbps: 10,", "bw_mbps: fast,"))
     started = time.monotonic()
     done = subprocess.run(["python3", "experiments/run.py", "--topo", str(bad), "--prefix", prefix],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
