@@ -72,6 +72,17 @@ def test_connectivity_addresses_and_port_numbers(net: Emulation) -> None:
     assert vsctl("get", "Bridge", net.bridge_name("s1"), "fail_mode") == "standalone"
 
 
+def test_remote_controller_mode(tiny: Path, prefix: str, worker_image: str) -> None:
+    # Nothing listens on this port: secure switches then forward nothing at all.
+    with Emulation(load_topology(tiny), prefix=prefix, image=worker_image,
+                   controller=("127.0.0.1", 6999)) as net:
+        bridge = net.bridge_name("s1")
+        assert vsctl("get", "Bridge", bridge, "fail_mode") == "secure"
+        assert vsctl("get", "Bridge", bridge, "protocols") == "[OpenFlow13]"
+        assert "tcp:127.0.0.1:6999" in vsctl("get-controller", bridge)
+        assert net.ping_all(timeout_s=1.0) == 1.0
+
+
 def test_shaped_rate_and_node_limits(net: Emulation) -> None:
     rate = net.iperf("h1", "h2", seconds=3)
     assert 0.7 * BOTTLENECK <= rate <= 1.05 * BOTTLENECK, rate
