@@ -36,6 +36,7 @@ class NetworkMonitor(BaseApp):
         self.flow_packets: dict[tuple[int, int], int] = {}
         self.meters_in = Rates()  # (dpid, meter_id): bytes entering the meter
         self.meters_dropped = Rates()  # (dpid, meter_id): bytes its drop band dropped
+        self._parts: dict[tuple[int, str], set[int]] = {}  # ids seen so far in a multi-part reply
         self.ends = link_ends(self.topo)
         self._stopping = new_event()
         self._poller = None
@@ -115,6 +116,11 @@ class NetworkMonitor(BaseApp):
             t = sample_time(st.duration_sec, st.duration_nsec, now)
             self.flows.update((dpid, st.cookie), Sample(st.byte_count, t))
             self.flow_packets[(dpid, st.cookie)] = st.packet_count
+        cookies = self._complete(ev.msg, "flows", {st.cookie for st in ev.msg.body})
+        if cookies is not None:  # entries of removed jobs: forget their counters
+            self.flows.forget(lambda key: key[0] == dpid and key[1] not in cookies)
+            self.flow_packets = {k: v for k, v in self.flow_packets.items()
+                                 if k[0] != dpid or k[1] in cookies}
 
     @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
     def meter_stats_reply_handler(self, ev: Any) -> None:
@@ -124,6 +130,19 @@ class NetworkMonitor(BaseApp):
             self.meters_in.update((dpid, st.meter_id), Sample(st.byte_in_count, t))
             dropped = sum(b.byte_band_count for b in st.band_stats)
             self.meters_dropped.update((dpid, st.meter_id), Sample(dropped, t))
+        meters = self._complete(ev.msg, "meters", {st.meter_id for st in ev.msg.body})
+        if meters is not None:
+            for rates in (self.meters_in, self.meters_dropped):
+                rates.forget(lambda key: key[0] == dpid and key[1] not in meters)
+
+    def _complete(self, msg: Any, kind: str, ids: set[int]) -> set[int] | None:
+        """All ids of a reply that may come in several parts: None until its last part."""
+        key = (msg.datapath.id, kind)
+        seen = self._parts.setdefault(key, set())
+        seen |= ids
+        if msg.flags & msg.datapath.ofproto.OFPMPF_REPLY_MORE:
+            return None
+        return self._parts.pop(key)
 
     @set_ev_cls(ofp_event.EventOFPMeterFeaturesStatsReply, MAIN_DISPATCHER)
     def meter_features_reply_handler(self, ev: Any) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Hashable
+from typing import Callable, Hashable
 
 from topologies import Topology
 
@@ -62,7 +62,7 @@ class Rates:
         s = self._last.get(key)
         return None if s is None else s.value
 
-    def forget(self, match: callable) -> None:
+    def forget(self, match: Callable[[Hashable], bool]) -> None:
         """Drop every key for which `match(key)` is true (e.g. a disconnected switch's)."""
         with self._lock:
             for d in (self._last, self._rate):
