@@ -362,7 +362,11 @@ class Emulation:
 
     def update_node(self, name: str, cpu: float | None = None, mem_mb: int | None = None) -> None:
         """Change a node's CPU/memory capacity (node container and the cgroup of its workers)."""
-        self._node(name).update(cpu, mem_mb)
+        try:
+            self._node(name).update(cpu, mem_mb)
+        except (OSError, docker.errors.APIError) as e:
+            raise EmulationError(f"update_node {name} (cpu={cpu}, mem_mb={mem_mb}): {e} — the "
+                                 "node's workers or its memory in use may exceed the new limit")
 
     def start_worker(self, node: str, name: str, command: str | list[str], cpu: float,
                      mem_mb: int, env: dict[str, str] | None = None) -> Container:
