@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import hashlib
 import math
 import platform
@@ -56,16 +57,24 @@ from topologies import load_topology
 from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
 from .model import CannotPlace, Cluster, Decision, Job
-from .simulator import JobState, Round, SimConfig, SimResult, Simulator, quick_fit
+from .simulator import FreeSpace, JobState, Round, SimConfig, SimResult, Simulator
 
 # The single-job scheduler CES-Multi uses until CES-PPO is registered (bench_scheduler's best
 # heuristic on bandwidth satisfaction and iteration time).
 BEST_HEURISTIC = "network-aware"
 
 
+@functools.cache
 def default_algorithm() -> str:
-    """CES-PPO once its module registers it, else the best heuristic."""
-    return "ces-ppo" if "ces-ppo" in algorithm_names() else BEST_HEURISTIC
+    """CES-PPO once its module registers it and a trained checkpoint exists, else the best
+    heuristic."""
+    if "ces-ppo" in algorithm_names():
+        try:
+            make_algorithm("ces-ppo")
+            return "ces-ppo"
+        except FileNotFoundError:  # registered, but no checkpoint trained yet
+            pass
+    return BEST_HEURISTIC
 
 
 # --- baselines --------------------------------------------------------------------------------------
@@ -123,7 +132,7 @@ class Las:
         trial = rnd.cluster.copy(share_graph=True)
         for i, victim in enumerate(victims):
             trial.release(victim.name)
-            if not quick_fit(trial, js.job):
+            if not FreeSpace.of(trial).may_fit(js.job):
                 continue
             try:
                 decision = rnd.algorithm.place(trial, js.job)
@@ -197,12 +206,11 @@ class CesMulti:
 
     def scores(self, rnd: Round, window: list[JobState]) -> dict[JobState, float]:
         """a·fit + b·priority + c·wait for the jobs of the window (module doc)."""
-        cfg, view = self.config, rnd.view()
-        free = _free_vector(view)
+        cfg, space, free = self.config, rnd.free_space(), free_vector(rnd.view())
         age = {j: j.job.priority + j.wait(rnd.now) / cfg.age_every_s for j in window}
         wait = {j: j.wait(rnd.now) for j in window}
         top_age, top_wait = max(age.values(), default=0.0), max(wait.values(), default=0.0)
-        return {j: cfg.a_fit * fit(view, j.job, free)
+        return {j: cfg.a_fit * fit(j.job, space, free)
                 + cfg.b_priority * (age[j] / top_age if top_age > 0 else 0.0)
                 + cfg.c_wait * (wait[j] / top_wait if top_wait > 0 else 0.0) for j in window}
 
@@ -232,7 +240,7 @@ def shadow_decision(rnd: Round, js: JobState) -> Decision | None:
     for i in range(len(ending) + 1):
         if i:
             trial.release(ending[i - 1].name)
-        if quick_fit(trial, js.job):
+        if FreeSpace.of(trial).may_fit(js.job):
             try:
                 return rnd.algorithm.place(trial, js.job)
             except CannotPlace:
@@ -240,7 +248,7 @@ def shadow_decision(rnd: Round, js: JobState) -> Decision | None:
     return None
 
 
-def _free_vector(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+def free_vector(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """(free, total) over online nodes: cpu, mem, gpu, access-link bandwidth (min of the two
     directions' residual)."""
     free, total = np.zeros(4), np.zeros(4)
@@ -251,11 +259,12 @@ def _free_vector(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     return free, total
 
 
-def fit(cluster: Cluster, job: Job, free_total: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """Alignment of the job's demand with the free resources (module doc), 0 if it cannot fit."""
-    if not quick_fit(cluster, job):
+def fit(job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray]) -> float:
+    """Alignment of the job's demand with the free resources (`free_vector`; module doc), 0 if
+    it cannot fit (`space`)."""
+    if not space.may_fit(job):
         return 0.0
-    free, total = free_total or _free_vector(cluster)
+    free, total = free_total
     demand = np.array((*job.total_demand().as_tuple(), sum(f.demand_mbps for f in job.flows)))
     has = total > 0
     d, f = demand[has] / total[has], np.maximum(free[has], 0.0) / total[has]
@@ -353,5 +362,6 @@ def multi_table(result: dict) -> str:
 
 
 __all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "MultiConfig",
-           "POLICIES", "Sjf", "default_algorithm", "evaluate_multi", "fit", "make_policy",
+           "POLICIES", "Sjf", "default_algorithm", "evaluate_multi", "fit", "free_vector",
+           "make_policy",
            "multi_table", "run_policy", "shadow_decision"]

@@ -171,25 +171,40 @@ class Round:
         self.placed: list[JobState] = []
         self.preempted: list[JobState] = []
         self.holds: dict[JobState, Decision] = {}
+        self._views: dict[frozenset, tuple[Cluster, FreeSpace]] = {}  # by holds applied
 
     def hold(self, owner: JobState, decision: Decision) -> None:
         """Keep the resources of `decision` (a placement computed for `owner`) from every other
         job for the rest of this round."""
         self.holds[owner] = decision
+        self._views.clear()
+
+    def _holds_against(self, js: JobState | None) -> frozenset:
+        return frozenset(o.name for o in self.holds if o is not js)
 
     def view(self, js: JobState | None = None) -> Cluster:
         """The cluster as `js` may use it: without the resources held for other jobs."""
-        others = [(o, d) for o, d in self.holds.items() if o is not js]
-        if not others:
-            return self.cluster
-        view = self.cluster.copy(share_graph=True)
-        for owner, d in others:
-            for task, node in d.placement.items():
-                view.used[node] = view.used[node] + owner.job.task(task).demand
-            for f in d.flows:
-                for link in f.directed_links():
-                    view.reserved[link] = view.reserved.get(link, 0.0) + f.rate_mbps
-        return view
+        return self._view(js)[0]
+
+    def free_space(self, js: JobState | None = None) -> FreeSpace:
+        return self._view(js)[1]
+
+    def _view(self, js: JobState | None) -> tuple[Cluster, FreeSpace]:
+        key = self._holds_against(js)
+        if key not in self._views:
+            view = self.cluster
+            if key:
+                view = self.cluster.copy(share_graph=True)
+                for owner, d in self.holds.items():
+                    if owner.name not in key:
+                        continue
+                    for task, node in d.placement.items():
+                        view.used[node] = view.used[node] + owner.job.task(task).demand
+                    for f in d.flows:
+                        for link in f.directed_links():
+                            view.reserved[link] = view.reserved.get(link, 0.0) + f.rate_mbps
+            self._views[key] = (view, FreeSpace.of(view))
+        return self._views[key]
 
     def try_place(self, js: JobState) -> Decision | None:
         """Place `js` with the policy's algorithm and commit it; None if it does not fit now.
@@ -197,32 +212,33 @@ class Round:
         A job that failed is not retried until resources are released or the holds change: in
         between the cluster only fills up (Kubernetes parks unschedulable pods the same way).
         """
-        key = (self.epoch, frozenset(o.name for o in self.holds if o is not js))
+        key = (self.epoch, self._holds_against(js))
         if js.failed_at == key:
             return None
-        view = self.view(js)
+        view, free = self._view(js)
         decision = None
-        if quick_fit(view, js.job):
+        if free.may_fit(js.job):
             start = time.perf_counter()
             try:
                 decision = self.algorithm.place(view, js.job)
             except CannotPlace:
                 pass
             js.decision_s.append(time.perf_counter() - start)
-        if decision is None or not self.commit(js, decision, view):
+        if decision is None or not self.commit(js, decision):
             js.failed_at = key
             return None
         return decision
 
-    def commit(self, js: JobState, decision: Decision, view: Cluster | None = None) -> bool:
+    def commit(self, js: JobState, decision: Decision) -> bool:
         """Start `js` with `decision` if it is feasible on what `js` may use."""
-        if check_decision(view or self.view(js), js.job, decision):
+        if check_decision(self.view(js), js.job, decision):
             return False
         self.cluster.allocate(js.job, decision)
         js.decision = decision
         self.holds.pop(js, None)
         self.queue.remove(js)
         self.placed.append(js)
+        self._views.clear()
         return True
 
     def preempt(self, js: JobState) -> None:
@@ -231,17 +247,26 @@ class Round:
         self.running.remove(js)
         self.preempted.append(js)
         self.epoch += 1
+        self._views.clear()
 
 
-def quick_fit(cluster: Cluster, job: Job, free: list[Resources] | None = None) -> bool:
-    """A cheap necessary condition for `job` to fit: every task fits some node's free resources
-    and the job's total fits the total free. Spares calling an algorithm that must fail.
-    `free` may pass the online nodes' free resources when they are already at hand."""
-    if free is None:
-        free = [cluster.free(n) for n in cluster.compute_nodes(online_only=True)]
-    if not job.total_demand().fits_in(sum(free, Resources())):
-        return False
-    return all(any(t.demand.fits_in(f) for f in free) for t in job.tasks)
+@dataclass(frozen=True)
+class FreeSpace:
+    """The free resources of a cluster's online nodes, for cheap necessary fit checks."""
+    nodes: tuple[Resources, ...]
+    total: Resources
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> FreeSpace:
+        free = tuple(cluster.free(n) for n in cluster.compute_nodes(online_only=True))
+        return cls(free, sum(free, Resources()))
+
+    def may_fit(self, job: Job) -> bool:
+        """Every task fits some node and the job's total fits the total: spares calling an
+        algorithm that must fail."""
+        if not job.total_demand().fits_in(self.total):
+            return False
+        return all(any(d.fits_in(f) for f in self.nodes) for d in {t.demand for t in job.tasks})
 
 
 # --- the simulator ---------------------------------------------------------------------------------
