@@ -169,6 +169,9 @@ def plan(args: argparse.Namespace) -> Plan:
     """Resolve and check every input; any problem is a ScenarioError/TopologyError/JobError."""
     scenario = load_scenario(Path(args.scenario) if args.scenario
                              else SCENARIOS / ("quick.yaml" if args.quick else "default.yaml"))
+    seeds = scenario.seeds if args.seeds is None else args.seeds
+    if seeds < 1:
+        raise ScenarioError(f"--seeds: expected an integer >= 1, got {seeds}")
     topo = load_topology(args.topo or scenario.topology)
     if args.jobs:
         load_jobs(args.jobs)
@@ -194,9 +197,6 @@ def plan(args: argparse.Namespace) -> Plan:
         else:
             background.append(b)
     scenario.background = background
-    seeds = args.seeds or scenario.seeds
-    if seeds < 1:
-        raise ScenarioError(f"--seeds: expected an integer >= 1, got {seeds}")
     out = Path(args.out or REPO / "results" / "e2e" / (scenario.name + "-" + topo.name))
     return Plan(scenario, topo, schedulers, seeds, out, warnings)
 

@@ -126,7 +126,7 @@ class ComputeController:
         (its next heartbeat reply names the worker)."""
         self.started.pop(name, None)
         agent = self.agents.get(node)
-        if agent is None:
+        if agent is None or not agent.online:  # a silent agent would only time out
             return False
         try:
             agent.client.stop(name)

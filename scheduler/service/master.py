@@ -40,7 +40,8 @@ from ..metrics import predicted_iteration_s
 from ..model import CannotPlace, Cluster, Decision, check_decision
 from .compute import AgentError, ComputeController, worker_command, worker_image
 from .http import ApiError, JsonApp, Server, json_body
-from .manager import EXIT_BAD_PARAMETERS, TERMINAL, JobRecord, JobState, Manager, ManagerError
+from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, JobState, Manager, \
+    ManagerError
 from .network import NetworkController, SdnApi
 from .protocol import Heartbeat, Registration, WorkerSpec, WorkerState, from_json
 from .scheduling import Scheduler, UnknownAlgorithm
@@ -224,20 +225,21 @@ class Master:
         with self.lock:
             self.manager.mark_running(rec)
 
-    def _teardown(self, rec: JobRecord) -> None:
-        """Stop the current attempt's workers and free its network share and resources."""
-        attempt = rec.current
+    def _teardown(self, rec: JobRecord, attempt: Attempt) -> None:
+        """Stop an ended attempt's workers (those on silent nodes are stopped when their agent
+        answers again) and free its network share and resources."""
         for task, name in attempt.workers.items():
             self.compute.stop_worker(attempt.decision.placement[task], name)
         with self.lock:
             self.network.remove(rec.name)
 
     def _fail_attempt(self, rec: JobRecord, reason: str, retryable: bool) -> None:
-        if rec.current is None:
+        attempt = rec.current
+        if attempt is None:
             return
-        self._teardown(rec)
-        with self.lock:
+        with self.lock:  # recorded first: the time of the event is when it was noticed
             self.manager.end_attempt(rec, reason, retryable)
+        self._teardown(rec, attempt)
         self._dirty = True
 
     def _worker_ended(self, node: str, w: WorkerState) -> None:
@@ -250,9 +252,9 @@ class Master:
             done = all(self._exited_ok(attempt.decision.placement[t], n)
                        for t, n in attempt.workers.items())
             if done:
-                self._teardown(rec)
                 with self.lock:
                     self.manager.finish(rec)
+                self._teardown(rec, attempt)
                 self._dirty = True
             return
         what = f"exited with code {w.exit_code}" if w.state == "exited" else "disappeared"
@@ -267,10 +269,11 @@ class Master:
     def _cancel(self, name: str, done: Future) -> None:
         try:
             rec = self.manager.get(name)
-            if rec.current is not None:
-                self._teardown(rec)
+            attempt = rec.current
             with self.lock:
                 self.manager.cancel(rec)
+            if attempt is not None:
+                self._teardown(rec, attempt)
             done.set_result(self.job_view(rec))
         except ManagerError as e:
             done.set_exception(e)
