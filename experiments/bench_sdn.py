@@ -43,7 +43,7 @@ import networkx as nx
 
 from bench_testbed import machine
 from sdn_app.client import FlowRequest, SdnClient, SdnError
-from sdn_app.flows import COOKIE_JOB, default_path
+from sdn_app.flows import default_path
 from testbed import Emulation, tc
 from topologies import Topology, TopologyError, load_topology
 

@@ -17,8 +17,8 @@ from typing import Any
 from .compat import (BaseApp, CONFIG_DISPATCHER, DEAD_DISPATCHER, FRAMEWORK, MAIN_DISPATCHER,
                      WsgiServer, app_manager, hub, lldp_enabled, new_event, new_lock, ofp_event,
                      ofproto_v1_3, set_ev_cls)
-from .flows import (Meter, Plan, RequestError, Rule, job_cookie, lldp_rules, parse_flows,
-                    parse_job_id, plan_change)
+from .flows import (MAX_METER_ID, Meter, Plan, RequestError, Rule, job_cookie, lldp_rules,
+                    parse_flows, parse_job_id, plan_change)
 from .jobs import Job, JobTable
 from .monitor import NetworkMonitor
 from .rest import RestApi
@@ -26,7 +26,7 @@ from .settings import settings
 
 
 class InstallError(RuntimeError):
-    """Switches refused messages or did not answer a barrier; `dpids` are the switches at fault."""
+    """Switches refused messages or did not answer a barrier: `problems` by dpid."""
 
     def __init__(self, problems: dict[int, list[str]]):
         super().__init__("; ".join(f"{dpid:#x}: {', '.join(p)}" for dpid, p in problems.items()))
@@ -58,8 +58,9 @@ class CesSdnApp(BaseApp):
         thread = super().start()
         self.rest = WsgiServer(RestApi(self), self.settings.rest_host, self.settings.rest_port)
         self.logger.info("OpenFlow 1.3 app on %s: topology '%s' (%d switches), %d job(s) from "
-                         "state, REST on http://%s:%d", FRAMEWORK, self.topo.name, len(self.topo.switches), len(self.table.jobs),
-                         self.settings.rest_host, self.rest.port)
+                         "state, REST on http://%s:%d", FRAMEWORK, self.topo.name,
+                         len(self.topo.switches), len(self.table.jobs), self.settings.rest_host,
+                         self.rest.port)
         return thread
 
     def stop(self) -> None:
@@ -120,23 +121,25 @@ class CesSdnApp(BaseApp):
             if down:
                 raise RequestError(f"switch(es) not connected or not yet synchronised: "
                                    f"{', '.join(down)}; nothing was changed", status=503)
+
+            def undo() -> None:
+                self._apply_or_resync(plan_change(self.table.rules(new), self.table.meters(new),
+                                       self.table.rules(old), self.table.meters(old)))
+
             t0 = time.monotonic()
             try:
                 self._execute(plan, self._connected())
             except InstallError as e:
-                self._undo(plan_change(self.table.rules(new), self.table.meters(new),
-                                       self.table.rules(old), self.table.meters(old)))
+                undo()
                 raise RequestError(f"a switch refused the change ({e}); rolled back",
                                    status=502) from None
+            previous = self.table.jobs  # copy-on-write: this mapping stays as it is
             self.table.commit(new)
             try:
                 self._save()
             except OSError as e:
-                self.table.remove(job_id)
-                if old:
-                    self.table.commit(old)
-                self._undo(plan_change(self.table.rules(new), self.table.meters(new),
-                                       self.table.rules(old), self.table.meters(old)))
+                self.table.jobs = previous
+                undo()
                 raise RequestError(f"cannot write the state file ({e}); rolled back",
                                    status=500) from None
             elapsed = (time.monotonic() - t0) * 1000
@@ -153,17 +156,18 @@ class CesSdnApp(BaseApp):
             if old is None:
                 raise RequestError(f"no job '{job_id}'", "job", status=404)
             plan = plan_change(self.table.rules(old), self.table.meters(old), [], [])
+            previous = self.table.jobs
             self.table.remove(job_id)
             try:
                 self._save()
             except OSError as e:
-                self.table.commit(old)
+                self.table.jobs = previous
                 raise RequestError(f"cannot write the state file ({e}); nothing was changed",
                                    status=500) from None
-            self._undo(plan)
+            self._apply_or_resync(plan)
         return {"job": job_id, "removed_flows": len(old.flows)}
 
-    def _undo(self, plan: Plan) -> None:
+    def _apply_or_resync(self, plan: Plan) -> None:
         """Apply `plan` as far as possible; switches that fail it are disconnected so that they
         reconnect and get resynchronised from the table."""
         try:
@@ -180,7 +184,7 @@ class CesSdnApp(BaseApp):
             self.table.save(self.settings.state)
 
     def _meter_limit(self, dpid: int) -> int:
-        return self.monitor.meter_limit.get(dpid, 2 ** 32 - 256)
+        return self.monitor.meter_limit.get(dpid, MAX_METER_ID)
 
     def _connected(self) -> dict[int, Any]:
         return {d: dp for d, dp in self.monitor.datapaths.items() if d in self.synced}

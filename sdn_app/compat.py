@@ -6,19 +6,15 @@ installed (an `OSKenApp` subclass would be invisible to Ryu's loader, and vice v
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 from typing import Any, Callable
 
-if "ryu.base.app_manager" in sys.modules:
+if "ryu.base.app_manager" in sys.modules or importlib.util.find_spec("os_ken") is None:
     FRAMEWORK = "ryu"
 else:
-    try:
-        import os_ken  # noqa: F401
-
-        FRAMEWORK = "os-ken"
-    except ImportError:
-        FRAMEWORK = "ryu"
+    FRAMEWORK = "os-ken"
 
 if FRAMEWORK == "os-ken":
     from os_ken import cfg

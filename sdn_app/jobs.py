@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 from topologies import Topology
 
-from .flows import (MAX_SEQ, FlowKey, FlowSpec, Meter, MeterPolicy, RequestError, Rule,
-                    default_rules, flow_rules, job_cookie, parse_flows, parse_job_id)
+from .flows import (MAX_METER_ID, MAX_SEQ, FlowKey, FlowSpec, Meter, MeterPolicy, RequestError,
+                    Rule, default_rules, flow_rules, job_cookie, parse_flows, parse_job_id)
 
 STATE_VERSION = 1
 
@@ -55,7 +55,7 @@ class JobTable:
     # --- building the next state ---------------------------------------------------------------
 
     def propose(self, job_id: str, specs: list[FlowSpec],
-                meter_limit: Callable[[int], int] = lambda dpid: 2 ** 32 - 256) -> Job:
+                meter_limit: Callable[[int], int] = lambda dpid: MAX_METER_ID) -> Job:
         """The job as it would be with `specs`: flow numbers and meter ids kept for flows it
         already had, new ones allocated otherwise. Nothing is stored. Raises `RequestError` (409)
         when a flow belongs to another job or a switch has no free meter."""
