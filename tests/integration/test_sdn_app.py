@@ -221,11 +221,11 @@ def test_job_flows_follow_the_requested_path(net, sdn, topo):
 
 def test_meter_limits_the_rate_and_links_show_it(net, sdn):
     free = net.iperf("h1", "h2", seconds=2)
-    rate = 20.0
+    rate = 10.0
     assert free > 3 * rate, f"the unmetered path must be much faster than {rate} Mbit/s"
     reply = sdn.put_job_flows("metered", [FlowRequest("h1", "h2", DIRECT, rate)])
     meter_id = reply["flows"][0]["meter"]["meter_id"]
-    assert net.dump_meters("s1") == {meter_id: {"rate": 20_000, "burst": 10_000}}
+    assert net.dump_meters("s1") == {meter_id: {"rate": 10_000, "burst": 5_000}}
 
     seen: list[float] = []
 
@@ -247,18 +247,19 @@ def test_meter_limits_the_rate_and_links_show_it(net, sdn):
     middle = sorted(seen)[len(seen) // 2]
     assert 0.6 * rate <= middle <= 1.3 * rate, seen
     meter = sdn.job_flows("metered")[0]["meter"]
-    assert meter["rate_kbps"] == 20_000 and meter["in_mbps"] is not None
+    assert meter["rate_kbps"] == 10_000 and meter["in_mbps"] is not None
 
 
 def test_reroute_and_rate_update_happen_in_place(net, sdn):
-    first = sdn.put_job_flows("move", [FlowRequest("h1", "h2", DETOUR, 50, tcp_dst=5401)])
+    first = sdn.put_job_flows("move", [FlowRequest("h1", "h2", DETOUR, 50)])
     meter_id = first["flows"][0]["meter"]["meter_id"]
     cookie = first["flows"][0]["cookie"]
     pinger = net.popen("h1", "ping -i 0.01 -c 300 -W 1 10.0.0.2")
-    time.sleep(0.5)  # let the ping run on the old path before the change
-    second = sdn.put_job_flows("move", [FlowRequest("h1", "h2", DIRECT, 10, tcp_dst=5401)])
+    wait_for(lambda: job_entries(net, "s2")[0]["n_bytes"] > 10 * 98, 10,
+             "the pings to cross s2, the detour")
+    second = sdn.put_job_flows("move", [FlowRequest("h1", "h2", DIRECT, 10)])
     out, _ = pinger.communicate(timeout=30)
-    assert " 0% packet loss" in out, out  # the default rules carry everything meanwhile
+    assert " 0% packet loss" in out, out  # make before break: no packet without an entry
 
     assert second["flows"][0]["meter"]["meter_id"] == meter_id  # same meter, modified
     assert second["flows"][0]["cookie"] == cookie
@@ -266,8 +267,8 @@ def test_reroute_and_rate_update_happen_in_place(net, sdn):
     assert job_entries(net, "s2") == []  # left the detour
     [s1] = job_entries(net, "s1")
     assert s1["actions"] == f"meter:{meter_id},output:1"
-    goodput = net.iperf("h1", "h2", seconds=3, port=5401)
-    assert 0.6 * 10 <= goodput <= 1.15 * 10
+    goodput = net.iperf("h1", "h2", seconds=4)
+    assert 0.6 * 10 <= goodput <= 1.2 * 10  # ≤ 1 + burst/duration = 1.125 in theory
 
 
 def test_delete_leaves_no_entries_or_meters(net, sdn):
