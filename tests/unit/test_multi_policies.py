@@ -1,0 +1,232 @@
+"""CES-Multi (window, scores, ageing, backfilling, reservation) and the queue baselines on
+hand-built queues; starvation under a stream of small jobs; reproducibility; the evaluation."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from scheduler import baselines
+from scheduler.arrivals import parse_arrivals
+from scheduler.baselines import make_algorithm
+from scheduler.jobs import custom_job
+from scheduler.model import Cluster, Decision, Job, Resources, Task
+from scheduler.multi import (BEST_HEURISTIC, CesMulti, Edf, FifoBackfill, Las, MultiConfig, Sjf,
+                             default_algorithm, evaluate_multi, multi_table, run_policy)
+from scheduler.simulator import JobState, Round, Simulator
+from topologies import load_topology, parse_topology
+
+
+def cluster_of(cpus: list[float], mem_mb: int = 1024, bw: float = 100.0) -> Cluster:
+    doc = {"switches": [{"name": "s"}],
+           "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": mem_mb} for i, c in enumerate(cpus)],
+           "links": [{"ends": [f"n{i}", "s"], "bw_mbps": bw} for i in range(len(cpus))]}
+    return Cluster.from_topology(parse_topology(doc, "test"))
+
+
+def job(name: str, cpu: float = 0.5, mem: float = 100, tasks: int = 1, iterations: int = 100,
+        priority: int = 0, submit: float = 0.0, deadline: float | None = None) -> Job:
+    """`tasks` workers without flows; one iteration takes 1 s on a speed-1 node."""
+    return custom_job(name, [Task(f"w{i}", Resources(cpu, mem)) for i in range(tasks)], [],
+                      compute_s=cpu, iterations=iterations, priority=priority, submit_time=submit,
+                      deadline=deadline)
+
+
+def queued(j: Job, seq: int, since: float = 0.0) -> JobState:
+    return JobState(j, seq, "queued", queued_since=since)
+
+
+def ces(window: int = 16, **kw) -> CesMulti:
+    return CesMulti(make_algorithm("first-fit"), MultiConfig(window=window, **kw))
+
+
+def names(states) -> list[str]:
+    return [js.name for js in states]
+
+
+# --- CES-Multi on hand-built queues --------------------------------------------------------------
+
+@pytest.mark.parametrize("window, placed", [(2, []), (3, ["small"])])
+def test_the_window_bounds_how_far_backfilling_looks(window, placed):
+    q = [queued(job("big1", cpu=1.5), 0), queued(job("big2", cpu=1.5), 1),
+         queued(job("small", cpu=0.5), 2)]
+    rnd = Round(0.0, cluster_of([1.0]), make_algorithm("first-fit"), q, [])
+    ces(window).schedule(rnd)
+    assert names(rnd.placed) == placed
+
+
+@pytest.mark.parametrize("backfill, placed", [(False, []), (True, ["small"])])
+def test_without_backfilling_the_round_stops_at_the_best_job_that_does_not_fit(backfill, placed):
+    # big1 waited longest: it scores best (wait and aged priority) but does not fit.
+    q = [queued(job("big1", cpu=1.5), 0, since=-100.0), queued(job("small", cpu=0.5), 1)]
+    rnd = Round(0.0, cluster_of([1.0]), make_algorithm("first-fit"), q, [])
+    ces(backfill=backfill).schedule(rnd)
+    assert names(rnd.placed) == placed
+
+
+def test_scores_are_fit_plus_aged_priority_plus_wait():
+    cfg = dict(a_fit=1.0, b_priority=0.5, c_wait=1.0, age_every_s=3600.0)
+    a = queued(job("a", cpu=2.0, mem=0), 0, since=-7200.0)  # priority 0, waited 2 h: aged to 2
+    b = queued(job("b", cpu=1.0, mem=500, priority=2), 1)
+    rnd = Round(0.0, cluster_of([4.0], mem_mb=1000), make_algorithm("first-fit"), [a, b], [])
+    scores = ces(**cfg).scores(rnd, [a, b])
+    # fit: cosine of demand and free shares over (cpu, mem, bandwidth); gpu absent, all free.
+    fit_a = 0.5 / (0.5 * math.sqrt(3))
+    fit_b = (0.25 + 0.5) / (math.hypot(0.25, 0.5) * math.sqrt(3))
+    assert scores[a] == pytest.approx(fit_a + 0.5 * 1.0 + 1.0)
+    assert scores[b] == pytest.approx(fit_b + 0.5 * 1.0 + 0.0)
+
+
+def test_fit_is_zero_for_a_job_that_cannot_fit_and_prefers_aligned_jobs():
+    cluster = cluster_of([4.0], mem_mb=1000)
+    cluster.used["n0"] = Resources(0.0, 900.0)  # memory nearly gone, cpu free
+    cpu_heavy = queued(job("cpu", cpu=2.0, mem=50), 0)
+    mem_heavy = queued(job("mem", cpu=0.25, mem=90), 1)
+    too_big = queued(job("big", cpu=5.0), 2)
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), [cpu_heavy, mem_heavy, too_big], [])
+    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0).scores(rnd, rnd.queue)
+    assert s[too_big] == 0.0
+    assert s[cpu_heavy] > s[mem_heavy] > 0
+
+
+def test_priority_ageing_lets_a_long_waiting_job_overtake_a_higher_priority_one():
+    old = queued(job("old", cpu=1.0, priority=0), 0, since=-2.5 * 3600)
+    vip = queued(job("vip", cpu=1.0, priority=2), 1)
+    policy = ces(a_fit=0.0, b_priority=1.0, c_wait=0.0, age_every_s=3600.0, reservation=False)
+    rnd = Round(0.0, cluster_of([1.0]), make_algorithm("first-fit"), [old, vip], [])
+    policy.schedule(rnd)
+    assert names(rnd.placed) == ["old"]
+    young = queued(job("young", cpu=1.0, priority=0), 0, since=-1.5 * 3600)
+    vip2 = queued(job("vip", cpu=1.0, priority=2), 1)
+    rnd = Round(0.0, cluster_of([1.0]), make_algorithm("first-fit"), [young, vip2], [])
+    policy.schedule(rnd)
+    assert names(rnd.placed) == ["vip"]
+
+
+def stream(reservation: bool, policy_name: str = "ces-multi"):
+    """Two 1-cpu nodes; a 0.5-cpu, 100 s job every 30 s for 5000 s keeps both nodes busy; a job
+    that needs both whole nodes arrives at t = 5."""
+    small = [job(f"s{i:03d}", cpu=0.5, submit=30.0 * i) for i in range(167)]
+    big = job("big", cpu=1.0, tasks=2, iterations=50, submit=5.0)
+    algo = make_algorithm("first-fit")
+    policy = CesMulti(algo, MultiConfig(reservation=reservation, reserve_after_s=300.0)) \
+        if policy_name == "ces-multi" else FifoBackfill(algo)
+    res = Simulator(cluster_of([1.0, 1.0]), policy).run(small + [big])
+    return {js.name: js for js in res.jobs}, res
+
+
+def test_the_reservation_ends_starvation_under_a_stream_of_small_jobs():
+    by, res = stream(reservation=True)
+    assert all(js.state == "finished" for js in by.values())
+    big_wait = by["big"].wait(res.end_time)
+    assert 300.0 <= big_wait <= 300.0 + 100.0 + 30.0  # threshold + the longest drain
+    assert max(js.wait(res.end_time) for n, js in by.items() if n != "big") <= 300.0
+
+
+@pytest.mark.parametrize("policy_name", ["ces-multi", "fifo-backfill"])
+def test_without_the_reservation_the_big_job_starves_until_the_stream_ends(policy_name):
+    by, res = stream(reservation=False, policy_name=policy_name)
+    assert by["big"].first_start > 166 * 30.0  # only after the last small job arrived
+
+
+def test_reservation_holds_the_shadow_placement_and_keeps_it():
+    # n0 runs a job ending at 100, n1 one ending at 500: the starving 1-cpu job is held on n0.
+    cluster = cluster_of([1.0, 1.0])
+    algo = make_algorithm("first-fit")
+    running = []
+    for i, end in enumerate((100.0, 500.0)):
+        r = JobState(job(f"r{i}", cpu=1.0), i, "running", expected_end=end)
+        cluster.allocate(r.job, Decision(r.name, {"w0": f"n{i}"}, []))
+        running.append(r)
+    starving = queued(job("starving", cpu=1.0), 2, since=-1000.0)
+    fresh = queued(job("fresh", cpu=1.0), 3)
+    policy = ces(reserve_after_s=600.0)
+    rnd = Round(0.0, cluster, algo, [starving, fresh], running)
+    policy.schedule(rnd)
+    assert rnd.placed == [] and policy.reserved[starving].placement == {"w0": "n0"}
+    cluster.release("r0")  # n0 drains; "fresh" may not take it
+    rnd = Round(100.0, cluster, algo, [starving, fresh], running[1:], epoch=1)
+    policy.schedule(rnd)
+    assert names(rnd.placed) == ["starving"] and rnd.placed[0].decision.placement == {"w0": "n0"}
+    assert policy.reserved == {}
+
+
+# --- baselines ------------------------------------------------------------------------------------
+
+def test_sjf_starts_the_shortest_nominal_job_first():
+    q = [queued(job("long", cpu=1.0, iterations=500), 0), queued(job("short", cpu=1.0, iterations=5), 1)]
+    rnd = Round(0.0, cluster_of([1.0]), make_algorithm("first-fit"), q, [])
+    Sjf(make_algorithm("first-fit")).schedule(rnd)
+    assert names(rnd.placed) == ["short"]
+
+
+def test_edf_serves_the_earliest_admitted_deadline_and_demotes_hopeless_jobs():
+    algo = make_algorithm("first-fit")
+    q = [queued(job("none", cpu=1.0), 0), queued(job("late", cpu=1.0, deadline=10_000), 1),
+         queued(job("soon", cpu=1.0, deadline=1_000), 2),
+         queued(job("hopeless", cpu=1.0, deadline=50), 3)]  # 100 s of work, 50 s deadline
+    rnd = Round(0.0, cluster_of([1.0]), algo, q, [])
+    Edf(algo).schedule(rnd)
+    assert names(rnd.placed) == ["soon"]
+    assert [js.admitted for js in q] == [False, True, True, False]
+    rnd = Round(0.0, cluster_of([1.0]), algo, [q[0], q[1], q[3]], [], epoch=1)  # a new cluster
+    Edf(algo).schedule(rnd)
+    assert names(rnd.placed) == ["late"]
+
+
+@pytest.mark.parametrize("attained, preempted", [(5000.0, True), (100.0, False)])
+def test_las_preempts_only_jobs_of_lower_queues(attained, preempted):
+    cluster = cluster_of([1.0])
+    algo = make_algorithm("first-fit")
+    r = JobState(job("runner", cpu=1.0), 0, "running", attained=attained)
+    cluster.allocate(r.job, Decision("runner", {"w0": "n0"}, []))
+    newcomer = queued(job("new", cpu=1.0), 1)
+    rnd = Round(0.0, cluster, algo, [newcomer], [r])
+    Las(algo, thresholds=(3600.0,)).schedule(rnd)
+    assert (names(rnd.preempted), names(rnd.placed)) == \
+        ((["runner"], ["new"]) if preempted else ([], []))
+
+
+# --- selection of the single-job scheduler, reproducibility, the evaluation -------------------------
+
+def test_default_switches_to_ces_ppo_when_it_can_be_built(monkeypatch):
+    def no_checkpoint(**kw):
+        raise FileNotFoundError("no checkpoint")
+    monkeypatch.setitem(baselines.ALGORITHMS, "ces-ppo", no_checkpoint)
+    default_algorithm.cache_clear()
+    assert default_algorithm() == BEST_HEURISTIC
+    monkeypatch.setitem(baselines.ALGORITHMS, "ces-ppo", baselines.ALGORITHMS["first-fit"])
+    default_algorithm.cache_clear()
+    assert default_algorithm() == "ces-ppo"
+    default_algorithm.cache_clear()
+
+
+@pytest.mark.parametrize("policy", ["ces-multi", "las", "edf"])
+def test_same_seed_same_schedule(policy):
+    cluster = Cluster.from_topology(load_topology("campus"))
+    spec = parse_arrivals("poisson:n=80,load=1.5,tidal=1,day_s=30000")
+    a = run_policy(policy, cluster, spec, seed=11, algorithm="random")
+    b = run_policy(policy, cluster, spec, seed=11, algorithm="random")
+    assert a == {**b, "events_per_s": a["events_per_s"], "decision_ms": a["decision_ms"]}
+    assert run_policy(policy, cluster, spec, seed=12, algorithm="random")["schedule_digest"] \
+        != a["schedule_digest"]
+
+
+def test_evaluate_multi_writes_the_documented_json(tmp_path):
+    args = argparse.Namespace(topo="campus", arrivals="poisson:n=25,load=0.5", algos="all",
+                              seeds=2, single="first-fit")
+    result = evaluate_multi(args)
+    assert list(result["algorithms"]) == ["ces-multi", "fifo", "fifo-backfill", "sjf", "las", "edf"]
+    for metrics in result["algorithms"].values():
+        for key in ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction",
+                    "balance_std", "fairness", "deadline_hit_rate"):
+            assert set(metrics[key]) == {"mean", "std"} and metrics[key]["mean"] is not None
+        assert metrics["avg_wait_s"]["mean"] <= metrics["max_wait_s"]["mean"]
+        assert 0 < metrics["fairness"]["mean"] <= 1
+    json.dumps(result)
+    table = multi_table(result)
+    assert "ces-multi" in table and "edf" in table
+    with pytest.raises(ValueError, match="unknown queue policy 'lifo'"):
+        evaluate_multi(argparse.Namespace(**{**vars(args), "algos": "fifo,lifo"}))
