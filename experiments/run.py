@@ -46,8 +46,10 @@ from rich.table import Table
 from scheduler.baselines import make_algorithm
 from scheduler.evaluate import machine_info
 from scheduler.jobs import JobError, load_jobs, parse_job
+from scheduler.multi import default_algorithm, make_policy
 from scheduler.service.client import MasterClient, job_documents
 from scheduler.service.http import ApiError, Unreachable
+from scheduler.service.scheduling import QUEUES
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from testbed import Emulation, EmulationError, cleanup, detect_datapath
 from testbed.image import worker_image_tag
@@ -182,7 +184,7 @@ def plan(args: argparse.Namespace) -> Plan:
     schedulers = args.schedulers.split(",") if args.schedulers else scenario.schedulers
     for name in schedulers:
         try:
-            make_algorithm(name, seed=0)
+            make_policy(name) if name in QUEUES else make_algorithm(name, seed=0)
         except (OSError, ValueError, RuntimeError) as e:
             raise ScenarioError(f"--schedulers: '{name}' cannot be used: {e}") from None
     nodes = {n.name for n in topo.nodes}
@@ -445,7 +447,10 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
              title: str, display: Display) -> dict:
     """Submit the scenario's jobs under `scheduler`/`seed`, follow them, collect the results."""
     master = stack.master
-    master.set_scheduler(scheduler, seed)
+    if scheduler in QUEUES:  # a queue policy (CES-Multi, ...) over its default single-job one
+        master.set_scheduler(default_algorithm(), seed, queue=scheduler)
+    else:
+        master.set_scheduler(scheduler, seed)
     pending = sorted(((parse_job(doc, src).submit_time, src, doc) for src, doc in scenario.jobs),
                      key=lambda p: p[0])
     names: dict[str, str] = {}  # submitted name -> base name
@@ -529,8 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topo", help="topology name or file (default: the scenario's, campus)")
-    p.add_argument("--schedulers", help="comma-separated scheduler names (default: the "
-                                        "scenario's)")
+    p.add_argument("--schedulers", help="comma-separated single-job algorithms or queue "
+                                        "policies (ces-multi, ...) (default: the scenario's)")
     p.add_argument("--jobs", help="a job YAML file or folder instead of the scenario's jobs")
     p.add_argument("--seeds", type=int, help="runs per scheduler, seeds 0..N-1")
     p.add_argument("--quick", action="store_true", help="the small scenario (a few minutes)")

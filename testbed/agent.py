@@ -36,7 +36,7 @@ from scheduler.service.protocol import Heartbeat, Registration, ShapingRule, Wor
     from_json, to_json
 from testbed import cgroups
 from testbed.agent_compute import ComputeManager
-from testbed.agent_network import NetworkManager, UsageMeter
+from testbed.agent_network import NetworkManager, ShapingError, UsageMeter
 
 log = logging.getLogger("testbed.agent")
 
@@ -103,6 +103,8 @@ class Messenger:
             return self.network.apply(rules)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
+        except ShapingError as e:
+            raise ApiError(500, f"tc on {self.cfg.node}: {e}") from None
 
     # --- talking to the Master ------------------------------------------------------------------
     def register(self) -> None:
@@ -209,7 +211,10 @@ def serve(cfg: AgentConfig) -> int:
     finally:
         server.stop()
         compute.stop_all()
-        network.clear()
+        try:
+            network.clear()
+        except ShapingError as e:
+            log.warning("could not remove every tc class: %s", e)
         log.info("agent %s left", cfg.node)
     return 0
 

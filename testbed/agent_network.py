@@ -24,6 +24,10 @@ from topologies.model import DATA_NETWORK
 CG = Path("/sys/fs/cgroup")
 
 
+class ShapingError(RuntimeError):
+    """tc refused some destinations (the others were applied)."""
+
+
 class NetworkManager:
     def __init__(self, iface: str, pid: int | None, line_mbps: float | None = None):
         self.iface, self.pid = iface, pid
@@ -40,16 +44,25 @@ class NetworkManager:
             ipaddress.IPv4Address(r.dst_ip)  # ValueError on a bad address, before any change
             if not r.rate_mbps > 0:
                 raise ValueError(f"{r.dst_ip}: rate must be > 0, got {r.rate_mbps}")
+        errors = []
         with self.lock:
             current = tc.destinations(self.iface, self.pid)
             wanted = {int(ipaddress.IPv4Address(r.dst_ip)) & 0xFFFF: r for r in rules}
-            for r in rules:
-                minor = int(ipaddress.IPv4Address(r.dst_ip)) & 0xFFFF
-                if abs(current.get(minor, -1.0) - r.rate_mbps) > 1e-3:
-                    tc.set_destination(self.iface, r.dst_ip, r.rate_mbps, self.pid)
+            # Each destination on its own: one that tc refuses does not hold up the others.
             for minor in set(current) - set(wanted):
-                tc.remove_destination(self.iface, self._ip_of(minor), self.pid)
-            return {"classes": len(wanted)}
+                try:
+                    tc.remove_destination(self.iface, self._ip_of(minor), self.pid)
+                except tc.TcError as e:
+                    errors.append(str(e))
+            for minor, r in wanted.items():
+                if abs(current.get(minor, -1.0) - r.rate_mbps) > 1e-3:
+                    try:
+                        tc.set_destination(self.iface, r.dst_ip, r.rate_mbps, self.pid)
+                    except tc.TcError as e:
+                        errors.append(str(e))
+        if errors:
+            raise ShapingError("; ".join(errors))
+        return {"classes": len(wanted)}
 
     @staticmethod
     def _ip_of(minor: int) -> str:

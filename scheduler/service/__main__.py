@@ -37,7 +37,7 @@ def _serve(a: argparse.Namespace) -> int:
     if a.sdn:
         from sdn_app.client import SdnClient  # the SDN app's own HTTP client
         sdn = SdnClient(a.sdn)
-    cfg = MasterConfig(algorithm=a.algorithm, seed=a.seed, image=a.image,
+    cfg = MasterConfig(algorithm=a.algorithm, queue=a.queue, seed=a.seed, image=a.image,
                        heartbeat_timeout_s=a.heartbeat_timeout, max_attempts=a.max_attempts)
     master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id).start(a.host, a.port)
     print(f"master: {topo.name}, scheduler {cfg.algorithm}, listening on {master.url}",
@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sdn-job-id", default="ces", help="the SDN job that holds our flows")
     s.add_argument("--algorithm", default=MasterConfig.algorithm,
                    help="default scheduler (a name of the scheduler registry)")
+    s.add_argument("--queue", default=MasterConfig.queue,
+                   help="queue policy: fifo-backfill, ces-multi, sjf, edf, fifo")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--image", default="", help="worker image for jobs that name none")
     s.add_argument("--heartbeat-timeout", type=float, default=MasterConfig.heartbeat_timeout_s)

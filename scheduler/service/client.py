@@ -81,8 +81,9 @@ class MasterClient:
     def links(self) -> list[dict]:
         return self._call("GET", "/links")
 
-    def set_scheduler(self, algorithm: str, seed: int = 0) -> dict:
-        return self._call("PUT", "/scheduler", {"algorithm": algorithm, "seed": seed})
+    def set_scheduler(self, algorithm: str, seed: int = 0, queue: str = "fifo-backfill") -> dict:
+        return self._call("PUT", "/scheduler", {"algorithm": algorithm, "seed": seed,
+                                               "queue": queue})
 
 
 __all__ = ["DEFAULT_URL", "JobError", "MasterClient", "job_documents"]

@@ -16,7 +16,7 @@ API (JSON):
   GET  /nodes                       per node: capacity, allocated, online, usage, cordoned
   PUT  /nodes/{node}                {"schedulable": bool}   (cordon / uncordon)
   GET  /links                       per directed link: capacity, granted, measured, background
-  GET  /scheduler   PUT /scheduler  {"algorithm": name, "seed": n}
+  GET  /scheduler   PUT /scheduler  {"algorithm": name, "seed": n, "queue": policy}
   POST /jobs                        {"job": mapping as in a job YAML, "algorithm": optional}
   GET  /jobs                        summaries
   GET  /jobs/{name}[?records=1]     details (+ every metric line of every worker)
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -37,21 +38,21 @@ from topologies import Topology
 
 from ..jobs import JobError, parse_job
 from ..metrics import predicted_iteration_s
-from ..model import CannotPlace, Cluster, Decision, check_decision
+from ..model import Cluster, Decision, check_decision
 from .compute import AgentError, ComputeController, worker_command, worker_image
 from .http import ApiError, JsonApp, Server, json_body
-from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, JobState, Manager, \
-    ManagerError
+from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, Manager, ManagerError
 from .network import NetworkController, SdnApi
 from .protocol import Heartbeat, Registration, WorkerSpec, WorkerState, from_json
-from .scheduling import Scheduler, UnknownAlgorithm
+from .scheduling import Scheduler, UnknownAlgorithm, expected_end
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class MasterConfig:
-    algorithm: str = "network-aware"  # the default scheduler
+    algorithm: str = "network-aware"  # the default single-job scheduler
+    queue: str = "fifo-backfill"  # the queue policy (scheduler.multi)
     seed: int = 0
     image: str = ""  # worker image for jobs that name none
     heartbeat_timeout_s: float = 6.0  # silence after which a node is offline
@@ -70,7 +71,7 @@ class Master:
         self.manager = Manager(config.max_attempts)
         self.compute = ComputeController(config.heartbeat_timeout_s)
         self.network = NetworkController(topo, self.cluster, self.compute, sdn, sdn_job_id)
-        self.scheduler = Scheduler(config.algorithm, config.seed)
+        self.scheduler = Scheduler(config.algorithm, config.seed, config.queue)
         self.cordoned: set[str] = set()
         self.worker_job: dict[str, str] = {}  # every worker ever started -> its job
         self._ports = itertools.count(config.first_port)
@@ -166,28 +167,44 @@ class Master:
 
     # --- scheduling ----------------------------------------------------------------------------
     def _schedule(self) -> None:
-        """One pass over the queue in submit order; a job that does not fit waits with the
-        reason while later ones may go ahead (backfilling)."""
-        for rec in self.manager.queued():
+        """One round of the queue policy per single-job algorithm in use (jobs may name their
+        own), in submit order; each job it starts is pinned to the node pairs' paths, checked
+        again, and launched; the others wait with the reason."""
+        queued = self.manager.queued()
+        for algorithm in dict.fromkeys(r.algorithm for r in queued):
+            recs = {r.name: r for r in queued if r.algorithm == algorithm}
             with self.lock:
                 view = self.network.view(self.unschedulable())
+                running = [(r.job, r.current.decision,
+                            expected_end(r.current.started_at, r.job,
+                                         r.current.info.get("predicted_iteration_s", math.inf)))
+                           for r in self.manager.active()]
             try:
-                decision = self.scheduler.decide(view, rec.job, rec.algorithm)
-                decision = self.network.pin(decision)
-                problems = check_decision(view, rec.job, decision)
-                if problems:
-                    raise CannotPlace(f"sharing a node pair's path: {problems[0]}")
-            except CannotPlace as e:
-                with self.lock:
-                    self.manager.wait(rec, str(e) or type(e).__name__)
-                continue
+                placed, reasons = self.scheduler.round(view, algorithm,
+                                                       [r.job for r in recs.values()], running,
+                                                       time.time())
             except Exception as e:  # the algorithm itself broke: say so, do not retry forever
-                log.exception("scheduler %s failed on %s", rec.algorithm, rec.name)
+                log.exception("scheduler %s failed", algorithm)
                 with self.lock:
-                    self.manager.reject(rec, f"scheduler {rec.algorithm} failed: "
-                                             f"{type(e).__name__}: {e}")
+                    for rec in recs.values():
+                        self.manager.reject(rec, f"scheduler {algorithm} failed: "
+                                                 f"{type(e).__name__}: {e}")
+                        self.scheduler.finished(rec.name)
                 continue
-            self._launch(rec, decision, view)
+            for p in placed:
+                rec = recs[p.job]
+                with self.lock:
+                    fresh = self.network.view(self.unschedulable())
+                decision = self.network.pin(p.decision)
+                problems = check_decision(fresh, rec.job, decision)
+                if problems:
+                    with self.lock:
+                        self.manager.wait(rec, f"sharing a node pair's path: {problems[0]}")
+                    continue
+                self._launch(rec, decision, fresh)
+            with self.lock:
+                for name, why in reasons.items():
+                    self.manager.wait(recs[name], why)
 
     def _launch(self, rec: JobRecord, decision: Decision, view: Cluster) -> None:
         job = rec.job
@@ -203,6 +220,7 @@ class Master:
             except Exception as e:
                 self.manager.end_attempt(rec, f"the network refused the flows: {e}",
                                          retryable=False)
+                self.scheduler.finished(rec.name)
                 return
         rank0 = self.compute.agents[decision.placement[job.tasks[0].name]].reg
         for rank, task in enumerate(job.tasks):
@@ -238,7 +256,8 @@ class Master:
         if attempt is None:
             return
         with self.lock:  # recorded first: the time of the event is when it was noticed
-            self.manager.end_attempt(rec, reason, retryable)
+            if self.manager.end_attempt(rec, reason, retryable) in TERMINAL:
+                self.scheduler.finished(rec.name)
         self._teardown(rec, attempt)
         self._dirty = True
 
@@ -254,6 +273,7 @@ class Master:
             if done:
                 with self.lock:
                     self.manager.finish(rec)
+                    self.scheduler.finished(rec.name)
                 self._teardown(rec, attempt)
                 self._dirty = True
             return
@@ -272,6 +292,7 @@ class Master:
             attempt = rec.current
             with self.lock:
                 self.manager.cancel(rec)
+                self.scheduler.finished(rec.name)
             if attempt is not None:
                 self._teardown(rec, attempt)
             done.set_result(self.job_view(rec))
@@ -359,15 +380,15 @@ class Master:
         app = JsonApp()
         app.route("GET", "/health", lambda req: {
             "ok": True, "topology": self.topo.name, "scheduler": self.scheduler.default,
-            "seed": self.scheduler.seed, "nodes_online": len(self.compute.online())})
+            "queue": self.scheduler.queue, "seed": self.scheduler.seed,
+            "nodes_online": len(self.compute.online())})
         app.route("POST", "/agents", lambda req: self.register(_msg(Registration, req)))
         app.route("POST", "/agents/(?P<node>[^/]+)/heartbeat",
                   lambda req, node: self.heartbeat(_msg(Heartbeat, req, node=node)))
         app.route("GET", "/nodes", lambda req: self.nodes_view())
         app.route("PUT", "/nodes/(?P<node>[^/]+)", self._put_node)
         app.route("GET", "/links", lambda req: self._locked(self.network.report))
-        app.route("GET", "/scheduler", lambda req: {"algorithm": self.scheduler.default,
-                                                    "seed": self.scheduler.seed})
+        app.route("GET", "/scheduler", lambda req: self._scheduler_view())
         app.route("PUT", "/scheduler", self._put_scheduler)
         app.route("POST", "/jobs", self._post_job)
         app.route("GET", "/jobs", lambda req: self._locked(
@@ -398,17 +419,24 @@ class Master:
         self._wake()
         return {"node": node, "schedulable": body["schedulable"]}
 
+    def _scheduler_view(self) -> dict:
+        return {"algorithm": self.scheduler.default, "seed": self.scheduler.seed,
+                "queue": self.scheduler.queue}
+
     def _put_scheduler(self, req) -> dict:
         body = json_body(req)
         if not isinstance(body, dict) or not isinstance(body.get("algorithm"), str) \
-                or not isinstance(body.get("seed", 0), int):
-            raise ApiError(400, 'expected {"algorithm": name, "seed": integer}')
+                or not isinstance(body.get("seed", 0), int) \
+                or not isinstance(body.get("queue", ""), str):
+            raise ApiError(400, 'expected {"algorithm": name, "seed": integer, '
+                                '"queue": policy (optional)}')
         with self.lock:
             try:
-                self.scheduler.configure(body["algorithm"], body.get("seed", 0))
+                self.scheduler.configure(body["algorithm"], body.get("seed", 0),
+                                         body.get("queue") or "fifo-backfill")
             except UnknownAlgorithm as e:
                 raise ApiError(400, str(e)) from None
-        return {"algorithm": self.scheduler.default, "seed": self.scheduler.seed}
+            return self._scheduler_view()
 
     def _post_job(self, req) -> tuple[int, dict]:
         body = json_body(req)
@@ -422,6 +450,7 @@ class Master:
             try:
                 algorithm = self.scheduler.resolve(body.get("algorithm"))
                 rec = self.manager.submit(job, algorithm)
+                self.scheduler.submitted(job, rec.submitted_at)
             except UnknownAlgorithm as e:
                 raise ApiError(400, str(e)) from None
             except ManagerError as e:

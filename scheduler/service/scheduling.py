@@ -1,26 +1,46 @@
-"""The Scheduler: the pluggable joint decision (placement + path + rate) behind the Master.
+"""The Scheduler: which queued jobs start, and the joint decision (placement + path + rate) for
+each, behind the Master.
 
-Any algorithm of the registry (`scheduler.baselines.ALGORITHMS`: the baselines, `exact`,
-`ces-ppo`, ...) plugs in by name. Every decision passes `check_decision` on the view it was made
-on before the Master acts on it: an algorithm bug becomes a clear `CannotPlace`, never a
-half-enforced job.
+Two pluggable parts, the same objects the simulator runs:
+  - a *queue policy* of `scheduler.multi` (`fifo-backfill` by default, `ces-multi`, `sjf`, `edf`,
+    `fifo`): given a `simulator.Round` over the Master's view of the cluster, it picks the jobs
+    to start and places each through
+  - a *single-job algorithm* of the registry (`scheduler.baselines`: the baselines, `exact`,
+    `ces-ppo`, ...).
+Every decision the Round commits has passed `check_decision` on the view it was made on.
+Preempting policies (`las`) are refused: the testbed does not checkpoint jobs.
 """
 from __future__ import annotations
 
-import time
+import itertools
+import math
+from dataclasses import dataclass
 
 from ..baselines import algorithm_names, make_algorithm
-from ..model import CannotPlace, Cluster, Decision, Job, check_decision
+from ..model import CannotPlace, Cluster, Decision, Job
+from ..multi import POLICIES, make_policy
+from ..simulator import JobState, Round
+
+QUEUES = tuple(name for name in POLICIES if name != "las")
 
 
 class UnknownAlgorithm(ValueError):
-    """A scheduler name that is not registered, or whose algorithm cannot be built."""
+    """A scheduler or queue name that is not known, or whose algorithm cannot be built."""
+
+
+@dataclass
+class Placed:
+    job: str
+    decision: Decision
 
 
 class Scheduler:
-    def __init__(self, default: str, seed: int = 0):
-        self._algorithms: dict[str, object] = {}
-        self.configure(default, seed)
+    def __init__(self, default: str, seed: int = 0, queue: str = "fifo-backfill"):
+        self._policies: dict[str, object] = {}
+        self._seq = itertools.count()
+        self._epoch = itertools.count()
+        self.states: dict[str, JobState] = {}
+        self.configure(default, seed, queue)
 
     @staticmethod
     def _check(name: str) -> str:
@@ -29,38 +49,76 @@ class Scheduler:
             raise UnknownAlgorithm(f"unknown scheduler '{name}' (known: {', '.join(known)})")
         return name
 
-    def configure(self, default: str, seed: int) -> None:
-        """A new default algorithm and seed (algorithms are re-created: seeded at construction).
-        Fails, changing nothing, when the algorithm cannot be built (e.g. a missing checkpoint)."""
-        algo = self._build(self._check(default), seed)
-        self._algorithms = {default: algo}
-        self.default, self.seed = default, seed
+    def configure(self, default: str, seed: int, queue: str = "fifo-backfill") -> None:
+        """A new default algorithm, seed and queue policy (policies and their algorithms are
+        re-created: seeded at construction). Fails, changing nothing, when the algorithm cannot
+        be built (e.g. a missing checkpoint)."""
+        if queue not in QUEUES:
+            raise UnknownAlgorithm(f"unknown queue policy '{queue}' (known: {', '.join(QUEUES)})")
+        policy = self._build(queue, self._check(default), seed)
+        self._policies = {default: policy}
+        self.default, self.seed, self.queue = default, seed, queue
 
     def resolve(self, name: str | None) -> str:
         if not name:
             return self.default
-        self.algorithm(self._check(name))
+        self.policy(self._check(name))
         return name
 
-    def algorithm(self, name: str):
-        if name not in self._algorithms:
-            self._algorithms[name] = self._build(name, self.seed)
-        return self._algorithms[name]
+    def policy(self, algorithm: str):
+        """The queue policy placing with `algorithm` (kept: policies remember reservations)."""
+        if algorithm not in self._policies:
+            self._policies[algorithm] = self._build(self.queue, algorithm, self.seed)
+        return self._policies[algorithm]
 
     @staticmethod
-    def _build(name: str, seed: int):
+    def _build(queue: str, algorithm: str, seed: int):
         try:
-            return make_algorithm(name, seed=seed)
+            return make_policy(queue, algorithm, seed)
         except (OSError, ValueError, RuntimeError) as e:
-            raise UnknownAlgorithm(f"scheduler '{name}' cannot be used: {e}") from None
+            raise UnknownAlgorithm(f"scheduler '{algorithm}' cannot be used: {e}") from None
 
-    def decide(self, view: Cluster, job: Job, algorithm: str) -> Decision:
-        """The algorithm's decision for `job` on `view`; `CannotPlace` when it does not fit."""
-        algo = self.algorithm(algorithm)
-        t0 = time.perf_counter()
-        decision = algo.place(view, job)
-        decision.decision_s = time.perf_counter() - t0
-        problems = check_decision(view, job, decision)
-        if problems:
-            raise CannotPlace(f"{algorithm} returned an infeasible decision: {problems[0]}")
-        return decision
+    # --- rounds -------------------------------------------------------------------------------
+    def submitted(self, job: Job, at: float) -> None:
+        self.states[job.name] = JobState(job, next(self._seq), state="queued", queued_since=at)
+
+    def round(self, view: Cluster, algorithm: str, queued: list[Job],
+              running: list[tuple[Job, Decision, float]], now: float) -> tuple[list[Placed],
+                                                                                 dict[str, str]]:
+        """One round of the queue policy over `view` (a copy it may fill). Returns the jobs to
+        start with their decisions, in the policy's order, and why each other queued job waits.
+        `running` holds (job, decision, expected end) of the jobs the Master runs."""
+        policy = self.policy(algorithm)
+        queue = []
+        for job in queued:
+            js = self.states[job.name]
+            js.state, js.failed_at, js.decision = "queued", None, None
+            queue.append(js)
+        active = [JobState(job, -1, state="running", decision=d, expected_end=end)
+                  for job, d, end in running]
+        rnd = Round(now, view, policy.algorithm, queue, active, epoch=next(self._epoch))
+        policy.schedule(rnd)
+        placed = []
+        for js in rnd.placed:
+            js.decision.decision_s = js.decision_s[-1] if js.decision_s else 0.0
+            placed.append(Placed(js.name, js.decision))
+        reasons = {js.name: self._why(policy.algorithm, rnd.cluster, js.job) for js in rnd.queue}
+        return placed, reasons
+
+    @staticmethod
+    def _why(algorithm, view: Cluster, job: Job) -> str:
+        try:
+            algorithm.place(view, job)
+        except CannotPlace as e:
+            return str(e) or "it does not fit now"
+        return "the queue policy holds it back (ordering or a reservation for another job)"
+
+    def finished(self, name: str) -> None:
+        self.states.pop(name, None)
+
+
+def expected_end(started_at: float, job: Job, predicted_iteration_s: float) -> float:
+    """When a running job should end, as far as the Master can know before it does."""
+    if job.iterations is None or not math.isfinite(predicted_iteration_s):
+        return math.inf
+    return started_at + job.iterations * predicted_iteration_s

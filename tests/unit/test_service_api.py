@@ -114,7 +114,12 @@ def test_registration_heartbeat_and_cordon(master):
     assert lab1["online"] and lab1["usage"]["cpu_cores"] == 0.3
     assert client.set_schedulable("lab1", False) == {"node": "lab1", "schedulable": False}
     assert next(n for n in client.nodes() if n["node"] == "lab1")["cordoned"]
-    assert client.set_scheduler("k8s-spread", 4) == {"algorithm": "k8s-spread", "seed": 4}
+    assert client.set_scheduler("k8s-spread", 4) == {"algorithm": "k8s-spread", "seed": 4,
+                                                     "queue": "fifo-backfill"}
+    assert client.set_scheduler("first-fit", 1, "ces-multi")["queue"] == "ces-multi"
+    with pytest.raises(ApiError) as e:
+        client.set_scheduler("first-fit", 1, "las")  # preempts: not on the testbed
+    assert e.value.status == 400
 
 
 def test_unreachable_master():
