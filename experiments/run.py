@@ -500,7 +500,7 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
                       "capacity_mbps": {k: capacity[k] for k in busy}}}
 
 
-def _wait_idle(master: MasterClient, timeout_s: float = 60.0) -> None:
+def _wait_idle(master: MasterClient, timeout_s: float = 120.0) -> None:
     """Until no node runs a worker or holds an allocation (the next run starts clean)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
