@@ -17,12 +17,14 @@ masks, the flow options of a chosen node, rewards, and the final `Decision`. It 
 cluster: the job's own use is kept in arrays, and the decision is checked with `check_decision`.
 `PlacementEnv` is the `gymnasium.Env` around it, drawing a random topology (router graphs through
 `topologies.from_graph`, and campus-like tiered networks), random capacities, random background
-load and a random job (`scheduler.jobs.random_job`) on every `reset`.
+load (random jobs, or `scheduler.evaluate.background_load`) and a random job
+(`scheduler.jobs.random_job`) on every `reset`.
 """
 from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
@@ -33,6 +35,7 @@ from gymnasium import spaces
 from topologies import ComputeNode, GraphDefaults, Link, Topology, from_graph, parse_topology
 
 from .baselines import make_algorithm, placement_order
+from .evaluate import background_load
 from .jobs import JobDistribution, random_job
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
 from .model import EPS, CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow
@@ -57,8 +60,9 @@ class RewardConfig:
     balance: float = 1.0  # × decrease of the std of node utilisation Ū_n this step
     bandwidth: float = 0.5  # × change of the job's Σ(granted - demanded)/Σ demanded this step
     hops: float = 0.05  # × hops/10 of each new flow, weighted by its share of the job's demand
-    iteration: float = 1.0  # × log(reference / predicted iteration time), at the end
-    infeasible: float = 2.0  # penalty for a masked choice or a dead end (the episode ends)
+    iteration: float = 1.0  # × log(reference / predicted iteration time), at the end ...
+    iteration_floor: float = -4.0  # ... clipped below here, so that ...
+    infeasible: float = 6.0  # ... failing (a masked choice, a dead end) is always worse
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,33 @@ class EnvConfig:
     rate_levels: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # fractions of a flow's demand
     max_nodes: int = 48  # node action-space size of PlacementEnv (random topologies stay below)
     max_flows: int = 16  # per step, action-space size of PlacementEnv
-    sites: tuple[int, int] = (5, 30)  # compute nodes of the random topologies
+    sites: tuple[int, int] = (2, 30)  # compute nodes of the random topologies
     background: tuple[float, float] = (0.0, 0.5)  # share of nodes/links already in use
     jobs: JobDistribution = JobDistribution(max_workers=8)  # the random jobs
     episodes_per_topology: int = 16  # random jobs placed one after another on one network
-    teacher: str = "network-aware"  # heuristic whose choices guide early training ("" = none)
+    # Heuristics that guide early training: the teacher of an episode is the one whose decision
+    # has the best predicted iteration time (only the first is run when `PlacementEnv.compare`
+    # is off: it is the yardstick of the learning curve). Empty: no teacher.
+    teachers: tuple[str, ...] = ("network-aware", "first-fit", "best-fit", "utilization")
     reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+# k shortest paths depend on G's structure only: kept per graph object (a Cluster's graph is
+# read-only; node leave/join and capacity changes do not touch its structure), as a real
+# scheduler keeps its candidate routes per topology. Checked against the graph's size.
+_ROUTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shortest_candidates(cluster: Cluster, a: str, b: str, k: int) -> list[Path]:
+    """`paths.candidate_paths(cluster, a, b, k)`, remembered per graph."""
+    g = cluster.graph
+    size = (g.number_of_nodes(), g.number_of_edges())
+    table = _ROUTES.get(g)
+    if table is None or table["size"] != size:
+        table = _ROUTES[g] = {"size": size}
+    if (a, b, k) not in table:
+        table[(a, b, k)] = candidate_paths(cluster, a, b, k)
+    return table[(a, b, k)]
 
 
 @dataclass
@@ -117,8 +142,11 @@ class PlacementEpisode:
         self.cap, self.delay = np.array(cap), np.array(delay)
         self.edge_id = {(self.vertices[a], self.vertices[b]): e
                         for e, (a, b) in enumerate(zip(src, dst))}
-        self.residual = np.array([cluster.residual(self.vertices[a], self.vertices[b])
-                                  for a, b in zip(src, dst)]).clip(min=0.0)
+        # Cluster.residual, for all directed links at once (capacity as read above).
+        reserved = cluster.reserved
+        self.residual = (self.cap - np.array([reserved.get((self.vertices[a], self.vertices[b]),
+                                                           0.0) for a, b in zip(src, dst)])
+                         ).clip(min=0.0)
         self.out_edges: list[list[tuple[int, int]]] = [[] for _ in range(nv)]
         self.in_edges: list[list[tuple[int, int]]] = [[] for _ in range(nv)]
         for e, (a, b) in enumerate(zip(src, dst)):
@@ -422,7 +450,7 @@ class PlacementEpisode:
         """k shortest paths; when none has residual on every link, the widest path replaces the
         last one (the mask guarantees a path with residual exists)."""
         if (a, b) not in self._candidates:
-            cands = candidate_paths(self.cluster, a, b, self.cfg.k_paths)
+            cands = shortest_candidates(self.cluster, a, b, self.cfg.k_paths)
             if self.saturated and not any(self._path_residual(p) > EPS for p in cands):
                 try:
                     wide = widest_path(self.cluster, a, b)
@@ -481,7 +509,8 @@ class PlacementEpisode:
             self.done = True
             decision = self.decision()
             iteration_s = predicted_iteration_s(self.cluster, self.job, decision)
-            reward += w.iteration * math.log(self.reference_s / iteration_s)
+            reward += w.iteration * max(math.log(self.reference_s / iteration_s),
+                                        w.iteration_floor)
             info = {"placed": True, "iteration_s": iteration_s}
         elif not self.observe().node_mask.any():
             reward_fail, _, info = self._fail(f"task {self.task}: no feasible node left")
@@ -531,7 +560,7 @@ def random_topology(rng: np.random.Generator, sites: tuple[int, int]) -> Topolog
         elif kind == "waxman":
             g = nx.waxman_graph(n, beta=0.6, alpha=0.4, seed=seed)
         else:
-            g = nx.barabasi_albert_graph(n, int(rng.integers(1, 3)), seed=seed)
+            g = nx.barabasi_albert_graph(n, int(rng.integers(1, min(3, n))), seed=seed)
         for u, v in g.edges:
             g.edges[u, v]["bw_mbps"] = _bandwidth(rng)
             g.edges[u, v]["delay_ms"] = round(float(rng.uniform(0.1, 5.0)), 3)
@@ -610,7 +639,8 @@ class PlacementEnv(gym.Env):
     action: {"node": index of a compute node, "paths": per new flow a candidate index,
              "rates": per new flow a rate level}; entries past the step's flows are ignored.
     info: "node_mask" (max_nodes,) bool — the feasible nodes; "n_compute"; at the end "placed",
-          "iteration_s" (and "reason" on failure), "teacher_iteration_s" when a teacher is set.
+          "iteration_s" (and "reason" on failure), "heuristic_iteration_s": the predicted
+          iteration time of the first teacher's decision (when it placed the job).
     The flow options of a chosen node (paths, their features and mask) are
     `env.unwrapped.episode.options(node)`.
     """
@@ -628,6 +658,8 @@ class PlacementEnv(gym.Env):
             "rates": spaces.MultiDiscrete([len(cfg.rate_levels)] * cfg.max_flows)})
         self.episode: PlacementEpisode | None = None
         self.teacher: Decision | None = None
+        self.compare = True  # the best of all `cfg.teachers` (else only the first)
+        self.heuristic_s = math.nan
         self.cluster: Cluster | None = None  # the current random network
         self.left, self.count, self.target = 0, 0, 0.0
 
@@ -654,7 +686,10 @@ class PlacementEnv(gym.Env):
                     continue
                 self.cluster = Cluster.from_topology(topo)
                 self.target = float(rng.uniform(*self.cfg.background))
-                load_background(rng, self.cluster, self.target, self.cfg.jobs)
+                if rng.random() < 0.5:
+                    load_background(rng, self.cluster, self.target, self.cfg.jobs)
+                else:  # the evaluation's kind: a task per node, flows on shortest paths
+                    self.cluster = background_load(self.cluster, rng, self.target)
                 self.left = self.cfg.episodes_per_topology
             self.left -= 1
             self.count += 1
@@ -676,13 +711,22 @@ class PlacementEnv(gym.Env):
             self.cluster.release(next(iter(self.cluster.jobs)))
 
     def _teach(self) -> Decision | None:
-        if not self.cfg.teacher:
-            return None
+        """The teacher's decision; also records the first heuristic's predicted iteration time
+        (`heuristic_s`, the learning curve's yardstick)."""
         ep = self.episode
-        try:
-            return make_algorithm(self.cfg.teacher, seed=0).place(ep.cluster, ep.job)
-        except CannotPlace:
-            return None
+        best, best_s = None, math.inf
+        self.heuristic_s = math.nan
+        for i, name in enumerate(self.cfg.teachers[:None if self.compare else 1]):
+            try:
+                d = make_algorithm(name, seed=0).place(ep.cluster, ep.job)
+            except CannotPlace:
+                continue
+            t = predicted_iteration_s(ep.cluster, ep.job, d)
+            if i == 0:
+                self.heuristic_s = t
+            if t < best_s:
+                best, best_s = d, t
+        return best
 
     def teacher_node(self) -> int:
         """The teacher's node for this step's task (-1 if none or masked)."""
@@ -709,8 +753,8 @@ class PlacementEnv(gym.Env):
         reward, done, end = ep.step(int(action["node"]), np.asarray(action["paths"]),
                                     np.asarray(action["rates"]))
         info = end if done else self._info()
-        if done and self.teacher is not None:
-            info["teacher_iteration_s"] = predicted_iteration_s(ep.cluster, ep.job, self.teacher)
+        if done and not math.isnan(self.heuristic_s):
+            info["heuristic_iteration_s"] = self.heuristic_s
         if done and info["placed"]:
             self._keep(ep)
         return self._obs(), reward, done, False, info

@@ -231,9 +231,10 @@ def act(agent: Agent, ep: PlacementEpisode, greedy: bool) -> Step:
     return Step(obs, opts, int(node), path[0, :m].numpy(), rate[0, :m].numpy(), logp, value)
 
 
-def evaluate(agent: Agent, steps: list[Step]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Log-probability, entropy and value of stored steps under the current weights, and the
-    placement logits (for the imitation term)."""
+def evaluate(agent: Agent, steps: list[Step]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                       Tensor]:
+    """Log-probability, entropy and value of stored steps under the current weights, and for
+    the imitation term the placement logits (B, N), rate logits (B, F, L) and flow mask (B, F)."""
     b = collate([s.obs for s in steps])
     h, ctx = agent.encode(b)
     logits = agent.placement_logits(h, ctx, b)
@@ -247,14 +248,15 @@ def evaluate(agent: Agent, steps: list[Step]) -> tuple[Tensor, Tensor, Tensor, T
         path[i, :len(s.paths)] = torch.from_numpy(s.paths)
         rate[i, :len(s.rates)] = torch.from_numpy(s.rates)
     path_dist = Categorical(logits=agent.path_logits(h, fb))
-    rate_dist = Categorical(logits=agent.rate_logits(h, fb, path))
+    rate_logits = agent.rate_logits(h, fb, path)
+    rate_dist = Categorical(logits=rate_logits)
     mask = fb.flow_mask.float()
     logp = node_dist.log_prob(nodes) + ((path_dist.log_prob(path) + rate_dist.log_prob(rate))
                                         * mask).sum(1)
     flows = mask.sum(1).clamp(min=1)
     entropy = node_dist.entropy() + ((path_dist.entropy() + rate_dist.entropy()) * mask).sum(1) \
         / flows
-    return logp, entropy, agent.value(ctx, b), logits
+    return logp, entropy, agent.value(ctx, b), logits, rate_logits, fb.flow_mask
 
 
 # --- training -------------------------------------------------------------------------------------
@@ -288,11 +290,13 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(),
         guide = cfg.guide_coef * max(0.0, 1 - progress / cfg.guide_until) \
             if cfg.guide_until > 0 else 0.0
 
-        # Rollout: whole episodes.
+        # Rollout: whole episodes. While guiding, the teacher is the best of the heuristics;
+        # after, only the first runs (the learning curve's yardstick).
+        env.compare = guide > 0
         batch: list[Step] = []
         adv_all, ret_all = [], []
         returns, placed, ratio = [], [], []
-        while len(batch) < cfg.rollout_steps:
+        while len(batch) < min(cfg.rollout_steps, cfg.total_steps - done_steps):
             env.reset()
             ep, episode, total = env.episode, [], 0.0
             while True:
@@ -312,8 +316,8 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(),
             ret_all.append(ret)
             returns.append(total)
             placed.append(info["placed"])
-            if info["placed"] and "teacher_iteration_s" in info:
-                ratio.append(info["iteration_s"] / info["teacher_iteration_s"])
+            if info["placed"] and "heuristic_iteration_s" in info:
+                ratio.append(info["iteration_s"] / info["heuristic_iteration_s"])
         done_steps += len(batch)
         adv_t = torch.tensor(np.concatenate(adv_all), dtype=torch.float32)
         ret_t = torch.tensor(np.concatenate(ret_all), dtype=torch.float32)
@@ -326,17 +330,24 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(),
         for _ in range(cfg.epochs):
             for idx in np.array_split(rng.permutation(len(batch)),
                                       max(1, len(batch) // cfg.minibatch)):
-                logp, entropy, value, logits = evaluate(agent, [batch[i] for i in idx])
+                logp, entropy, value, logits, rate_logits, flows = \
+                    evaluate(agent, [batch[i] for i in idx])
                 ix = torch.from_numpy(idx)
                 a = adv_t[ix]
                 a = (a - a.mean()) / (a.std() + 1e-8)
                 ratio_t = (logp - old_logp[ix]).exp()
                 pg = -torch.min(ratio_t * a, ratio_t.clamp(1 - cfg.clip, 1 + cfg.clip) * a).mean()
                 v_loss = 0.5 * (value - ret_t[ix]).pow(2).mean()
+                # Imitation: the teacher's node, and the full rate it asks for every flow.
                 g = guides[ix]
                 has = g >= 0
-                guide_loss = nn.functional.cross_entropy(logits[has], g[has]) if has.any() \
-                    else torch.zeros(())
+                guide_loss = torch.zeros(())
+                if guide > 0 and has.any():
+                    guide_loss = nn.functional.cross_entropy(logits[has], g[has])
+                if guide > 0 and flows.any():
+                    full = torch.full((int(flows.sum()),), rate_logits.shape[2] - 1)
+                    guide_loss = guide_loss + nn.functional.cross_entropy(rate_logits[flows],
+                                                                          full)
                 loss = pg + cfg.vf_coef * v_loss - cfg.ent_coef * entropy.mean() + \
                     guide * guide_loss
                 optim.zero_grad()
@@ -350,15 +361,17 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(),
                 stats["clip_frac"].append(float(((ratio_t - 1).abs() > cfg.clip).float().mean()))
         log({"steps": done_steps, "episodes": len(returns), "seconds": time.perf_counter() - start,
              "return": float(np.mean(returns)), "placed": float(np.mean(placed)),
-             "iter_vs_teacher": float(np.exp(np.mean(np.log(ratio)))) if ratio else math.nan,
+             "iter_vs_heuristic": float(np.exp(np.mean(np.log(ratio)))) if ratio else math.nan,
              "guide": guide, **{k: float(np.mean(v)) for k, v in stats.items()}})
     return agent
 
 
 def greedy_eval(agent: Agent, env_cfg: EnvConfig, seed: int, episodes: int) -> dict[str, float]:
     """Greedy play on `episodes` random instances drawn from `seed`: mean return, placed share,
-    and the geometric mean of iteration time over the teacher's (jobs both placed)."""
+    and the geometric mean of iteration time over the first heuristic's (network-aware), on
+    the jobs both placed."""
     env = PlacementEnv(env_cfg)
+    env.compare = False
     env.reset(seed=seed)
     returns, placed, ratio = [], [], []
     for _ in range(episodes):
@@ -372,10 +385,10 @@ def greedy_eval(agent: Agent, env_cfg: EnvConfig, seed: int, episodes: int) -> d
             total += r
         returns.append(total)
         placed.append(info["placed"])
-        if info["placed"] and "teacher_iteration_s" in info:
-            ratio.append(info["iteration_s"] / info["teacher_iteration_s"])
+        if info["placed"] and "heuristic_iteration_s" in info:
+            ratio.append(info["iteration_s"] / info["heuristic_iteration_s"])
     return {"return": float(np.mean(returns)), "placed": float(np.mean(placed)),
-            "iter_vs_teacher": float(np.exp(np.mean(np.log(ratio)))) if ratio else math.nan}
+            "iter_vs_heuristic": float(np.exp(np.mean(np.log(ratio)))) if ratio else math.nan}
 
 
 def _pad(a: np.ndarray, n: int) -> np.ndarray:

@@ -22,7 +22,7 @@ from .ppo import CHECKPOINT, PPOConfig, save, train
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "ppo"
-COLUMNS = ("steps", "episodes", "seconds", "return", "placed", "iter_vs_teacher", "guide",
+COLUMNS = ("steps", "episodes", "seconds", "return", "placed", "iter_vs_heuristic", "guide",
            "pg_loss", "v_loss", "entropy", "guide_loss", "clip_frac")
 
 
@@ -67,7 +67,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     steps = [r["steps"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, key, label in ((axes[0], "return", "mean episode return"),
-                           (axes[1], "iter_vs_teacher", "iteration time / teacher's (geo. mean)"),
+                           (axes[1], "iter_vs_heuristic", "iteration time / network-aware's (geo. mean)"),
                            (axes[2], "placed", "jobs placed")):
         ax.plot(steps, [r[key] for r in rows], lw=1.5)
         ax.set_xlabel("environment steps")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     with args.csv.open("w", newline="") as fh, Progress(
             TextColumn("[bold]CES-PPO[/] seed {task.fields[seed]}"), BarColumn(),
             TextColumn("{task.completed:>7.0f}/{task.total:.0f} steps"),
-            TextColumn("return {task.fields[ret]:>6.3f}  iter/teacher {task.fields[ratio]:>5.2f}"
+            TextColumn("return {task.fields[ret]:>6.3f}  iter/heuristic {task.fields[ratio]:>5.2f}"
                        "  placed {task.fields[placed]:>4.0%}"),
             TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerow({k: row[k] for k in COLUMNS})
             fh.flush()
             progress.update(bar, completed=row["steps"], ret=row["return"],
-                            ratio=row["iter_vs_teacher"], placed=row["placed"])
+                            ratio=row["iter_vs_heuristic"], placed=row["placed"])
 
         agent = train(cfg, env_cfg, log)
     meta = {"machine": f"{platform.machine()} {torch.get_num_threads()} torch thread(s), "

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""CES-PPO figures (issue 6), on topologies never used in training.
+
+    python experiments/bench_ppo.py --seeds 5     # → results/ppo/bench.{json,png}
+
+CES-PPO trains only on random graphs (`scheduler.env.random_topology`); every topology here is
+unseen: our `campus` and the topohub networks `topozoo/Abilene`, `sndlib/polska` and
+`gabriel/100/0`.
+1. Comparison: per topology, `scheduler.evaluate.evaluate` with every baseline and `ces-ppo`
+   (the committed checkpoint, greedy) over --seeds instances (background load 0.5); the jobs are
+   the examples in workloads/jobs plus --random-jobs jobs from `jobs.random_job` (seeded), placed
+   one after another. Mean ± std over seeds of predicted iteration time, bandwidth satisfaction,
+   load-balance std, placed fraction. The MLP-encoder checkpoint (if present) runs on the same
+   instances: the encoder comparison.
+2. Gap to exact: on --instances random small instances (`evaluate.random_instance`), CES-PPO's
+   (and, for context, network-aware's) predicted iteration time / the exact reference's.
+3. Decision latency: `place()` of an 8-task ring job on `gabriel/100/0` (100 nodes, background
+   0.5), p50/p99 over --reps calls, torch on one thread.
+Reproducible with --seed; wall times are this machine's (the JSON records it and its load).
+"""
+from __future__ import annotations
+
+import _venv  # noqa: F401  (re-exec under .venv)
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from scheduler.baselines import make_algorithm
+from scheduler.evaluate import evaluate, machine_info, make_instance, random_instance, \
+    run_sequence
+from scheduler.jobs import load_jobs, random_job, ring_job
+from scheduler.metrics import predicted_iteration_s
+from scheduler.model import CannotPlace, Cluster, Resources
+from scheduler.ppo import CHECKPOINT
+from topologies import load_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGIES = ["campus", "topozoo/Abilene", "sndlib/polska", "gabriel/100/0"]
+BASELINES = ["random", "first-fit", "best-fit", "utilization", "k8s-spread", "network-aware"]
+MLP_CHECKPOINT = CHECKPOINT.with_name("ces_ppo_mlp.pt")
+FIGURES = ("iteration_time_s", "bw_satisfaction", "balance_std", "placed_fraction")
+RING8 = ring_job("ring8", 8, Resources(0.5, 512), 4e7, 100.0, compute_s=0.05, iterations=100)
+
+
+def compare(topo: str, jobs: list, seeds: int) -> dict:
+    doc = evaluate(topo, jobs, BASELINES + ["ces-ppo"], seeds, background=0.5, explicit=True)
+    rows = {name: {k: r[k] for k in FIGURES} for name, r in doc["algorithms"].items()}
+    if MLP_CHECKPOINT.exists():
+        base = Cluster.from_topology(load_topology(topo))
+        runs = [run_sequence(make_instance(base, s, 0.5), jobs,
+                             make_algorithm("ces-ppo", checkpoint=MLP_CHECKPOINT))
+                for s in range(seeds)]
+        rows["ces-ppo (mlp encoder)"] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+    heuristics = [n for n in rows if n in BASELINES]
+    best = min(heuristics, key=lambda n: rows[n]["iteration_time_s"]["mean"] or math.inf)
+    ours = rows["ces-ppo"]
+    return {"algorithms": rows,
+            "best_baseline_iteration": best,
+            "ces_ppo_vs_best_baseline": _ratio(ours, rows[best], "iteration_time_s"),
+            "ces_ppo_balance_vs_k8s_spread": _ratio(ours, rows["k8s-spread"], "balance_std")}
+
+
+def _stats(values: list[float]) -> dict:
+    finite = [v for v in values if not math.isnan(v)]
+    return {"mean": statistics.fmean(finite) if finite else None,
+            "std": statistics.pstdev(finite) if finite else None}
+
+
+def _ratio(a: dict, b: dict, key: str) -> float | None:
+    x, y = a[key]["mean"], b[key]["mean"]
+    return None if x is None or not y else x / y
+
+
+def gap_to_exact(n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    ppo, aware = make_algorithm("ces-ppo"), make_algorithm("network-aware")
+    exact = make_algorithm("exact", max_paths=16, time_limit_s=30)
+    ratios: dict[str, list[float]] = {"ces-ppo": [], "network-aware": []}
+    failed = {"ces-ppo": 0, "network-aware": 0}
+    tried = optimal = 0
+    while len(ratios["ces-ppo"]) + failed["ces-ppo"] < n and tried < 20 * n:
+        tried += 1
+        cluster, job = random_instance(rng)
+        try:
+            best = predicted_iteration_s(cluster, job, exact.place(cluster, job))
+        except CannotPlace:
+            continue
+        optimal += exact.last_optimal
+        for name, algo in (("ces-ppo", ppo), ("network-aware", aware)):
+            try:
+                ratios[name].append(predicted_iteration_s(cluster, job, algo.place(cluster, job))
+                                    / best)
+            except CannotPlace:
+                failed[name] += 1
+    return {name: {"instances": len(r) + failed[name], "cannot_place": failed[name],
+                   "mean": statistics.fmean(r), "median": statistics.median(r),
+                   "p90": float(np.percentile(r, 90)), "max": max(r),
+                   "within_1.10": sum(x <= 1.10 + 1e-9 for x in r) / len(r)}
+            for name, r in ratios.items() if r} | {"exact_proven_optimal": optimal}
+
+
+def latency(reps: int, seed: int) -> dict:
+    topo = "gabriel/100/0"
+    cluster = make_instance(Cluster.from_topology(load_topology(topo)), seed, 0.5)
+    algo = make_algorithm("ces-ppo")
+    algo.place(cluster, RING8)  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        algo.place(cluster, RING8)
+        times.append((time.perf_counter() - t0) * 1000)
+    return {"topology": topo, "job": "ring, 8 tasks", "reps": reps,
+            "p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))}
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    topos = list(doc["comparison"])
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, label in zip(axes, FIGURES, ("predicted iteration time (s)",
+                                              "bandwidth satisfaction", "load-balance std")):
+        names = list(doc["comparison"][topos[0]]["algorithms"])
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            means = [doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("mean")
+                     for t in topos]
+            stds = [doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("std")
+                    for t in topos]
+            ax.bar([j + i * width for j in range(len(topos))],
+                   [m if m is not None else 0 for m in means], width,
+                   yerr=[s if s is not None else 0 for s in stds], label=name, capsize=2)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(topos))], topos, fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"CES-PPO vs baselines on unseen topologies ({doc['seeds']} seeds, mean ± std)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0, help="random jobs and small instances")
+    ap.add_argument("--random-jobs", type=int, default=10)
+    ap.add_argument("--instances", type=int, default=50, help="small instances for the gap")
+    ap.add_argument("--reps", type=int, default=50, help="latency repetitions")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "ppo" / "bench.json")
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.instances < 1 or args.reps < 1 or args.random_jobs < 0:
+        ap.error("--seeds, --instances and --reps must be ≥ 1, --random-jobs ≥ 0")
+    if not CHECKPOINT.exists():
+        print(f"error: {CHECKPOINT} missing (python -m scheduler.train_ppo)", file=sys.stderr)
+        return 2
+    import torch
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(args.seed)
+    jobs = load_jobs(ROOT / "workloads" / "jobs") + \
+        [random_job(rng, f"random{i}") for i in range(args.random_jobs)]
+    load_before = os.getloadavg()
+    t0 = time.time()
+    doc = {"seeds": args.seeds, "seed": args.seed, "jobs": [j.name for j in jobs],
+           "comparison": {}, "machine": machine_info()}
+    for topo in TOPOLOGIES:
+        doc["comparison"][topo] = compare(topo, jobs, args.seeds)
+        print(f"{topo}: " + json.dumps({k: v for k, v in doc["comparison"][topo].items()
+                                        if k != "algorithms"}), flush=True)
+    doc["gap_to_exact"] = gap_to_exact(args.instances, args.seed)
+    print("gap to exact: " + json.dumps(doc["gap_to_exact"]), flush=True)
+    doc["latency"] = latency(args.reps, args.seed)
+    print("latency: " + json.dumps(doc["latency"]), flush=True)
+    doc["machine"]["loadavg_before_after"] = [load_before, os.getloadavg()]
+    doc["seconds"] = time.time() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    plot(doc, args.out.with_suffix(".png"))
+    _table(doc)
+    return 0
+
+
+def _table(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    for topo, res in doc["comparison"].items():
+        t = Table(title=f"{topo} ({doc['seeds']} seeds)")
+        t.add_column("algorithm")
+        for k in FIGURES:
+            t.add_column(k, justify="right")
+        for name, row in res["algorithms"].items():
+            t.add_row(name, *("—" if row[k]["mean"] is None else
+                              f"{row[k]['mean']:.4g} ± {row[k]['std']:.2g}" for k in FIGURES))
+        console.print(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
