@@ -21,31 +21,6 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def to_json(obj: Any) -> Any:
-    return asdict(obj)
-
-
-def from_json(cls: type[T], data: Any) -> T:
-    """Build dataclass `cls` from a JSON mapping; a clear ValueError on a malformed message."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
-    kwargs = dict(data)
-    nested = {"usage": Usage, "workers": WorkerState, "rules": ShapingRule}
-    for name, sub in nested.items():
-        if name in kwargs and name in known:
-            value = kwargs[name]
-            kwargs[name] = ([from_json(sub, v) for v in value] if isinstance(value, list)
-                            else from_json(sub, value))
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"{cls.__name__}: {e}") from None
-
-
 @dataclass
 class Registration:
     node: str  # the topology's compute node name
@@ -100,3 +75,29 @@ class Heartbeat:
 class ShapingRule:
     dst_ip: str
     rate_mbps: float
+
+
+_NESTED: dict[type, dict[str, type]] = {Heartbeat: {"usage": Usage, "workers": WorkerState}}
+
+
+def to_json(obj: Any) -> Any:
+    return asdict(obj)
+
+
+def from_json(cls: type[T], data: Any) -> T:
+    """Build dataclass `cls` from a JSON mapping; a clear ValueError on a malformed message."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})  # type: ignore[arg-type]
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
+    kwargs = dict(data)
+    for name, sub in _NESTED.get(cls, {}).items():
+        if name in kwargs:
+            value = kwargs[name]
+            kwargs[name] = ([from_json(sub, v) for v in value] if isinstance(value, list)
+                            else from_json(sub, value))
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{cls.__name__}: {e}") from None

@@ -16,7 +16,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..baselines import algorithm_names, make_algorithm
+from ..baselines import algorithm_names
 from ..model import CannotPlace, Cluster, Decision, Job
 from ..multi import POLICIES, make_policy
 from ..simulator import JobState, Round
