@@ -45,6 +45,16 @@ def heavy_job(results: dict) -> str | None:
     return max(jobs, key=size)["name"] if jobs else None
 
 
+def background_mbps(results: dict, bg: dict) -> float | None:
+    """Mean measured rate of a background flow on its first link, over every run's samples."""
+    if not bg.get("path"):
+        return None
+    key = f"{bg['src']}>{bg['path'][0]}"
+    xs = [x for run in results.get("runs", []) for x in run["links"]["mbps"].get(key, [])
+          if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
 def mean_std(xs: Iterable[float]) -> tuple[float | None, float | None]:
     xs = list(xs)
     if not xs:
@@ -91,7 +101,9 @@ def summary(results: dict) -> str:
         lines.append("Background: " + "; ".join(
             f"{b['src']}→{b['dst']} {b['mbps']:g} Mbit/s" + (f" via {'-'.join(b['path'])}"
                                                             if b["path"] else "")
-            for b in results["background"]) + " (paced iperf3 TCP, endpoints cordoned).")
+            + (f" (measured {m:.1f} Mbit/s on average)" if (m := background_mbps(results, b))
+               is not None else "")
+            for b in results["background"]) + "; paced iperf3 TCP, endpoints cordoned.")
         lines.append("")
     jobs = sorted({r["job"] for r in all_rows}, key=[r["job"] for r in all_rows].index)
     schedulers = results.get("schedulers", [])

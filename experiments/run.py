@@ -304,12 +304,12 @@ class Stack:
                     FlowRequest(b.src, b.dst, list(b.path), round(b.mbps * 1.2, 3))])
             port = 5201 + i
             self.net.start_worker(b.dst, f"bg{i}-server", ["iperf3", "-s", "-p", str(port)],
-                                  cpu=0.2, mem_mb=64)
+                                  cpu=0.5, mem_mb=64)
             _poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
                   f"background: the iperf3 server on {b.dst} does not listen")
             self.net.start_worker(b.src, f"bg{i}-client",
                                   ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400",
-                                   "-b", f"{b.mbps:g}M"], cpu=0.2, mem_mb=64)
+                                   "-b", f"{b.mbps:g}M"], cpu=0.5, mem_mb=64)
             first_hop = b.path[0] if b.path else self.topo.access_link(b.src).other(b.src)
             _poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
                               (lk.mbps or 0) >= 0.5 * b.mbps for lk in self.sdn.links()), 20,

@@ -71,8 +71,8 @@ def results() -> dict:
         row["tta_s"] = tta
         light = {**row, "job": "light", "flows": [], "tta_s": 1.0, "reached_target": True}
         return {"scheduler": scheduler, "seed": seed, "wall_s": 30.0, "jobs": [row, light],
-                "links": {"t": [0.0, 2.0, 4.0], "mbps": {"a>s1": [0.0, 60.0, None]},
-                          "capacity_mbps": {"a>s1": 100.0}}}
+                "links": {"t": [0.0, 2.0, 4.0], "mbps": {"a>s1": [0.0, 60.0, None], "lab3>acc1": [40.0, None, 50.0]},
+                          "capacity_mbps": {"a>s1": 100.0, "lab3>acc1": 100.0}}}
     return {"version": 1, "topology": "campus", "schedulers": ["ces-ppo", "k8s-spread"],
             "seeds": 2, "machine": {"cores": 2, "loadavg": [0.5, 0.5, 0.5]},
             "scenario": {"name": "t", "timeout_s": 100.0, "description": "",
@@ -94,6 +94,7 @@ def test_summary_and_csv(tmp_path: Path):
     assert "40.0 s vs 90.0 s, 56% lower" in text
     assert "8 inter-node flows: median measured/granted 0.80" in text
     assert "k8s-spread seed 1 `heavy`" in text
+    assert "lab3→srv3 50 Mbit/s via acc1 (measured 45.0 Mbit/s on average)" in text
     csv_path, md = report.write(res, tmp_path)
     got = list(csv.DictReader(csv_path.open()))
     assert len(got) == 8 and got[0]["placement"] == "w0=a;w1=b" and got[0]["flows"] == "2"
