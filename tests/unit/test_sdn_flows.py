@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sdn_app.flows import (COOKIE_DEFAULT, ETH_ARP, ETH_IPV4, PRIORITY_DEFAULT, FlowSpec,
                            default_path,
@@ -193,3 +195,38 @@ def test_plan_orders_phases_and_changes_in_place():
     assert plan_change(new_rules, new_m, new_rules, new_m).is_empty()
     gone = plan_change(new_rules, new_m, [], [])
     assert gone.remove == new_rules and gone.meters_remove == new_m
+
+
+rule_st = st.builds(lambda dpid, dst, port, meter: Rule(dpid, 100,
+                                                       (("ipv4_dst", f"10.0.0.{dst}"),),
+                                                       port, meter, 1),
+                    st.integers(1, 3), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2))
+meter_st = st.builds(Meter, st.integers(1, 3), st.integers(1, 3), st.sampled_from([1000, 2000]),
+                     st.just(500))
+
+
+def _unique(items, key):
+    return list({key(x): x for x in items}.values())
+
+
+@given(st.lists(rule_st), st.lists(meter_st), st.lists(rule_st), st.lists(meter_st))
+def test_applying_a_plan_yields_exactly_the_new_state(old_r, old_m, new_r, new_m):
+    """A switch model: ADD overwrites by (dpid, priority, match), DELETE_STRICT removes by it."""
+    old_r, new_r = (_unique(r, lambda x: x.key) for r in (old_r, new_r))
+    old_m, new_m = (_unique(m, lambda x: (x.dpid, x.meter_id)) for m in (old_m, new_m))
+    table = {r.key: r for r in old_r}
+    meters = {(m.dpid, m.meter_id): m for m in old_m}
+    plan = plan_change(old_r, old_m, new_r, new_m)
+    for m in plan.meters_add + plan.meters_modify:
+        meters[(m.dpid, m.meter_id)] = m
+    for r in plan.prepare + plan.steer:
+        table[r.key] = r
+    # make before break: before anything is removed, every new entry is already in place
+    assert all(table[r.key] == r for r in new_r)
+    for r in plan.remove:
+        del table[r.key]
+    for m in plan.meters_remove:
+        del meters[(m.dpid, m.meter_id)]
+    assert table == {r.key: r for r in new_r}
+    assert meters == {(m.dpid, m.meter_id): m for m in new_m}
+    assert all(not r.meter_id for r in plan.prepare) and all(r.meter_id for r in plan.steer)
