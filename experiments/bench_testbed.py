@@ -42,7 +42,9 @@ def machine(datapath: str) -> dict:
     return {"cpus": os.cpu_count(), "kernel": platform.release(), "datapath": datapath,
             "ovs": out(["ovs-vsctl", "--version"]).splitlines()[0],
             "docker": out(["docker", "version", "--format", "{{.Server.Version}}"]),
-            "python": platform.python_version(), "host": platform.node()}
+            "python": platform.python_version(), "host": platform.node(),
+            # Other processes share the machine; the load says how much CPU the run competed for.
+            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def bring_up_down(topo_spec: str, repeats: int) -> list[dict]:
@@ -114,12 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     started = time.time()
+    load_before = [round(x, 2) for x in os.getloadavg()]
     print(f"bring-up / teardown of {args.topo} ×{args.repeats}", flush=True)
     runs = bring_up_down(args.topo, args.repeats)
     print("shaping fidelity (iperf3 TCP, receiver side)", flush=True)
     fidelity = shaping(args.topo, args.seed, args.repeats, args.seconds)
     result = {"topology": args.topo, "seed": args.seed, "repeats": args.repeats,
               "machine": machine(fidelity["datapath"]), "bring_up_teardown": runs,
+              "loadavg_before": load_before,
               "shaping": fidelity, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -127,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     up = [r["up_s"] for r in runs]
     down = [r["down_s"] for r in runs]
     print(f"\n{args.topo} on {result['machine']['cpus']} cpus, kernel {result['machine']['kernel']},"
-          f" {result['machine']['datapath']} datapath")
+          f" {result['machine']['datapath']} datapath; load average {load_before[0]:.1f} before, "
+          f"{result['machine']['loadavg_1_5_15'][0]:.1f} after")
     print(f"{'metric':<24}{'median':>10}{'max':>10}{'target':>12}")
     print(f"{'bring-up (s)':<24}{statistics.median(up):>10.1f}{max(up):>10.1f}{'≤ 30':>12}")
     print(f"{'teardown (s)':<24}{statistics.median(down):>10.1f}{max(down):>10.1f}{'≤ 10':>12}")
