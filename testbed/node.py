@@ -88,6 +88,12 @@ class EdgeSwitch(OVSSwitch):
     Interface params used: `bw_mbps` (RSTP path cost, so the spanning tree keeps fast links)
     and `edge` (a port toward a compute node: forwards at once, no RSTP negotiation)."""
 
+    @classmethod
+    def isOldOVS(cls) -> bool:
+        # Mininet compares OVS versions with distutils (deprecated, gone in Python 3.12); the
+        # project needs OVS ≥ 2.x anyway (OpenFlow 1.3 meters).
+        return False
+
     def bridgeOpts(self) -> str:
         opts = super().bridgeOpts()
         if self.failMode == "standalone":
