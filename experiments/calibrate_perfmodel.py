@@ -24,6 +24,7 @@ from __future__ import annotations
 import _venv  # noqa: F401  (re-exec under .venv)
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -66,6 +67,7 @@ class Settings:
     min_iters: int = 12
     max_iters: int = 60
     tolerance: float = 0.15
+    repeats: int = 1  # rounds over all (rate, model) points; each point's median is used
 
 
 # --- shared with bench_tta.py -------------------------------------------------------------------
@@ -139,14 +141,15 @@ def planned_iters(s: Settings, model: str, mbps: float) -> int:
     return int(min(s.max_iters, max(s.min_iters, s.budget_s // (0.05 + comm))))
 
 
-def run_point(net: Emulation, s: Settings, model: str, mbps: float, out_root: Path) -> dict:
+def run_point(net: Emulation, s: Settings, model: str, mbps: float, repeat: int,
+              out_root: Path) -> dict:
     iters = planned_iters(s, model, mbps)
     summary, load = measured_run(
-        net, out_root, f"{model}-{mbps:g}".replace(".", "_"), s.cpu, s.mem_mb,
+        net, out_root, f"{model}-{mbps:g}-{repeat}".replace(".", "_"), s.cpu, s.mem_mb,
         deadline_s=600 + 3 * s.budget_s, model=model, dataset=s.dataset, collective="ring",
         target_acc=1.0, eval_every=iters, max_iters=iters, batch_size=s.batch_size,
         seed=s.seed, threads=1, max_seconds=10 * s.budget_s + 300, timeout_s=300)
-    return {"model": model, "mbps": mbps, "iters": summary.iters,
+    return {"model": model, "mbps": mbps, "repeat": repeat, "iters": summary.iters,
             "gradient_bytes": summary.gradient_bytes, "iter_s": summary.iter_s,
             "compute_s": summary.compute_s, "comm_s": summary.comm_s,
             "payload_tx_bytes": summary.payload_tx_bytes,
@@ -154,9 +157,25 @@ def run_point(net: Emulation, s: Settings, model: str, mbps: float, out_root: Pa
             "container_startup_s": summary.container_startup_s, **load}
 
 
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One point per (model, rate): the median over its repeats (load spikes of the shared
+    machine hit single runs; rounds interleave the points so no point gets only bad ones)."""
+    points = []
+    for key in dict.fromkeys((r["model"], r["mbps"]) for r in runs):
+        mine = [r for r in runs if (r["model"], r["mbps"]) == key]
+        point = {**mine[0], "repeats": len(mine),
+                 "iter_s_range": [min(r["iter_s"] for r in mine), max(r["iter_s"] for r in mine)]}
+        for field in ("iter_s", "compute_s", "comm_s", "cpu_busy_background", "cpu_busy_during"):
+            point[field] = float(np.median([r[field] for r in mine]))
+        point.pop("repeat", None)
+        points.append(point)
+    return points
+
+
 def fit(runs: list[dict], s: Settings, fit_points: set[float]) -> tuple[IterationModel, dict]:
     """Least squares (relative errors, so small and large models weigh alike) of the model's
-    collective time over the fit points, then the mean iteration residual as overhead."""
+    collective time over the fit points; overhead = the median time outside compute and
+    collective."""
     steps = collective_steps("ring", s.workers)
     pts = [r for r in runs if r["mbps"] in fit_points]
 
@@ -167,7 +186,11 @@ def fit(runs: list[dict], s: Settings, fit_points: set[float]) -> tuple[Iteratio
         m = model_of(p)
         return np.array([m.communication_s(_flows(r, s), steps) / r["comm_s"] - 1 for r in pts])
 
-    result = least_squares(residuals, x0=[0.9, 0.005, s.reference_mbps],
+    # Start the stack-bound rate at the best goodput any run achieved: started above every
+    # link's goodput, min() would hide it from the optimiser (zero gradient).
+    best_mbps = max(flow_bytes("ring", s.workers, r["gradient_bytes"]) * 8 / r["comm_s"] / 1e6
+                    for r in pts)
+    result = least_squares(residuals, x0=[0.9, 0.005, best_mbps],
                            bounds=([0.2, 0.0, 1.0], [1.2, 1.0, 10 * s.reference_mbps]))
     model = model_of(result.x)
     if model.max_rate_mbps >= s.reference_mbps * model.efficiency:
@@ -255,6 +278,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, dict | None]:
     p.add_argument("--fit-mbps", type=floats, default=d.fit_mbps)
     p.add_argument("--check-mbps", type=floats, default=d.check_mbps)
     p.add_argument("--budget-s", type=float, default=d.budget_s)
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="rounds over all points (interleaved); each point's median is used")
     p.add_argument("--out", type=Path, default=REPO / "results" / "calibration.json")
     p.add_argument("--refit", action="store_true",
                    help="measure nothing: fit and check again the runs already in --out")
@@ -269,14 +294,15 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, dict | None]:
         return d, a.out, saved
     if not 0.05 <= a.cpu <= (os.cpu_count() or 1):
         p.error(f"--cpu must be in [0.05, {os.cpu_count()}], got {a.cpu}")
-    if a.budget_s <= 0 or a.reference_mbps <= 0:
-        p.error("--budget-s and --reference-mbps must be > 0")
+    if a.budget_s <= 0 or a.reference_mbps <= 0 or a.repeats < 1:
+        p.error("--budget-s and --reference-mbps must be > 0, --repeats ≥ 1")
     overlap = set(a.fit_mbps) & set(a.check_mbps)
     if overlap:
         p.error(f"--fit-mbps and --check-mbps share {sorted(overlap)}: the check would not be "
                 "independent of the fit")
     return replace(d, models=a.models, seed=a.seed, cpu=a.cpu, reference_mbps=a.reference_mbps,
-                   fit_mbps=a.fit_mbps, check_mbps=a.check_mbps, budget_s=a.budget_s), a.out, None
+                   fit_mbps=a.fit_mbps, check_mbps=a.check_mbps, budget_s=a.budget_s,
+                   repeats=a.repeats), a.out, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,15 +331,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         topo = bottleneck_topology(s.workers, s.cpu, s.mem_mb, s.reference_mbps)
         with Emulation(topo) as net, tempfile.TemporaryDirectory(prefix="calib-") as tmp:
-            for mbps in rates:
+            for repeat, mbps in itertools.product(range(s.repeats), rates):
                 set_bottleneck(net, mbps)
                 for model in s.models:
-                    runs.append(run_point(net, s, model, mbps, Path(tmp)))
+                    runs.append(run_point(net, s, model, mbps, repeat, Path(tmp)))
                     save()
                     r = runs[-1]
-                    console.print(f"B={mbps:g} Mbit/s {model}: {r['iters']} iters, iter "
-                                  f"{r['iter_s']:.3f} s (compute {r['compute_s']:.3f}, comm "
-                                  f"{r['comm_s']:.3f}); others' load "
+                    console.print(f"[{repeat}] B={mbps:g} Mbit/s {model}: {r['iters']} iters, "
+                                  f"iter {r['iter_s']:.3f} s (compute {r['compute_s']:.3f}, "
+                                  f"comm {r['comm_s']:.3f}); others' load "
                                   f"{r['cpu_busy_background']:.0%}, during "
                                   f"{r['cpu_busy_during']:.0%}")
     except (EmulationError, TestbedJobError) as e:
@@ -329,19 +355,21 @@ def main(argv: list[str] | None = None) -> int:
 def report(s: Settings, out: Path, info: dict, runs: list[dict], elapsed_min: float) -> int:
     """Fit, check, print and write the calibration of measured `runs`."""
     console = Console(width=None if sys.stdout.isatty() else 130)
-    fitted, fit_info = fit(runs, s, {s.reference_mbps, *s.fit_mbps})
-    rows = check(runs, s, fitted)
+    points = aggregate(runs)
+    fitted, fit_info = fit(points, s, {s.reference_mbps, *s.fit_mbps})
+    rows = check(points, s, fitted)
     print_tables(console, rows, fitted, s)
     within = sum(r["within_tolerance"] for r in rows)
     console.print(f"{within}/{len(rows)} check points within ±{s.tolerance:.0%}")
-    compute = compute_profile(runs, s)
+    compute = compute_profile(points, s)
     profiles = {m: {"gradient_bytes": model_bytes(m, s.dataset), "compute_s_at_cpu": compute[m],
                     "reference_core_s": compute[m] * s.cpu} for m in s.models}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": info, "settings": asdict(s),
                                "fitted_model": asdict(fitted), "fit": fit_info,
                                "profiles": profiles, "check": rows,
-                               "within_tolerance": f"{within}/{len(rows)}", "runs": runs,
+                               "within_tolerance": f"{within}/{len(rows)}", "points": points,
+                               "runs": runs,
                                "complete": True, "elapsed_min": round(elapsed_min, 1)},
                               indent=1))
     console.print(f"wrote {out}")

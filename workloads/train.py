@@ -238,10 +238,10 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
 def _batches(x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig
              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's shard of the training set, reshuffled every epoch, forever."""
-    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=cfg.world_size, rank=cfg.rank,
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=cfg.world_size, rank=cfg.rank,
                                  shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = DataLoader(TensorDataset(x, y), batch_size=cfg.batch_size, sampler=sampler,
-                        drop_last=True)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
     if len(loader) == 0:
         raise JobError(f"batch size {cfg.batch_size} exceeds this rank's shard "
                        f"({len(sampler)} samples)")
