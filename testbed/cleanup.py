@@ -2,7 +2,9 @@
 
 `cleanup(prefix)` is both the normal teardown of an `Emulation` and the recovery after a run that
 was killed (`python experiments/run.py --cleanup [--prefix P]`). Without a prefix it removes what
-*any* run of this project left (`ces` + 4 hex digits), never anything else: no `mn -c`, no broad
+every *dead* run of this project left (`ces` + 4 hex digits): a run whose process is still alive
+(its containers carry its pid, its Mininet shells are its children) is left alone, so a cleanup
+never pulls the network from under a run in progress. Never anything else: no `mn -c`, no broad
 kills. Order matters: containers (and the processes in them) first, then the Mininet shells that
 still hold their network namespaces, then OVS bridges and ports, then veths left in the root
 namespace (their qdiscs go with them), then the nodes' cgroup parents.
@@ -32,23 +34,44 @@ class Removed:
     ports: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)
+    live_runs_kept: list[str] = field(default_factory=list)  # prefixes of runs still running
 
     def total(self) -> int:
-        return sum(len(v) for v in vars(self).values())
+        return sum(len(v) for k, v in vars(self).items() if k != "live_runs_kept")
 
     def summary(self) -> str:
-        parts = [f"{len(v)} {k}" for k, v in vars(self).items() if v]
-        return ", ".join(parts) if parts else "nothing"
+        parts = [f"{len(v)} {k}" for k, v in vars(self).items() if v and k != "live_runs_kept"]
+        text = ", ".join(parts) if parts else "nothing"
+        if self.live_runs_kept:
+            text += f" (kept the live runs {', '.join(self.live_runs_kept)})"
+        return text
+
+    def add(self, other: "Removed") -> None:
+        for k, v in vars(other).items():
+            getattr(self, k).extend(v)
 
 
 def pattern_for(prefix: str | None) -> re.Pattern[str]:
     return re.compile("^" + re.escape(check_prefix(prefix))) if prefix else FAMILY_RE
 
 
+PID_LABEL = "ces.pid"  # on every container of a run: the pid of the process that owns the run
+
+
 def cleanup(prefix: str | None = None, client: docker.DockerClient | None = None) -> Removed:
+    """Remove the run `prefix` (alive or not), or with no prefix every run that is not alive."""
+    client = client or docker.from_env()
+    if prefix is None:
+        removed = Removed()
+        for run in run_prefixes(client):
+            if run_alive(run, client):
+                removed.live_runs_kept.append(run)
+            else:
+                removed.add(cleanup(run, client))
+        return removed
     pattern = pattern_for(prefix)
     removed = Removed()
-    _containers(client or docker.from_env(), pattern, removed)
+    _containers(client, pattern, removed)
     _shells(pattern, removed)
     _ovs(pattern, removed)
     _interfaces(pattern, removed)
@@ -59,6 +82,43 @@ def cleanup(prefix: str | None = None, client: docker.DockerClient | None = None
         except OSError:
             pass  # a process still inside: gone once its container is; reported by leftovers()
     return removed
+
+
+def run_prefixes(client: docker.DockerClient) -> list[str]:
+    """Prefixes of every run that left anything on this machine."""
+    names = [c.name for c in client.containers.list(all=True)]
+    names += _vsctl("list-br").split() + _root_interfaces()
+    names += [p.lstrip("/") for p in cgroups.find(FAMILY_RE)]
+    names += [arg[len("mininet:"):] for _, arg in _shell_pids(FAMILY_RE)]
+    return sorted({n[:7] for n in names if FAMILY_RE.match(n)})
+
+
+def run_alive(prefix: str, client: docker.DockerClient) -> bool:
+    """Is the process that runs `prefix` still there? (the pid on its containers, or the
+    parent of its Mininet shells — after a crash those are re-parented away)."""
+    pattern = pattern_for(prefix)
+    pids = {c.labels.get(PID_LABEL) for c in client.containers.list(all=True)
+            if pattern.match(c.name)}
+    pids |= {_parent_pid(pid) for pid, _ in _shell_pids(pattern)}
+    return any(_is_owner(pid) for pid in pids if pid)
+
+
+def _parent_pid(pid: int) -> str | None:
+    try:
+        # /proc/PID/stat: "pid (comm) state ppid ..."; comm may contain spaces.
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
+def _is_owner(pid: str) -> bool:
+    """A live Python process (an orchestrator), not init or a reaper that adopted orphans."""
+    if not pid.isdigit() or int(pid) <= 1:
+        return False
+    try:
+        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def leftovers(prefix: str | None = None, client: docker.DockerClient | None = None) -> dict[str, list]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -28,7 +29,7 @@ from mininet.node import RemoteController
 from topologies import ComputeNode, Link, Topology
 
 from . import cgroups, tc, workers
-from .cleanup import cleanup
+from .cleanup import PID_LABEL, cleanup
 from .names import Names, new_prefix
 from .node import DockerNet, DockerNode, EdgeSwitch
 
@@ -172,10 +173,15 @@ class Emulation:
             name, dimage=self.image, cpu=node.cpu, mem_mb=node.mem_mb, hostname=node.name,
             cgroup_parent=cgroups.parent_name(self.names.cgroup_parent(node.name),
                                               self._systemd_cgroups),
-            labels={PROJECT_LABEL: self.prefix, "ces.node": node.name},
+            labels=self._labels(node=node.name),
             ip=f"{node.ip}/16", mac=node.mac)
         self.nodes[node.name] = docker_node
         return docker_node
+
+    def _labels(self, **more: str) -> dict[str, str]:
+        # The pid tells `cleanup()` that this run is alive (see testbed/cleanup.py).
+        return {PROJECT_LABEL: self.prefix, PID_LABEL: str(os.getpid())} | \
+            {f"ces.{k}": v for k, v in more.items()}
 
     def _end(self, name: str, port: int) -> tuple[object, str, dict]:
         """(Mininet node, interface name, interface params) of one end of a link."""
@@ -377,7 +383,7 @@ class Emulation:
         return workers.start_worker(
             self.client, self.image, self.names.worker(node, name), command, cpu, mem_mb, env,
             node_container=docker_node.name, cgroup_parent=docker_node.cgroup_parent,
-            labels={PROJECT_LABEL: self.prefix, "ces.node": node, "ces.worker": name})
+            labels=self._labels(node=node, worker=name))
 
     def ping_all(self, timeout_s: float = 1.0) -> float:
         """Ping every node from every other node once; the fraction of pings lost."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import Emulation, cgroups, leftovers, tc
+from testbed import Emulation, cgroups, cleanup, leftovers, new_prefix, tc
 from topologies import ComputeNode, Link, load_topology
 
 pytestmark = pytest.mark.integration
@@ -183,6 +183,22 @@ def test_cleanup_after_a_killed_run(tiny: Path, prefix: str, worker_image: str) 
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert nothing_left(prefix) == {}
+
+
+def test_cleanup_without_prefix_keeps_live_runs(tiny: Path, prefix: str, worker_image: str) -> None:
+    dead = new_prefix()
+    try:
+        proc = _bring_up_in_subprocess(tiny, dead, worker_image)
+        proc.kill()
+        proc.wait(timeout=10)
+        with Emulation(load_topology(tiny), prefix=prefix, image=worker_image) as net:
+            removed = cleanup()  # every run of the project that is not alive
+            assert prefix in removed.live_runs_kept
+            assert dead not in removed.live_runs_kept
+            assert nothing_left(dead) == {}
+            assert net.ping_all(timeout_s=1.0) == 0.0  # the live run still works
+    finally:
+        cleanup(dead)
 
 
 def test_sigterm_during_run_tears_down(tiny: Path, prefix: str, worker_image: str) -> None:
