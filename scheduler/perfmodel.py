@@ -12,10 +12,14 @@ bandwidth bound 2(k-1)/k · M / b_min.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Iterable
 
 COLLECTIVES = ("ring", "star", "tree", "all-to-all", "custom")
+# Written by experiments/calibrate_perfmodel.py (measured on the testbed, with the machine).
+CALIBRATION_FILE = Path(__file__).resolve().parent.parent / "results" / "calibration.json"
 
 
 def flow_bytes(collective: str, workers: int, model_bytes: float) -> float:
@@ -57,6 +61,16 @@ class IterationModel:
     # The goodput one worker's stack sustains however fast the link (CPU-bound: gloo, TCP and,
     # on the testbed, the userspace switch): granting more than this buys nothing.
     max_rate_mbps: float = float("inf")
+
+    @classmethod
+    def from_calibration(cls, path: str | Path = CALIBRATION_FILE) -> "IterationModel":
+        """The constants `experiments/calibrate_perfmodel.py` fitted on the testbed."""
+        try:
+            fitted = json.loads(Path(path).read_text())["fitted_model"]
+            return cls(**{f.name: float(fitted[f.name]) for f in fields(cls)})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: no fitted IterationModel ({e}); run "
+                             "experiments/calibrate_perfmodel.py") from e
 
     def communication_s(self, flows: Iterable[tuple[float, float]], steps: int = 1,
                         rtt_s: float = 0.0) -> float:

@@ -157,3 +157,18 @@ def test_log_reader_names_file_line_and_missing_field(tmp_path):
     path.write_text("{not json\n")
     with pytest.raises(LogError, match=r"bad.jsonl:1: not JSON"):
         read_task_log(path)
+
+
+def test_calibrated_iteration_model_is_loaded_and_caps_the_rate(tmp_path):
+    from scheduler.perfmodel import IterationModel
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"fitted_model": {"efficiency": 0.8, "per_message_latency_s": 0.01,
+                                                 "overhead_s": 0.0, "max_rate_mbps": 40.0}}))
+    model = IterationModel.from_calibration(path)
+    assert model == IterationModel(0.8, 0.01, 0.0, 40.0)
+    # 10 MB: at 20 Mbit/s the link limits (20·0.8 = 16 Mbit/s goodput), at 1000 the stack (40)
+    assert model.communication_s([(10e6, 20)], steps=4) == pytest.approx(80 / 16 + 0.04)
+    assert model.communication_s([(10e6, 1000)], steps=4) == pytest.approx(80 / 40 + 0.04)
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="no fitted IterationModel"):
+        IterationModel.from_calibration(path)
