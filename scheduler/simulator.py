@@ -26,19 +26,17 @@ import heapq
 import math
 import statistics
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal, Protocol, Sequence
 
+import numpy as np
+
 from .baselines import Algorithm
-from .metrics import (bandwidth_satisfaction, load_balance, node_utilisation, packable,
+from .metrics import (bandwidth_satisfaction, node_utilisation, packable,
                       predicted_iteration_s)
 from .model import CannotPlace, Cluster, Decision, Job, Resources, check_decision
 from .paths import fair_rates, shortest_path
 from .perfmodel import IterationModel, collective_steps, compute_time_s
-
-Link = tuple[str, str]  # a directed link of G
-
 
 # --- scenario events (besides job arrivals) -----------------------------------------------------
 
@@ -365,8 +363,11 @@ class Simulator:
         self._tick_pending = False
         self._clock: float | None = None
         self._balance_area = self._util_area = 0.0
-        self._balance: tuple[float, float] | None = None
+        self._balance: tuple[float, float] | None = None  # (std, mean) of _util, when fresh
+        self._util = {n: node_utilisation(self.cluster, n)  # Ū_n of the online nodes
+                      for n in self.cluster.compute_nodes(online_only=True)}
         self._open = 0  # jobs not yet finished, failed or rejected
+        self._packable: dict[tuple, bool] = {}  # task demands -> fits the empty cluster
         for i, job in enumerate(sorted(jobs, key=lambda j: j.submit_time)):
             if not job.iterations or job.iterations <= 0:
                 raise ValueError(f"job {job.name}: the simulator needs 'iterations' > 0")
@@ -423,11 +424,11 @@ class Simulator:
             self._ensure_tick()
             return True
         if kind == _BG_START:
-            path = payload.path or shortest_path(self.cluster, payload.src, payload.dst)
-            flow_id = self._seq
-            self._bg[flow_id] = (tuple(path), payload.demand_mbps)
-            self._push(self.now + payload.duration_s, _BG_END, flow_id)
-            self._net_dirty = True
+            if not self.config.metered:  # metered job flows keep their grants whatever it does
+                path = payload.path or shortest_path(self.cluster, payload.src, payload.dst)
+                self._bg[self._seq] = (tuple(path), payload.demand_mbps)
+                self._push(self.now + payload.duration_s, _BG_END, self._seq)
+                self._net_dirty = True
             return False
         if kind == _BG_END:
             del self._bg[payload]
@@ -437,9 +438,12 @@ class Simulator:
 
     def _arrive(self, js: JobState) -> bool:
         self.job_events += 1
-        empty = self.cluster.copy(share_graph=True)
-        empty.used, empty.offline = {n: Resources() for n in empty.used}, set()
-        if packable(empty, js.job, budget=20_000) is False:  # could never run here
+        shape = tuple(sorted(t.demand.as_tuple() for t in js.job.tasks))
+        if shape not in self._packable:  # could it run here at all, on the empty cluster?
+            empty = self.cluster.copy(share_graph=True)
+            empty.used, empty.offline = {n: Resources() for n in empty.used}, set()
+            self._packable[shape] = packable(empty, js.job, budget=20_000) is not False
+        if not self._packable[shape]:
             js.state = "rejected"
             self._open -= 1
             return False
@@ -459,14 +463,16 @@ class Simulator:
             return grew
         if ev.node not in g or g.nodes[ev.node].get("kind") != "compute":
             raise ValueError(f"{type(ev).__name__} at t={ev.time}: unknown compute node {ev.node}")
-        self._balance = None
         if isinstance(ev, NodeJoin):
             if ev.node not in self.cluster.offline:
                 return False
             self.cluster.offline.discard(ev.node)
+            self._touch([ev.node])
             self.epoch += 1
             return True
         self.cluster.offline.add(ev.node)
+        self._util.pop(ev.node, None)
+        self._balance = None
         hit = [js for js in self.running.values() if ev.node in js.decision.placement.values()]
         for js in hit:
             self._advance(js)
@@ -504,7 +510,7 @@ class Simulator:
         js.bw_satisfaction = bandwidth_satisfaction(js.job, js.decision)[0]
         self.running[js.name] = js
         self.starts.append((self.now, js.name, tuple(sorted(js.decision.placement.items()))))
-        self._balance = None
+        self._touch(js.decision.placement.values())
         self._net_dirty |= self._shares_network(js)
         if not self._net_dirty:  # its flows get exactly their granted rates
             self._set_pace(js, predicted_iteration_s(self.cluster, js.job, js.decision,
@@ -527,7 +533,7 @@ class Simulator:
             js.finish = self.now
             self._open -= 1
         self.epoch += 1
-        self._balance = None
+        self._touch(js.decision.placement.values())
         self._net_dirty |= self._shares_network(js)
 
     # --- progress ------------------------------------------------------------------------------------
@@ -550,52 +556,43 @@ class Simulator:
 
     # --- the network ---------------------------------------------------------------------------------
     def _shares_network(self, js: JobState) -> bool:
-        """Whether this job's flows starting or stopping can change anyone's rates: elastic flows
-        share, and a link shrunk below its grants scales all its metered flows."""
-        return bool(js.decision.flows) and (not self.config.metered or bool(self._bg)
-                                            or self._oversubscribed())
+        """Whether this job's flows starting or stopping can change other jobs' rates: elastic
+        flows share, and a link shrunk below its grants scales all its metered flows."""
+        return bool(js.decision.flows) and (not self.config.metered or self._oversubscribed())
 
     def _oversubscribed(self) -> bool:
         g = self.cluster.graph
         return self._links_changed and any(r > g.edges[link]["bw_mbps"] + 1e-9 for link, r in self.cluster.reserved.items())
 
     def _refresh_rates(self) -> None:
-        """Recompute every flow's actual rate; re-pace the jobs whose iteration time changed."""
+        """Recompute every job flow's actual rate; re-pace the jobs whose iteration time changed.
+
+        Metered: the granted rate, scaled down where a link shrank below its grants (background
+        traffic only takes what the grants leave, so it changes no job's rate). Unmetered: max-min
+        fair shares of the links' capacity among all job and background flows (elastic).
+        """
         self._net_dirty = False
         g = self.cluster.graph
-        granted: dict[Link, float] = defaultdict(float)
-        for js in self.running.values():
-            if self.config.metered:
+        moving = [js for js in self.running.values() if js.decision.flows]
+        if self.config.metered:
+            scale = {lk: min(1.0, g.edges[lk]["bw_mbps"] / r)
+                     for lk, r in self.cluster.reserved.items() if r > 1e-12}
+            actual = {(js.name, f.src, f.dst): f.rate_mbps * min(scale.get(lk, 1.0)
+                                                                for lk in f.directed_links())
+                      for js in moving for f in js.decision.flows}
+        else:
+            paths: dict[object, tuple[str, ...]] = {}
+            demand: dict[object, float] = {}
+            for js in moving:
                 for f in js.decision.flows:
-                    for link in f.directed_links():
-                        granted[link] += f.rate_mbps
-        # A link that shrank below its grants scales its metered flows down in proportion.
-        scale = {lk: min(1.0, g.edges[lk]["bw_mbps"] / r) for lk, r in granted.items() if r > 0}
-        actual: dict[tuple[str, str, str], float] = {}
-        elastic: dict[object, tuple[str, ...]] = {}
-        demand: dict[object, float] = {}
-        for js in self.running.values():
-            for f in js.decision.flows:
-                key = (js.name, f.src, f.dst)
-                if self.config.metered:
-                    actual[key] = f.rate_mbps * min(scale.get(lk, 1.0) for lk in f.directed_links())
-                else:
-                    elastic[key], demand[key] = f.path, math.inf
-        for i, (path, cap) in self._bg.items():
-            elastic[i], demand[i] = path, cap
-        if elastic:
-            # What metered flows leave: a view of the cluster whose reservations are their rates.
-            view = self.cluster.copy(share_graph=True)
-            view.reserved = defaultdict(float)
-            for js in self.running.values():
-                if self.config.metered:
-                    for f in js.decision.flows:
-                        for lk in f.directed_links():
-                            view.reserved[lk] += actual[(js.name, f.src, f.dst)]
-            for key, rate in fair_rates(view, elastic, demand).items():
-                if isinstance(key, tuple):
-                    actual[key] = rate
-        for js in self.running.values():
+                    paths[(js.name, f.src, f.dst)] = f.path
+                    demand[(js.name, f.src, f.dst)] = math.inf
+            for i, (path, cap) in self._bg.items():
+                paths[i], demand[i] = path, cap
+            bare = self.cluster.copy(share_graph=True)
+            bare.reserved = {}  # nothing is reserved: every flow competes for the capacity
+            actual = fair_rates(bare, paths, demand)
+        for js in moving:
             flows = [replace(f, rate_mbps=actual[(js.name, f.src, f.dst)])
                      for f in js.decision.flows]
             iter_s = predicted_iteration_s(self.cluster, js.job, replace(js.decision, flows=flows),
@@ -605,13 +602,19 @@ class Simulator:
                 self._set_pace(js, iter_s)
 
     # --- time-averaged cluster state -------------------------------------------------------------------
+    def _touch(self, nodes: Iterable[str]) -> None:
+        """Refresh Ū_n of nodes whose allocations changed."""
+        for n in set(nodes) - self.cluster.offline:
+            self._util[n] = node_utilisation(self.cluster, n)
+        self._balance = None
+
     def _integrate(self, t: float) -> None:
+        """Accumulate the cluster's balance (std of Ū_n over online nodes, as
+        `metrics.load_balance`) and mean utilisation over time up to `t`."""
         if self._clock is not None and t > self._clock:
             if self._balance is None:
-                nodes = self.cluster.compute_nodes(online_only=True)
-                mean = statistics.fmean(node_utilisation(self.cluster, n) for n in nodes) \
-                    if nodes else 0.0
-                self._balance = (load_balance(self.cluster)[0], mean)
+                u = np.fromiter(self._util.values(), float)
+                self._balance = (float(u.std()), float(u.mean())) if u.size else (0.0, 0.0)
             self._balance_area += self._balance[0] * (t - self._clock)
             self._util_area += self._balance[1] * (t - self._clock)
         self._clock = t
