@@ -56,6 +56,7 @@ from topologies import load_topology
 
 from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
+from .metrics import bandwidth_satisfaction
 from .model import CannotPlace, Cluster, Decision, Job
 from .simulator import FreeSpace, JobState, Round, SimConfig, SimResult, Simulator
 
@@ -166,10 +167,12 @@ class Edf(Fifo):
 class MultiConfig:
     """CES-Multi's knobs (module doc); defaults from the sweep in docs/multi.md."""
     window: int = 16
+    fit: str = "headroom"  # headroom | align
     a_fit: float = 1.0
     b_priority: float = 0.5
     c_wait: float = 1.0
     age_every_s: float = 3600.0  # priority ageing: +1 level per this much waiting
+    min_bw_satisfaction: float = 0.5  # defer a start granted less of its bandwidth demand
     reservation: bool = True
     reserve_after_s: float = 7200.0
     max_reservations: int = 1
@@ -199,10 +202,15 @@ class CesMulti:
                 return
             scores = self.scores(rnd, window)
             best = max(candidates, key=lambda j: (scores[j], -j.seq))
-            if rnd.try_place(best) is None:
+            if rnd.try_place(best, self._worth_it(best)) is None:
                 tried.add(best)
                 if not cfg.backfill:
                     return
+
+    def _worth_it(self, js: JobState) -> Callable[[Decision], bool]:
+        """Start a job only with enough of the bandwidth it asks for: one granted a sliver
+        would hold its resources for ages. It waits for a better chance instead."""
+        return lambda d: bandwidth_satisfaction(js.job, d)[0] >= self.config.min_bw_satisfaction
 
     def scores(self, rnd: Round, window: list[JobState]) -> dict[JobState, float]:
         """a·fit + b·priority + c·wait for the jobs of the window (module doc)."""
@@ -210,7 +218,7 @@ class CesMulti:
         age = {j: j.job.priority + j.wait(rnd.now) / cfg.age_every_s for j in window}
         wait = {j: j.wait(rnd.now) for j in window}
         top_age, top_wait = max(age.values(), default=0.0), max(wait.values(), default=0.0)
-        return {j: cfg.a_fit * fit(j.job, space, free)
+        return {j: cfg.a_fit * fit(j.job, space, free, cfg.fit)
                 + cfg.b_priority * (age[j] / top_age if top_age > 0 else 0.0)
                 + cfg.c_wait * (wait[j] / top_wait if top_wait > 0 else 0.0) for j in window}
 
@@ -259,15 +267,20 @@ def free_vector(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     return free, total
 
 
-def fit(job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray]) -> float:
-    """Alignment of the job's demand with the free resources (`free_vector`; module doc), 0 if
-    it cannot fit (`space`)."""
+def fit(job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray],
+        kind: str = "headroom") -> float:
+    """How well the job's demand fits the free resources (`free_vector`; module doc), in [0, 1];
+    0 if it cannot fit (`space`)."""
     if not space.may_fit(job):
         return 0.0
     free, total = free_total
     demand = np.array((*job.total_demand().as_tuple(), sum(f.demand_mbps for f in job.flows)))
     has = total > 0
     d, f = demand[has] / total[has], np.maximum(free[has], 0.0) / total[has]
+    if kind == "headroom":
+        asked = d > 0
+        return float(1.0 - min(1.0, np.max(d[asked] / np.maximum(f[asked], 1e-12)))) \
+            if asked.any() else 1.0
     norm = np.linalg.norm(d) * np.linalg.norm(f)
     return float(d @ f / norm) if norm > 0 else 0.0
 

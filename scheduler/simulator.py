@@ -27,7 +27,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Literal, Protocol, Sequence
+from typing import Callable, Iterable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -204,8 +204,10 @@ class Round:
             self._views[key] = (view, FreeSpace.of(view))
         return self._views[key]
 
-    def try_place(self, js: JobState) -> Decision | None:
-        """Place `js` with the policy's algorithm and commit it; None if it does not fit now.
+    def try_place(self, js: JobState,
+                  accept: Callable[[Decision], bool] | None = None) -> Decision | None:
+        """Place `js` with the policy's algorithm and commit it; None if it does not fit now
+        (or the policy does not `accept` the decision the algorithm found).
 
         A job that failed is not retried until resources are released or the holds change: in
         between the cluster only fills up (Kubernetes parks unschedulable pods the same way).
@@ -222,7 +224,7 @@ class Round:
             except CannotPlace:
                 pass
             js.decision_s.append(time.perf_counter() - start)
-        if decision is None or not self.commit(js, decision):
+        if decision is None or (accept and not accept(decision)) or not self.commit(js, decision):
             js.failed_at = key
             return None
         return decision

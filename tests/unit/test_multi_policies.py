@@ -12,7 +12,7 @@ from scheduler import baselines
 from scheduler.arrivals import parse_arrivals
 from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job
-from scheduler.model import Cluster, Decision, Job, Resources, Task
+from scheduler.model import Cluster, Decision, Job, LogicalFlow, Resources, Task
 from scheduler.multi import (BEST_HEURISTIC, CesMulti, Edf, FifoBackfill, Las, MultiConfig, Sjf,
                              default_algorithm, evaluate_multi, multi_table, run_policy)
 from scheduler.simulator import JobState, Round, Simulator
@@ -66,29 +66,35 @@ def test_without_backfilling_the_round_stops_at_the_best_job_that_does_not_fit(b
     assert names(rnd.placed) == placed
 
 
-def test_scores_are_fit_plus_aged_priority_plus_wait():
-    cfg = dict(a_fit=1.0, b_priority=0.5, c_wait=1.0, age_every_s=3600.0)
+# Demand shares (cpu, mem, bandwidth; no gpu in the cluster) of the cluster, all of it free:
+# a = (0.5, 0, 0), b = (0.25, 0.5, 0).
+@pytest.mark.parametrize("kind, fit_a, fit_b", [
+    ("align", 0.5 / (0.5 * math.sqrt(3)), 0.75 / (math.hypot(0.25, 0.5) * math.sqrt(3))),
+    ("headroom", 1 - 0.5, 1 - 0.5)])  # 1 - the largest share of the free resources asked
+def test_scores_are_fit_plus_aged_priority_plus_wait(kind, fit_a, fit_b):
+    cfg = dict(a_fit=1.0, b_priority=0.5, c_wait=1.0, age_every_s=3600.0, fit=kind)
     a = queued(job("a", cpu=2.0, mem=0), 0, since=-7200.0)  # priority 0, waited 2 h: aged to 2
     b = queued(job("b", cpu=1.0, mem=500, priority=2), 1)
     rnd = Round(0.0, cluster_of([4.0], mem_mb=1000), make_algorithm("first-fit"), [a, b], [])
     scores = ces(**cfg).scores(rnd, [a, b])
-    # fit: cosine of demand and free shares over (cpu, mem, bandwidth); gpu absent, all free.
-    fit_a = 0.5 / (0.5 * math.sqrt(3))
-    fit_b = (0.25 + 0.5) / (math.hypot(0.25, 0.5) * math.sqrt(3))
     assert scores[a] == pytest.approx(fit_a + 0.5 * 1.0 + 1.0)
     assert scores[b] == pytest.approx(fit_b + 0.5 * 1.0 + 0.0)
 
 
-def test_fit_is_zero_for_a_job_that_cannot_fit_and_prefers_aligned_jobs():
+def test_fit_is_zero_for_a_job_that_cannot_fit_and_follows_its_kind():
     cluster = cluster_of([4.0], mem_mb=1000)
     cluster.used["n0"] = Resources(0.0, 900.0)  # memory nearly gone, cpu free
     cpu_heavy = queued(job("cpu", cpu=2.0, mem=50), 0)
     mem_heavy = queued(job("mem", cpu=0.25, mem=90), 1)
     too_big = queued(job("big", cpu=5.0), 2)
     rnd = Round(0.0, cluster, make_algorithm("first-fit"), [cpu_heavy, mem_heavy, too_big], [])
-    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0).scores(rnd, rnd.queue)
+    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0, fit="align").scores(rnd, rnd.queue)
     assert s[too_big] == 0.0
     assert s[cpu_heavy] > s[mem_heavy] > 0
+    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0, fit="headroom").scores(rnd, rnd.queue)
+    assert s[too_big] == 0.0
+    assert s[cpu_heavy] == pytest.approx(1 - 2.0 / 4.0)  # half the free cpu
+    assert s[mem_heavy] == pytest.approx(1 - 90 / 100)  # 90 % of the free memory
 
 
 def test_priority_ageing_lets_a_long_waiting_job_overtake_a_higher_priority_one():
@@ -103,6 +109,17 @@ def test_priority_ageing_lets_a_long_waiting_job_overtake_a_higher_priority_one(
     rnd = Round(0.0, cluster_of([1.0]), make_algorithm("first-fit"), [young, vip2], [])
     policy.schedule(rnd)
     assert names(rnd.placed) == ["vip"]
+
+
+@pytest.mark.parametrize("min_bw, placed", [(0.5, []), (0.05, ["pair"])])
+def test_a_start_with_too_little_of_the_bandwidth_asked_is_deferred(min_bw, placed):
+    # Two 1-cpu workers must sit on two nodes behind 10 Mbit/s links; they ask 100 Mbit/s.
+    pair = custom_job("pair", [Task("w0", Resources(1, 100)), Task("w1", Resources(1, 100))],
+                      [LogicalFlow("w0", "w1", 100.0, 1e6)], compute_s=0.1, iterations=10)
+    rnd = Round(0.0, cluster_of([1.0, 1.0], bw=10.0), make_algorithm("first-fit"),
+                [queued(pair, 0)], [])
+    ces(min_bw_satisfaction=min_bw).schedule(rnd)
+    assert names(rnd.placed) == placed
 
 
 def stream(reservation: bool, policy_name: str = "ces-multi"):

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""CES-Multi against the queue baselines in the simulator (issue 8's figures), and the sweep that
+chose CES-Multi's defaults.
+
+    python experiments/bench_multi.py --seeds 5            # → results/multi/*.json + tables
+    python experiments/bench_multi.py --sweep --seeds 3    # → results/multi/sweep.json
+
+Figures: on each topology of --topos (default campus, fattree and the real Abilene backbone from
+topohub), --jobs jobs per seed (`arrivals.JobMix`) under --arrivals (default: bursty arrivals at
+nominal load 0.7 on seed 001's tidal edge nodes), every policy (`multi.POLICIES`) placing jobs
+with the same single-job algorithm (--single, default `multi.default_algorithm()`), seeds
+0..N-1. Per topology `evaluate_multi`'s JSON goes to results/multi/<topology>.json; the tables
+and the issue's targets (CES-Multi best or within 5 % of the best on balance, bandwidth
+satisfaction and average wait; its maximum wait below fifo-backfill's) are printed and saved in
+results/multi/summary.json.
+
+Sweep: coordinate descent over CES-Multi's knobs (`SWEEP`, in that order), starting from the
+MultiConfig defaults; each value is scored on --sweep-topos × seeds by
+  J = mean(avg_wait / avg_wait_fb + max_wait / max_wait_fb + balance_std / balance_std_fb
+           + bw_satisfaction_fb / bw_satisfaction)
+(fb: fifo-backfill on the same scenario; lower is better), the best value is kept before the
+next knob is swept. The defaults in `MultiConfig` are the result (docs/multi.md).
+"""
+from __future__ import annotations
+
+import _venv  # noqa: F401  (re-exec under .venv)
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from scheduler.arrivals import ArrivalError, parse_arrivals
+from scheduler.evaluate import machine_info
+from scheduler.model import Cluster
+from scheduler.multi import MultiConfig, default_algorithm, evaluate_multi, multi_table, run_policy
+from topologies import TopologyError, load_topology
+
+TOPOS = "campus,fattree,topozoo/Abilene"
+ARRIVALS = "bursty:load=0.7,tidal=1"
+SWEEP: list[tuple[str, list]] = [
+    ("window", [4, 8, 16, 32, 64, 128]),
+    ("fit", ["align", "headroom"]),
+    ("min_bw_satisfaction", [0.0, 0.25, 0.5, 0.75, 0.9, 1.0]),
+    ("weights", [(1.0, 0.5, 1.0), (0.0, 0.5, 1.0), (1.0, 0.0, 1.0), (1.0, 0.5, 0.0),
+                 (2.0, 0.5, 1.0), (1.0, 0.5, 2.0), (1.0, 1.0, 1.0)]),
+    ("reserve_after_s", [1800.0, 3600.0, 7200.0, 14400.0, 28800.0]),
+    ("age_every_s", [900.0, 3600.0, 14400.0]),
+    ("max_reservations", [1, 2, 4]),
+]
+TARGET_BETTER = {"balance_std": min, "bw_satisfaction": max, "avg_wait_s": min}
+
+
+def with_knob(cfg: MultiConfig, knob: str, value) -> MultiConfig:
+    if knob == "weights":
+        a, b, c = value
+        return replace(cfg, a_fit=a, b_priority=b, c_wait=c)
+    return replace(cfg, **{knob: value})
+
+
+def sweep(topos: list[str], arrivals: str, seeds: int, single: str) -> dict:
+    spec = parse_arrivals(arrivals)
+    clusters = {t: Cluster.from_topology(load_topology(t)) for t in topos}
+    cases = [(t, s) for t in topos for s in range(seeds)]
+    ref = {c: run_policy("fifo-backfill", clusters[c[0]], spec, c[1], single) for c in cases}
+
+    def score(cfg: MultiConfig) -> tuple[float, dict]:
+        runs = {c: run_policy("ces-multi", clusters[c[0]], spec, c[1], single, cfg) for c in cases}
+        js = [r["avg_wait_s"] / max(ref[c]["avg_wait_s"], 1.0)
+              + r["max_wait_s"] / max(ref[c]["max_wait_s"], 1.0)
+              + r["balance_std"] / max(ref[c]["balance_std"], 1e-9)
+              + ref[c]["bw_satisfaction"] / max(r["bw_satisfaction"], 1e-9)
+              for c, r in runs.items()]
+        keys = ("avg_wait_s", "max_wait_s", "balance_std", "bw_satisfaction")
+        return statistics.fmean(js), {k: statistics.fmean(r[k] for r in runs.values()) for k in keys}
+
+    cfg, steps = MultiConfig(), []
+    for knob, values in SWEEP:
+        rows = []
+        for value in values:
+            start = time.perf_counter()
+            j, means = score(with_knob(cfg, knob, value))
+            rows.append({"value": value, "J": j, **means})
+            print(f"  {knob:<20} {str(value):<18} J={j:.3f}  avg wait {means['avg_wait_s']:8.0f} s"
+                  f"  max wait {means['max_wait_s']:8.0f} s  util std {means['balance_std']:.3f}"
+                  f"  bw sat {means['bw_satisfaction']:.3f}  ({time.perf_counter() - start:.0f} s)",
+                  flush=True)
+        best = min(rows, key=lambda r: r["J"])
+        cfg = with_knob(cfg, knob, best["value"])
+        steps.append({"knob": knob, "chosen": best["value"], "rows": rows})
+        print(f"{knob}: {best['value']}", flush=True)
+    fb = {k: statistics.fmean(r[k] for r in ref.values())
+          for k in ("avg_wait_s", "max_wait_s", "balance_std", "bw_satisfaction")}
+    return {"topologies": topos, "arrivals": arrivals, "seeds": seeds, "single": single,
+            "fifo_backfill": fb, "steps": steps, "chosen": asdict(cfg)}
+
+
+def targets(result: dict) -> dict:
+    """Issue 8's targets for one topology's evaluate_multi result."""
+    algos = result["algorithms"]
+    out = {}
+    for metric, better in TARGET_BETTER.items():
+        best = better(m[metric]["mean"] for m in algos.values())
+        mine = algos["ces-multi"][metric]["mean"]
+        ok = mine <= best * 1.05 + 1e-9 if better is min else mine >= best * 0.95 - 1e-9
+        out[metric] = {"ces_multi": mine, "best": best, "met": ok}
+    mine, fb = algos["ces-multi"]["max_wait_s"]["mean"], algos["fifo-backfill"]["max_wait_s"]["mean"]
+    out["max_wait_below_fifo_backfill"] = {"ces_multi": mine, "fifo_backfill": fb, "met": mine < fb}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=500)
+    ap.add_argument("--topos", default=TOPOS)
+    ap.add_argument("--arrivals", default=ARRIVALS, help="spec without n (set by --jobs)")
+    ap.add_argument("--single", default=None, help="single-job algorithm of every policy")
+    ap.add_argument("--out", default="results/multi")
+    ap.add_argument("--sweep", action="store_true", help="run the sweep of CES-Multi's knobs")
+    ap.add_argument("--sweep-topos", default="campus,topozoo/Abilene")
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.jobs < 1:
+        print("bench_multi: --seeds and --jobs must be ≥ 1", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    single = args.single or default_algorithm()
+    arrivals = f"{args.arrivals.split(':')[0]}:n={args.jobs}" + \
+        (f",{args.arrivals.split(':', 1)[1]}" if ":" in args.arrivals else "")
+    try:
+        parse_arrivals(arrivals)
+        if args.sweep:
+            result = sweep(args.sweep_topos.split(","), arrivals, args.seeds, single)
+            result["machine"] = machine_info()
+            (out / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+            print(f"chosen: {result['chosen']}\nwrote {out / 'sweep.json'}")
+            return 0
+        summary = {"arrivals": arrivals, "seeds": args.seeds, "single": single,
+                   "machine": machine_info(), "topologies": {}}
+        for topo in args.topos.split(","):
+            start = time.perf_counter()
+            result = evaluate_multi(argparse.Namespace(topo=topo, arrivals=arrivals, algos="all",
+                                                       seeds=args.seeds, single=single))
+            result["wall_s"] = time.perf_counter() - start
+            name = topo.replace("/", "-")
+            (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+            checks = targets(result)
+            summary["topologies"][topo] = {"file": f"{name}.json", "targets": checks}
+            print(multi_table(result))
+            print("targets: " + ", ".join(f"{k} {'met' if v['met'] else 'MISSED'}"
+                                          for k, v in checks.items())
+                  + f"  ({result['wall_s']:.0f} s)\n", flush=True)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {out}/")
+    except (ArrivalError, TopologyError, ValueError) as e:
+        print(f"bench_multi: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
