@@ -11,8 +11,9 @@ Runs the controller (`python -m sdn_app`) as its own process and the emulated ne
     per destination in the sender's container, testbed.tc; the flow then follows the default
     path), and by both. The seed picks the node pair among those whose default path has a
     bottleneck ≥ 2 × max(R), so that only the grant limits the flow. Target 0.85·R … 1.05·R.
-    The same path with no enforcement is measured before and after: the userspace datapath
-    needs CPU, and on a loaded 2-core machine it can carry less than the largest grant.
+    The same path with no enforcement is measured right before each R: the userspace datapath
+    needs CPU, and on a loaded 2-core machine it can carry less than a grant; such rows are
+    kept but marked as not judged (the path carried < 1.2·R without enforcement).
 (b) Install latency, measured at the REST client until the reply (which the app sends after
     every switch's barrier reply): all flows + meters of an 8-task ring job (the seed draws the 8
     nodes, their ring order, each flow's path among the 3 shortest and its rate), 20 times,
@@ -53,6 +54,7 @@ RING_TASKS = 8
 LATENCY_REPS = 20
 BULK_FLOWS = 1000
 SENDER_CPUS = 2.0  # the end nodes get 2 CPUs, so the figure is the enforcement's, not the quota's
+JUDGE_HEADROOM = 1.2  # a grant is judged only where the unenforced path carries ≥ 1.2 × it
 
 
 def free_port() -> int:
@@ -133,12 +135,21 @@ def rate_fidelity(net: Emulation, sdn: SdnClient, rng: random.Random, seconds: f
           f"{bottleneck(topo, src, dst, path):g} Mbit/s)", flush=True)
     rows = []
     ports = itertools.count(5301)  # a fresh iperf3 port per run: no race with the last server
-    # What the path carries with no enforcement at all, before and after: on a loaded machine
-    # the userspace datapath itself can fall below the higher grants.
-    unenforced = [net.iperf(src, dst, seconds=seconds, port=next(ports)) for _ in range(repeats)]
-    print(f"  unenforced   " + ", ".join(f"{g:.2f}" for g in unenforced), flush=True)
+
+    def measure() -> list[float]:
+        return [net.iperf(src, dst, seconds=seconds, port=next(ports)) for _ in range(repeats)]
+
     try:
         for rate in RATES:
+            # What the path carries with no enforcement, right before: on a loaded machine the
+            # userspace datapath itself can fall below a grant, and then the grant's row cannot
+            # be judged (it is kept, marked).
+            tc.remove_destination("eth0", dst_ip, pid=pid)
+            _delete_if_present(sdn, "fidelity")
+            unenforced = measure()
+            judged = min(unenforced) >= JUDGE_HEADROOM * rate
+            print(f"  R = {rate:>5g}  (none) " + ", ".join(f"{g:.2f}" for g in unenforced)
+                  + ("" if judged else "  → CPU-limited, not judged"), flush=True)
             for method in METHODS:
                 if method in ("meter", "both"):
                     sdn.put_job_flows("fidelity", [FlowRequest(src, dst, path, rate)])
@@ -148,11 +159,12 @@ def rate_fidelity(net: Emulation, sdn: SdnClient, rng: random.Random, seconds: f
                     tc.set_destination("eth0", dst_ip, rate, pid=pid)
                 else:
                     tc.remove_destination("eth0", dst_ip, pid=pid)
-                goodputs = [net.iperf(src, dst, seconds=seconds, port=next(ports))
-                            for _ in range(repeats)]
+                goodputs = measure()
                 ratios = [g / rate for g in goodputs]
                 rows.append({"rate_mbps": rate, "method": method,
                              "goodput_mbps": [round(g, 2) for g in goodputs],
+                             "unenforced_mbps": [round(g, 2) for g in unenforced],
+                             "judged": judged,
                              "min_ratio": round(min(ratios), 3),
                              "max_ratio": round(max(ratios), 3),
                              "within_target": all(0.85 <= r <= 1.05 for r in ratios)})
@@ -161,10 +173,8 @@ def rate_fidelity(net: Emulation, sdn: SdnClient, rng: random.Random, seconds: f
     finally:
         tc.remove_destination("eth0", dst_ip, pid=pid)
         _delete_if_present(sdn, "fidelity")
-    unenforced += [net.iperf(src, dst, seconds=seconds, port=next(ports)) for _ in range(repeats)]
-    print(f"  unenforced   " + ", ".join(f"{g:.2f}" for g in unenforced[repeats:]), flush=True)
     return {"src": src, "dst": dst, "path": path, "seconds": seconds, "repeats": repeats,
-            "unenforced_mbps": [round(g, 2) for g in unenforced], "rows": rows}
+            "rows": rows}
 
 
 def _delete_if_present(sdn: SdnClient, job: str) -> None:
@@ -317,16 +327,19 @@ def report(result: dict, out: Path) -> int:
     print(f"\n{result['topology']} on {m['cpus']} cpus (load {m['loadavg_1m_before']:.1f} → "
           f"{m['loadavg_1m_after']:.1f}), kernel {m['kernel']}, {m['datapath']} datapath; flow "
           f"{fid['src']} → {fid['dst']}, {fid['seconds']:g} s × {fid['repeats']}")
-    print(f"{'goodput / R':<16}" + "".join(f"{method:>16}" for method in METHODS))
+    print(f"{'goodput / R':<16}" + "".join(f"{method:>16}" for method in METHODS)
+          + f"{'no enforcement':>18}")
     for rate in RATES:
-        cells = []
+        cells, unenforced = [], []
         for method in METHODS:
             row = next(r for r in fid["rows"] if r["rate_mbps"] == rate and r["method"] == method)
-            cells.append(f"{row['min_ratio']:.2f}–{row['max_ratio']:.2f}"
-                         + ("" if row["within_target"] else " ✗"))
-        print(f"{'R = ' + format(rate, 'g'):<16}" + "".join(f"{c:>16}" for c in cells))
-    print(f"target 0.85–1.05; with no enforcement the path carried "
-          f"{min(fid['unenforced_mbps']):.0f}–{max(fid['unenforced_mbps']):.0f} Mbit/s")
+            mark = "" if row["within_target"] else (" ✗" if row["judged"] else " ~")
+            cells.append(f"{row['min_ratio']:.2f}–{row['max_ratio']:.2f}{mark}")
+            unenforced = row["unenforced_mbps"]
+        print(f"{'R = ' + format(rate, 'g'):<16}" + "".join(f"{c:>16}" for c in cells)
+              + f"{min(unenforced):>11.0f}–{max(unenforced):.0f} Mbit/s")
+    print("target 0.85–1.05; ~ = not judged: without enforcement the path carried < "
+          f"{JUDGE_HEADROOM:g} × R (CPU-limited)")
     ring = lat["ring_install_ms"]
     print(f"{RING_TASKS}-task ring install: p50 {ring['p50']:.1f} ms, p90 {ring['p90']:.1f} ms, "
           f"max {ring['max']:.1f} ms (target p50 ≤ 100); re-route p50 "
@@ -335,7 +348,7 @@ def report(result: dict, out: Path) -> int:
           f"{lat['bulk_install_ms']:.0f} ms (target ≤ 1000); delete {lat['bulk_delete_ms']:.0f} ms")
     print(f"written {out}")
     ok = ring["p50"] <= 100 and lat["bulk_install_ms"] <= 1000 and \
-        all(r["within_target"] for r in fid["rows"] if r["method"] != "tc")
+        all(r["within_target"] for r in fid["rows"] if r["method"] != "tc" and r["judged"])
     return 0 if ok else 1
 
 
