@@ -241,7 +241,14 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--topo", required=True, help="topology name, .yaml/.gml/.graphml, "
                     "topohub key or gen:internet:N")
-    ap.add_argument("--jobs", required=True, help="job YAML file or folder")
+    ap.add_argument("--mode", choices=("single", "multi"), default="single",
+                    help="single: place --jobs one after another; multi: queue scheduling of "
+                    "--arrivals in the simulator (scheduler.multi.evaluate_multi)")
+    ap.add_argument("--jobs", help="job YAML file or folder (single mode)")
+    ap.add_argument("--arrivals", default="poisson:n=500,load=0.8",
+                    help="multi mode: PROCESS[:key=value,...] (scheduler.arrivals)")
+    ap.add_argument("--single", help="multi mode: the single-job algorithm of every queue policy "
+                    "(default: CES-Multi's, ces-ppo once trained)")
     ap.add_argument("--algos", default="all", help="'all' or comma-separated names "
                     "(NAME or NAME:PATH_RULE)")
     ap.add_argument("--seeds", type=int, default=5, help="number of seeds (instances), ≥ 1")
@@ -250,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--background", type=float, default=0.5,
                     help="background load level in [0, 1) (default 0.5)")
     args = ap.parse_args(argv)
+    if args.mode == "multi":
+        return _main_multi(args)
     try:
+        if args.jobs is None:
+            raise EvaluationError("--jobs: required in single mode (a job YAML file or folder)")
         if args.seeds < 1:
             raise EvaluationError(f"--seeds: expected an integer ≥ 1, got {args.seeds}")
         if not 0 <= args.background < 1:
@@ -272,6 +283,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_table(doc)
+    return 0
+
+
+def _main_multi(args: argparse.Namespace) -> int:
+    from .multi import evaluate_multi, multi_table
+    try:
+        doc = evaluate_multi(args)
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc, indent=2) + "\n")
+    except (ValueError, OSError) as e:  # TopologyError, ArrivalError are ValueErrors
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(multi_table(doc))
     return 0
 
 

@@ -247,3 +247,20 @@ def test_evaluate_multi_writes_the_documented_json(tmp_path):
     assert "ces-multi" in table and "edf" in table
     with pytest.raises(ValueError, match="unknown queue policy 'lifo'"):
         evaluate_multi(argparse.Namespace(**{**vars(args), "algos": "fifo,lifo"}))
+
+
+def test_cli_multi_mode_writes_json_and_rejects_bad_input(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "multi.json"
+    cmd = [sys.executable, "-m", "scheduler.evaluate", "--mode", "multi", "--topo", "campus",
+           "--arrivals", "poisson:n=20,load=0.5", "--algos", "fifo,ces-multi", "--seeds", "1",
+           "--single", "first-fit", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert list(json.loads(out.read_text())["algorithms"]) == ["fifo", "ces-multi"]
+    assert "ces-multi" in done.stdout
+    bad = subprocess.run(cmd[:6] + ["--arrivals", "poisson:load=many"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "load must be a number" in bad.stderr
+    assert "Traceback" not in bad.stderr
