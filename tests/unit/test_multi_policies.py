@@ -260,7 +260,7 @@ def test_cli_multi_mode_writes_json_and_rejects_bad_input(tmp_path):
     assert done.returncode == 0, done.stderr
     assert list(json.loads(out.read_text())["algorithms"]) == ["fifo", "ces-multi"]
     assert "ces-multi" in done.stdout
-    bad = subprocess.run(cmd[:6] + ["--arrivals", "poisson:load=many"], capture_output=True,
+    bad = subprocess.run(cmd[:7] + ["--arrivals", "poisson:load=many"], capture_output=True,
                          text=True, timeout=300)
     assert bad.returncode == 2 and "load must be a number" in bad.stderr
     assert "Traceback" not in bad.stderr
