@@ -9,9 +9,10 @@ What happens in simulated time:
     rates change the job keeps its progress and goes on at the new pace (fluid model);
   - metered flows (the granted rate, which the testbed enforces with OpenFlow meters) get their
     granted rate — scaled down in proportion only where a link's capacity drops below what is
-    granted on it; everything else (background traffic, and every job flow when
-    `SimConfig.metered` is off) shares what the metered flows leave by max-min fairness
-    (`paths.fair_rates`, elastic flows);
+    granted on it; background traffic takes what the grants leave, so it slows no metered job.
+    With `SimConfig.metered` off (plain TCP, nothing enforced) every job flow and every
+    background flow shares the links' capacity by max-min fairness (`paths.fair_rates`, elastic
+    flows, background flows capped at their demand);
   - nodes leave and join (seed 001's tidal availability, seed 003's registration), links change
     capacity, background flows come and go; the jobs on a node that leaves are re-queued (keeping
     their progress, as after a checkpoint, and paying `restart_overhead_s`) or failed.
@@ -364,6 +365,7 @@ class Simulator:
         self._net_dirty = self._links_changed = False
         self._tick_pending = False
         self._clock: float | None = None
+        self._clock_start: float | None = None  # the first event's time: metrics start here
         self._balance_area = self._util_area = 0.0
         self._balance: tuple[float, float] | None = None  # (std, mean) of _util, when fresh
         self._util = {n: node_utilisation(self.cluster, n)  # Ū_n of the online nodes
@@ -401,7 +403,7 @@ class Simulator:
         end = self.config.until if self._open and self._heap else self.now
         self._integrate(end)
         self.now = end
-        span = end - (self.states[0].submit if self.states else 0.0)
+        span = end - (self._clock_start if self._clock_start is not None else end)
         return SimResult(self.states, end, self.job_events, time.perf_counter() - wall,
                          self._balance_area / span if span > 0 else 0.0,
                          self._util_area / span if span > 0 else 0.0, self.starts)
@@ -613,7 +615,9 @@ class Simulator:
     def _integrate(self, t: float) -> None:
         """Accumulate the cluster's balance (std of Ū_n over online nodes, as
         `metrics.load_balance`) and mean utilisation over time up to `t`."""
-        if self._clock is not None and t > self._clock:
+        if self._clock is None:
+            self._clock_start = t
+        elif t > self._clock:
             if self._balance is None:
                 u = np.fromiter(self._util.values(), float)
                 self._balance = (float(u.std()), float(u.mean())) if u.size else (0.0, 0.0)

@@ -246,3 +246,17 @@ def test_nominal_iteration_uses_speed_one_and_demanded_rates():
     m = IterationModel()
     comm = 1e6 * 8 / (min(100 * m.efficiency, m.max_rate_mbps) * 1e6) + 2 * m.per_message_latency_s
     assert estimated_iteration_s(job) == pytest.approx(0.1 + comm)
+
+
+def test_balance_and_utilisation_are_time_averages_over_online_nodes():
+    # n0 runs one task (all its cpu, 100 of 1024 MB) for 100 s while n1 idles; then, from 100 s
+    # to 200 s, n1 runs it alone after n0 has left (restart overhead 0).
+    u = (1.0 + 100 / 1024) / 2  # Ū_n of the busy node: mean of its cpu and memory shares
+    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=100)], restart_overhead_s=0.0)
+    assert res.balance_std == pytest.approx(u / 2) and res.utilisation == pytest.approx(u / 2)
+    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=200)], [NodeLeave(100.0, "n0")],
+              restart_overhead_s=0.0)
+    assert res.end_time == pytest.approx(200.0)
+    # first half: two online nodes (std u/2, mean u/2); second half: n1 alone (std 0, mean u)
+    assert res.balance_std == pytest.approx((u / 2) / 2)
+    assert res.utilisation == pytest.approx((u / 2 + u) / 2)
