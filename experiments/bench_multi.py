@@ -42,9 +42,9 @@ from topologies import TopologyError, load_topology
 TOPOS = "campus,fattree,topozoo/Abilene"
 ARRIVALS = "bursty:load=0.7,tidal=1"
 SWEEP: list[tuple[str, list]] = [
+    ("min_bw_share", [0.0, 0.25, 0.5, 0.75, 0.9]),
     ("window", [4, 8, 16, 32, 64, 128]),
     ("fit", ["align", "headroom"]),
-    ("min_bw_satisfaction", [0.0, 0.25, 0.5, 0.75, 0.9, 1.0]),
     ("weights", [(1.0, 0.5, 1.0), (0.0, 0.5, 1.0), (1.0, 0.0, 1.0), (1.0, 0.5, 0.0),
                  (2.0, 0.5, 1.0), (1.0, 0.5, 2.0), (1.0, 1.0, 1.0)]),
     ("reserve_after_s", [1800.0, 3600.0, 7200.0, 14400.0, 28800.0]),

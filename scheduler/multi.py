@@ -56,7 +56,6 @@ from topologies import load_topology
 
 from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
-from .metrics import bandwidth_satisfaction
 from .model import CannotPlace, Cluster, Decision, Job
 from .simulator import FreeSpace, JobState, Round, SimConfig, SimResult, Simulator
 
@@ -172,7 +171,7 @@ class MultiConfig:
     b_priority: float = 0.5
     c_wait: float = 1.0
     age_every_s: float = 3600.0  # priority ageing: +1 level per this much waiting
-    min_bw_satisfaction: float = 0.5  # defer a start granted less of its bandwidth demand
+    min_bw_share: float = 0.5  # defer a start granted less of what its links could give
     reservation: bool = True
     reserve_after_s: float = 7200.0
     max_reservations: int = 1
@@ -202,15 +201,15 @@ class CesMulti:
                 return
             scores = self.scores(rnd, window)
             best = max(candidates, key=lambda j: (scores[j], -j.seq))
-            if rnd.try_place(best, self._worth_it(best)) is None:
+            if rnd.try_place(best, self._worth_it(rnd, best)) is None:
                 tried.add(best)
                 if not cfg.backfill:
                     return
 
-    def _worth_it(self, js: JobState) -> Callable[[Decision], bool]:
-        """Start a job only with enough of the bandwidth it asks for: one granted a sliver
-        would hold its resources for ages. It waits for a better chance instead."""
-        return lambda d: bandwidth_satisfaction(js.job, d)[0] >= self.config.min_bw_satisfaction
+    def _worth_it(self, rnd: Round, js: JobState) -> Callable[[Decision], bool]:
+        """Start a job only if other jobs leave it enough bandwidth: one granted a sliver of
+        what its links could carry would hold its resources for ages; it waits instead."""
+        return lambda d: uncontended_share(rnd.cluster, js.job, d) >= self.config.min_bw_share
 
     def scores(self, rnd: Round, window: list[JobState]) -> dict[JobState, float]:
         """a·fit + b·priority + c·wait for the jobs of the window (module doc)."""
@@ -254,6 +253,18 @@ def shadow_decision(rnd: Round, js: JobState) -> Decision | None:
             except CannotPlace:
                 pass
     return None
+
+
+def uncontended_share(cluster: Cluster, job: Job, decision: Decision) -> float:
+    """Σ granted / Σ what the flows could get on their paths with no other traffic (the demand
+    capped by the path's bottleneck capacity): below 1 only because of other jobs."""
+    demand = {(f.src, f.dst): f.demand_mbps for f in job.flows}
+    granted = possible = 0.0
+    for f in decision.flows:
+        granted += f.rate_mbps
+        possible += min(demand[(f.src, f.dst)],
+                        min(cluster.link_capacity(u, v) for u, v in f.directed_links()))
+    return granted / possible if possible > 0 else 1.0
 
 
 def free_vector(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from scheduler import baselines
 from scheduler.arrivals import parse_arrivals
 from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job
-from scheduler.model import Cluster, Decision, Job, LogicalFlow, Resources, Task
+from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
 from scheduler.multi import (BEST_HEURISTIC, CesMulti, Edf, FifoBackfill, Las, MultiConfig, Sjf,
                              default_algorithm, evaluate_multi, multi_table, run_policy)
 from scheduler.simulator import JobState, Round, Simulator
@@ -111,14 +111,23 @@ def test_priority_ageing_lets_a_long_waiting_job_overtake_a_higher_priority_one(
     assert names(rnd.placed) == ["vip"]
 
 
-@pytest.mark.parametrize("min_bw, placed", [(0.5, []), (0.05, ["pair"])])
-def test_a_start_with_too_little_of_the_bandwidth_asked_is_deferred(min_bw, placed):
-    # Two 1-cpu workers must sit on two nodes behind 10 Mbit/s links; they ask 100 Mbit/s.
-    pair = custom_job("pair", [Task("w0", Resources(1, 100)), Task("w1", Resources(1, 100))],
+@pytest.mark.parametrize("link, busy, min_share, placed", [
+    (100.0, 90.0, 0.5, []),  # other traffic leaves it 10 of the 100 its links carry: wait
+    (100.0, 90.0, 0.05, ["pair"]),
+    (10.0, 0.0, 0.5, ["pair"]),  # the links themselves carry only 10: waiting would not help
+])
+def test_a_start_left_too_little_bandwidth_by_other_jobs_is_deferred(link, busy, min_share, placed):
+    cluster = cluster_of([2.0, 2.0], bw=link)
+    if busy:
+        other = custom_job("other", [Task("a", Resources(0.5, 100)), Task("b", Resources(0.5, 100))],
+                           [LogicalFlow("a", "b", busy, 1e6)], compute_s=0.1, iterations=10)
+        cluster.allocate(other, Decision("other", {"a": "n0", "b": "n1"},
+                                         [FlowAssignment("a", "b", ("n0", "s", "n1"), busy)]))
+    # Two 1-cpu workers on the two nodes (first-fit fills n0 first), asking 100 Mbit/s.
+    pair = custom_job("pair", [Task("w0", Resources(1.5, 100)), Task("w1", Resources(1.5, 100))],
                       [LogicalFlow("w0", "w1", 100.0, 1e6)], compute_s=0.1, iterations=10)
-    rnd = Round(0.0, cluster_of([1.0, 1.0], bw=10.0), make_algorithm("first-fit"),
-                [queued(pair, 0)], [])
-    ces(min_bw_satisfaction=min_bw).schedule(rnd)
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), [queued(pair, 0)], [])
+    ces(min_bw_share=min_share).schedule(rnd)
     assert names(rnd.placed) == placed
 
 
