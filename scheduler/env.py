@@ -124,8 +124,11 @@ class FlowOptions:
 class PlacementEpisode:
     """The MDP on one cluster and one job (see module doc). Never mutates `cluster`."""
 
-    def __init__(self, cluster: Cluster, job: Job, cfg: EnvConfig = EnvConfig()):
-        self.cluster, self.job, self.cfg = cluster, job, cfg
+    def __init__(self, cluster: Cluster, job: Job, cfg: EnvConfig = EnvConfig(),
+                 shaping: bool = True):
+        """`shaping=False` (inference) skips the rewards: `step` returns 0 and the end's info
+        has no predicted iteration time."""
+        self.cluster, self.job, self.cfg, self.shaping = cluster, job, cfg, shaping
         g = cluster.graph
         self.compute = cluster.compute_nodes()
         self.vertices = self.compute + [v for v, d in g.nodes(data=True) if d["kind"] == "switch"]
@@ -186,7 +189,7 @@ class PlacementEpisode:
         self.job_flows = np.zeros_like(self.residual)  # this job's flows per link
         self.rates: dict[tuple[str, str], float] = {}
         self.satisfaction = 0.0  # Σ over decided flows of (granted - demand) / total demand
-        self.balance = self._balance_std()
+        self.balance = self._balance_std() if shaping else 0.0
         self.done = False
         self._obs: Observation | None = None
         self.reference_s = self._reference_iteration_s()
@@ -494,24 +497,25 @@ class PlacementEpisode:
             self.job_load[es] += requested
             self.job_flows[es] += 1
             hop_cost += (len(path) - 1) / 10 * f.demand_mbps / self.total_demand
-        self.rates = fair_rates(self.cluster, {k: p for k, (p, _) in self.routed.items()},
-                                {k: r for k, (_, r) in self.routed.items()},
-                                self._weights())
-        satisfaction = self._satisfaction()
-        balance = self._balance_std()
-        reward = (w.balance * (self.balance - balance) + w.bandwidth * (satisfaction -
-                  self.satisfaction) - w.hops * hop_cost)
-        self.balance, self.satisfaction = balance, satisfaction
+        reward = 0.0
+        if self.shaping:
+            self.rates = self._rate_split()
+            satisfaction = self._satisfaction()
+            balance = self._balance_std()
+            reward = (w.balance * (self.balance - balance) + w.bandwidth * (satisfaction -
+                      self.satisfaction) - w.hops * hop_cost)
+            self.balance, self.satisfaction = balance, satisfaction
         self.t += 1
         self._obs, self._opts = None, {}
         info: dict = {}
         if self.t == len(self.order):
             self.done = True
-            decision = self.decision()
-            iteration_s = predicted_iteration_s(self.cluster, self.job, decision)
-            reward += w.iteration * max(math.log(self.reference_s / iteration_s),
-                                        w.iteration_floor)
-            info = {"placed": True, "iteration_s": iteration_s}
+            info = {"placed": True}
+            if self.shaping:
+                iteration_s = predicted_iteration_s(self.cluster, self.job, self.decision())
+                reward += w.iteration * max(math.log(self.reference_s / iteration_s),
+                                            w.iteration_floor)
+                info["iteration_s"] = iteration_s
         elif not self.observe().node_mask.any():
             reward_fail, _, info = self._fail(f"task {self.task}: no feasible node left")
             reward += reward_fail
@@ -536,10 +540,15 @@ class PlacementEpisode:
                 gap += min(self.rates.get((f.src, f.dst), 0.0), f.demand_mbps) - f.demand_mbps
         return gap / self.total_demand
 
+    def _rate_split(self) -> dict[tuple[str, str], float]:
+        return fair_rates(self.cluster, {k: p for k, (p, _) in self.routed.items()},
+                          {k: r for k, (_, r) in self.routed.items()}, self._weights())
+
     def decision(self) -> Decision:
         """The job's decision once every task is placed; infeasibility here is a bug."""
         placement = {t: self.compute[v] for t, v in self.placement.items()}
-        flows = [FlowAssignment(s, d, path, self.rates[(s, d)])
+        rates = self._rate_split()
+        flows = [FlowAssignment(s, d, path, rates[(s, d)])
                  for (s, d), (path, _) in self.routed.items()]
         return Decision(self.job.name, placement, flows)
 

@@ -442,7 +442,7 @@ class CesPPO:
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
-        ep = PlacementEpisode(cluster, job, self.env_cfg)
+        ep = PlacementEpisode(cluster, job, self.env_cfg, shaping=False)
         with _threads(1):
             while not ep.done:
                 if not ep.observe().node_mask.any():
