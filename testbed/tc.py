@@ -8,9 +8,9 @@ One layout serves both link emulation and the per-destination grants of a node's
         └── 1:<n>   one class per destination IP, rate = ceil = its grant, u32 filter on dst/32
                     (n = the host part of the address, so no state is kept outside the kernel)
 
-Every leaf gets a short pfifo queue (`queue_pkts`) (or netem with the same limit when the link has a delay and
-the kernel has sch_netem): a long queue makes OVS's userspace datapath drop inside the switch
-(ENVIRONMENT.md "Queues matter").
+Every leaf gets a short pfifo queue, ~5 ms of traffic (`queue_pkts`), or netem with the same
+limit when the link has a delay and the kernel has sch_netem: a long queue makes OVS's userspace
+datapath drop inside the switch (ENVIRONMENT.md "Queues matter").
 """
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def _leaf(pid: int | None, dev: str, minor: int, rate_mbps: float, delay_ms: flo
             _netem = False
             log.warning("this kernel has no sch_netem: link delays are NOT emulated "
                         "(bandwidth shaping still works)")
-    tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "pfifo", "limit", str(queue_pkts(rate_mbps)))
+    tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "pfifo", "limit",
+       str(queue_pkts(rate_mbps)))
 
 
 def shape(dev: str, rate_mbps: float, delay_ms: float = 0.0, pid: int | None = None) -> None:
