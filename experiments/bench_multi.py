@@ -43,7 +43,7 @@ TOPOS = "campus,fattree,topozoo/Abilene"
 ARRIVALS = "bursty:load=0.7,tidal=1"
 SWEEP: list[tuple[str, list]] = [
     ("min_bw_share", [0.0, 0.25, 0.5, 0.75, 0.9]),
-    ("window", [4, 8, 16, 32, 64, 128]),
+    ("window", [8, 16, 32, 64, 128, 1000]),
     ("fit", ["align", "headroom"]),
     ("weights", [(1.0, 0.5, 1.0), (0.0, 0.5, 1.0), (1.0, 0.0, 1.0), (1.0, 0.5, 0.0),
                  (2.0, 0.5, 1.0), (1.0, 0.5, 2.0), (1.0, 1.0, 1.0)]),

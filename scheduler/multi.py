@@ -9,18 +9,25 @@ CES-Multi, per round:
   1. starving jobs — queued longer than `reserve_after_s` — get a *minimum reservation* (at most
      `max_reservations` at a time, longest waiting first): the placement the single-job algorithm
      finds on the cluster as it will be once running jobs end, releasing them in the order they
-     are expected to finish until the job fits (EASY backfilling's shadow placement). The
-     reservation is sticky until the job starts (or a reserved node leaves): no other job may
-     use those resources (node capacity and link bandwidth), so they drain and the job starts —
-     through the algorithm, or on the reserved decision itself once it is feasible;
+     are expected to finish until the job fits (EASY backfilling's shadow placement; the shadow
+     time is the expected end of the last job released). The reservation is sticky until the job
+     starts (or a reserved node leaves): no other job may use those resources (node capacity and
+     link bandwidth) unless its nominal run time ends before the shadow time (EASY
+     backfilling), so they drain and the job starts — through the algorithm, or on the reserved
+     decision itself once it is feasible;
   2. the *rolling window*: the first `window` queued jobs (arrival order) are candidates; the
      best-scoring one is placed, a job that does not fit is skipped (backfilling past it), and a
      started job's slot goes to the next job in the queue, until every job in the window failed;
+     a start is also skipped when other jobs leave its flows less than `min_bw_share` of what
+     their paths could carry (`uncontended_share`): better to wait a little than to crawl for
+     hours on a sliver of bandwidth while holding nodes (a slow link is no reason to wait);
   3. score = a·fit + b·priority + c·wait, each in [0, 1]:
-     fit       cosine between the job's demand and the cluster's free resources, per dimension as
-               a share of the online total: cpu, memory, gpu (if any) and bandwidth (Σ of the
-               job's flow demands vs. the residual of the nodes' access links) — Tetris'
-               alignment, extended to the network; 0 when the job cannot fit;
+     fit       how the job's demand fits the cluster's free resources, per dimension as a share
+               of the online total: cpu, memory, gpu (if any) and bandwidth (Σ of the job's flow
+               demands vs. the residual of the nodes' access links); `fit="headroom"`: 1 - the
+               largest share of a free resource the job takes (small jobs fit best);
+               `fit="align"`: cosine of demand and free vectors (Tetris' alignment); 0 when the
+               job cannot fit;
      priority  (priority + wait / age_every_s) / the window's largest — priority ageing;
      wait      waiting time / the window's longest.
 Defaults come from the sweep in docs/multi.md (`experiments/bench_multi.py --sweep`).
@@ -45,9 +52,8 @@ import bisect
 import functools
 import hashlib
 import math
-import platform
 import statistics
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from typing import Callable, ClassVar
 
 import numpy as np
@@ -56,6 +62,7 @@ from topologies import load_topology
 
 from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
+from .evaluate import machine_info
 from .model import CannotPlace, Cluster, Decision, Job
 from .simulator import FreeSpace, JobState, Round, SimConfig, SimResult, Simulator
 
@@ -165,7 +172,7 @@ class Edf(Fifo):
 @dataclass(frozen=True)
 class MultiConfig:
     """CES-Multi's knobs (module doc); defaults from the sweep in docs/multi.md."""
-    window: int = 16
+    window: int = 64
     fit: str = "headroom"  # headroom | align
     a_fit: float = 1.0
     b_priority: float = 0.5
@@ -184,13 +191,13 @@ class CesMulti:
     config: MultiConfig = MultiConfig()
     name: ClassVar[str] = "ces-multi"
     period_s: ClassVar[float | None] = None
-    reserved: dict[JobState, Decision] = field(default_factory=dict)  # sticky reservations
+    reserved: dict[JobState, tuple[Decision, float]] = field(default_factory=dict)  # sticky
 
     def schedule(self, rnd: Round) -> None:
         cfg = self.config
         if cfg.reservation:
             self._reserve(rnd)
-        for owner, held in list(self.reserved.items()):
+        for owner, (held, _) in list(self.reserved.items()):
             if rnd.try_place(owner) or rnd.commit(owner, held):
                 del self.reserved[owner]
         tried: set[JobState] = set()
@@ -224,24 +231,25 @@ class CesMulti:
     def _reserve(self, rnd: Round) -> None:
         """Keep the sticky reservations valid, add new ones for starving jobs, apply them all."""
         queued = set(rnd.queue)
-        for owner, held in list(self.reserved.items()):
+        for owner, (held, _) in list(self.reserved.items()):
             if owner not in queued or rnd.cluster.offline & set(held.placement.values()):
                 del self.reserved[owner]
-        for owner, held in self.reserved.items():
-            rnd.hold(owner, held)
+        for owner, (held, until) in self.reserved.items():
+            rnd.hold(owner, held, until)
         starving = sorted((j for j in rnd.queue if j not in self.reserved
                            and j.wait(rnd.now) >= self.config.reserve_after_s),
                           key=lambda j: (-j.wait(rnd.now), j.seq))
         for js in starving[:max(self.config.max_reservations - len(self.reserved), 0)]:
-            held = shadow_decision(rnd, js)
-            if held is not None:
-                self.reserved[js] = held
-                rnd.hold(js, held)
+            shadow = shadow_decision(rnd, js)
+            if shadow is not None:
+                self.reserved[js] = shadow
+                rnd.hold(js, *shadow)
 
 
-def shadow_decision(rnd: Round, js: JobState) -> Decision | None:
-    """Where `js` will fit soonest: release running jobs in expected end order on a copy of the
-    cluster (minus other holds) until the algorithm places it."""
+def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
+    """Where and when `js` will fit soonest: release running jobs in expected end order on a
+    copy of the cluster (minus other holds) until the algorithm places it; the decision and the
+    expected end of the last job released (the shadow time)."""
     trial = rnd.view(js).copy(share_graph=True)
     ending = sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))
     for i in range(len(ending) + 1):
@@ -249,7 +257,7 @@ def shadow_decision(rnd: Round, js: JobState) -> Decision | None:
             trial.release(ending[i - 1].name)
         if FreeSpace.of(trial).may_fit(js.job):
             try:
-                return rnd.algorithm.place(trial, js.job)
+                return rnd.algorithm.place(trial, js.job), ending[i - 1].expected_end if i else rnd.now
             except CannotPlace:
                 pass
     return None
@@ -351,7 +359,7 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
     sim = SimConfig(metered=getattr(args, "metered", True))
     out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
                  "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
-                 "machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
+                 "machine": machine_info(),
                  "algorithms": {}}
     for name in names:
         runs = [run_policy(name, cluster, spec, seed, single, sim=sim) for seed in range(args.seeds)]

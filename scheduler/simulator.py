@@ -169,17 +169,21 @@ class Round:
         self.queue, self.running = list(queue), list(running)
         self.placed: list[JobState] = []
         self.preempted: list[JobState] = []
-        self.holds: dict[JobState, Decision] = {}
+        self.holds: dict[JobState, tuple[Decision, float]] = {}  # owner -> (decision, until)
         self._views: dict[frozenset, tuple[Cluster, FreeSpace]] = {}  # by holds applied
 
-    def hold(self, owner: JobState, decision: Decision) -> None:
-        """Keep the resources of `decision` (a placement computed for `owner`) from every other
-        job for the rest of this round."""
-        self.holds[owner] = decision
+    def hold(self, owner: JobState, decision: Decision, until: float = -math.inf) -> None:
+        """Keep the resources of `decision` (a placement computed for `owner`) for the rest of
+        this round from every other job — except jobs expected to be done by `until` (when
+        `owner` is expected to start; EASY backfilling). By default nobody may use them."""
+        self.holds[owner] = (decision, until)
         self._views.clear()
 
     def _holds_against(self, js: JobState | None) -> frozenset:
-        return frozenset(o.name for o in self.holds if o is not js)
+        """The owners of the holds that bind `js`."""
+        done_by = self.now + js.estimated_remaining_s() if js else math.inf
+        return frozenset(o.name for o, (_, until) in self.holds.items()
+                         if o is not js and done_by > until)
 
     def view(self, js: JobState | None = None) -> Cluster:
         """The cluster as `js` may use it: without the resources held for other jobs."""
@@ -194,7 +198,7 @@ class Round:
             view = self.cluster
             if key:
                 view = self.cluster.copy(share_graph=True)
-                for owner, d in self.holds.items():
+                for owner, (d, _) in self.holds.items():
                     if owner.name not in key:
                         continue
                     for task, node in d.placement.items():

@@ -171,7 +171,8 @@ def test_reservation_holds_the_shadow_placement_and_keeps_it():
     policy = ces(reserve_after_s=600.0)
     rnd = Round(0.0, cluster, algo, [starving, fresh], running)
     policy.schedule(rnd)
-    assert rnd.placed == [] and policy.reserved[starving].placement == {"w0": "n0"}
+    held, shadow_time = policy.reserved[starving]
+    assert rnd.placed == [] and held.placement == {"w0": "n0"} and shadow_time == 100.0
     cluster.release("r0")  # n0 drains; "fresh" may not take it
     rnd = Round(100.0, cluster, algo, [starving, fresh], running[1:], epoch=1)
     policy.schedule(rnd)

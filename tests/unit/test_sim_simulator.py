@@ -260,3 +260,15 @@ def test_balance_and_utilisation_are_time_averages_over_online_nodes():
     # first half: two online nodes (std u/2, mean u/2); second half: n1 alone (std 0, mean u)
     assert res.balance_std == pytest.approx((u / 2) / 2)
     assert res.utilisation == pytest.approx((u / 2 + u) / 2)
+
+
+def test_a_hold_lets_jobs_done_before_its_owner_starts_backfill():
+    from scheduler.simulator import JobState
+    cluster = one_switch([1.0])
+    owner = JobState(solo_job("owner"), 0, "queued")
+    short, long = JobState(solo_job("short", iterations=50), 1, "queued"), \
+        JobState(solo_job("long", iterations=500), 2, "queued")
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), [owner, long, short], [])
+    rnd.hold(owner, Decision("owner", {"w0": "n0"}, []), until=60.0)  # owner expected at 60 s
+    assert rnd.try_place(long) is None  # 500 s: would delay the owner
+    assert rnd.try_place(short).placement == {"w0": "n0"}  # done after 50 s
