@@ -57,7 +57,7 @@ BW_CAP = 2.0  # bandwidth features are min(bw / demand, BW_CAP) / BW_CAP
 @dataclass(frozen=True)
 class RewardConfig:
     """The heuristic reward of DESIGN §3: every weight in one place."""
-    balance: float = 1.0  # × decrease of the std of node utilisation Ū_n this step
+    balance: float = 3.0  # × decrease of the std of node utilisation Ū_n this step
     bandwidth: float = 0.5  # × change of the job's Σ(granted - demanded)/Σ demanded this step
     hops: float = 0.05  # × hops/10 of each new flow, weighted by its share of the job's demand
     iteration: float = 1.0  # × log(reference / predicted iteration time), at the end ...
@@ -82,22 +82,58 @@ class EnvConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
 
 
-# k shortest paths depend on G's structure only: kept per graph object (a Cluster's graph is
-# read-only; node leave/join and capacity changes do not touch its structure), as a real
-# scheduler keeps its candidate routes per topology. Checked against the graph's size.
-_ROUTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+@dataclass
+class Layout:
+    """G's structure as index arrays (compute nodes first, then switches; both directions of
+    every link), with what depends on structure only: hop distances and the k shortest paths.
+    Kept per graph object, as a real scheduler keeps its routes per topology: a Cluster's graph
+    is read-only in structure (node leave/join and capacity changes do not touch it); the size
+    is checked all the same."""
+    size: tuple[int, int]
+    compute: list[str]
+    vertices: list[str]
+    index: dict[str, int]
+    src: np.ndarray  # (E,) int64
+    dst: np.ndarray  # (E,) int64
+    edge_id: dict[tuple[str, str], int]
+    out_edges: list[list[tuple[int, int]]]  # per vertex: (neighbour, link)
+    in_edges: list[list[tuple[int, int]]]
+    degree: np.ndarray  # (V,)
+    hops: dict[int, np.ndarray] = field(default_factory=dict)
+    routes: dict[tuple[str, str, int], list[Path]] = field(default_factory=dict)
+
+
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def layout(cluster: Cluster) -> Layout:
+    g = cluster.graph
+    size = (g.number_of_nodes(), g.number_of_edges())
+    lay = _LAYOUTS.get(g)
+    if lay is None or lay.size != size:
+        compute = cluster.compute_nodes()
+        vertices = compute + [v for v, d in g.nodes(data=True) if d["kind"] == "switch"]
+        index = {v: i for i, v in enumerate(vertices)}
+        pairs = [(a, b) for u, v in g.edges for a, b in ((u, v), (v, u))]
+        src = np.array([index[a] for a, _ in pairs], np.int64)
+        dst = np.array([index[b] for _, b in pairs], np.int64)
+        out_edges: list[list[tuple[int, int]]] = [[] for _ in vertices]
+        in_edges: list[list[tuple[int, int]]] = [[] for _ in vertices]
+        for e, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
+            out_edges[a].append((b, e))
+            in_edges[b].append((a, e))
+        lay = _LAYOUTS[g] = Layout(size, compute, vertices, index, src, dst,
+                                   {pr: e for e, pr in enumerate(pairs)}, out_edges, in_edges,
+                                   np.bincount(src, minlength=len(vertices)))
+    return lay
 
 
 def shortest_candidates(cluster: Cluster, a: str, b: str, k: int) -> list[Path]:
     """`paths.candidate_paths(cluster, a, b, k)`, remembered per graph."""
-    g = cluster.graph
-    size = (g.number_of_nodes(), g.number_of_edges())
-    table = _ROUTES.get(g)
-    if table is None or table["size"] != size:
-        table = _ROUTES[g] = {"size": size}
-    if (a, b, k) not in table:
-        table[(a, b, k)] = candidate_paths(cluster, a, b, k)
-    return table[(a, b, k)]
+    routes = layout(cluster).routes
+    if (a, b, k) not in routes:
+        routes[(a, b, k)] = candidate_paths(cluster, a, b, k)
+    return routes[(a, b, k)]
 
 
 @dataclass
@@ -130,31 +166,17 @@ class PlacementEpisode:
         has no predicted iteration time."""
         self.cluster, self.job, self.cfg, self.shaping = cluster, job, cfg, shaping
         g = cluster.graph
-        self.compute = cluster.compute_nodes()
-        self.vertices = self.compute + [v for v, d in g.nodes(data=True) if d["kind"] == "switch"]
-        self.index = {v: i for i, v in enumerate(self.vertices)}
-        n, nv = len(self.compute), len(self.vertices)
-        src, dst, cap, delay = [], [], [], []
-        for u, v, d in g.edges(data=True):
-            for a, b in ((u, v), (v, u)):
-                src.append(self.index[a])
-                dst.append(self.index[b])
-                cap.append(d["bw_mbps"])
-                delay.append(d.get("delay_ms", 0.0))
-        self.src, self.dst = np.array(src, np.int64), np.array(dst, np.int64)
-        self.cap, self.delay = np.array(cap), np.array(delay)
-        self.edge_id = {(self.vertices[a], self.vertices[b]): e
-                        for e, (a, b) in enumerate(zip(src, dst))}
+        lay = self.layout = layout(cluster)
+        self.compute, self.vertices, self.index = lay.compute, lay.vertices, lay.index
+        self.src, self.dst, self.edge_id = lay.src, lay.dst, lay.edge_id
+        self.out_edges, self.in_edges, self.degree = lay.out_edges, lay.in_edges, lay.degree
+        links = [(d["bw_mbps"], d.get("delay_ms", 0.0)) for _, _, d in g.edges(data=True)]
+        self.cap = np.repeat([bw for bw, _ in links], 2).astype(float)  # the layout's order
+        self.delay = np.repeat([ms for _, ms in links], 2).astype(float)
         # Cluster.residual, for all directed links at once (capacity as read above).
         reserved = cluster.reserved
-        self.residual = (self.cap - np.array([reserved.get((self.vertices[a], self.vertices[b]),
-                                                           0.0) for a, b in zip(src, dst)])
+        self.residual = (self.cap - np.array([reserved.get(pr, 0.0) for pr in self.edge_id])
                          ).clip(min=0.0)
-        self.out_edges: list[list[tuple[int, int]]] = [[] for _ in range(nv)]
-        self.in_edges: list[list[tuple[int, int]]] = [[] for _ in range(nv)]
-        for e, (a, b) in enumerate(zip(src, dst)):
-            self.out_edges[a].append((b, e))
-            self.in_edges[b].append((a, e))
         self.capacity = np.array([cluster.capacity(c).as_tuple() for c in self.compute])
         self.free = np.array([cluster.free(c).as_tuple() for c in self.compute])
         self.online = np.array([c not in cluster.offline for c in self.compute])
@@ -163,9 +185,7 @@ class PlacementEpisode:
         self.cap_scale[2] = max(self.cap_scale[2], 1.0)
         self.has_res = self.capacity > 0  # R_n of metrics.node_utilisation
         self.base_used = self.capacity - self.free
-        self.degree = np.bincount(self.src, minlength=nv)
         self.saturated = bool((self.residual <= EPS).any())
-        self._hops: dict[int, np.ndarray] = {}
         self._candidates: dict[tuple[str, str], list[Path]] = {}
         self._comp: np.ndarray | None = None
         self._opts: dict[int, FlowOptions] = {}  # this step's options per node
@@ -203,13 +223,14 @@ class PlacementEpisode:
     def _hops_from(self, v: int) -> np.ndarray:
         """Hop distance from vertex v to every vertex. Plain BFS over G is right: a compute
         node hangs on one link, so no shortest path passes through one."""
-        if v not in self._hops:
+        hops = self.layout.hops
+        if v not in hops:
             dist = np.full(len(self.vertices), np.inf)
             for u, d in nx.single_source_shortest_path_length(self.cluster.graph,
                                                                self.vertices[v]).items():
                 dist[self.index[u]] = d
-            self._hops[v] = dist
-        return self._hops[v]
+            hops[v] = dist
+        return hops[v]
 
     def _widths(self, v: int, residual: np.ndarray, outward: bool) -> np.ndarray:
         """Best bottleneck of `residual` over paths from v to every vertex (to v if not
