@@ -143,6 +143,8 @@ class Messenger:
                 if silent_since is None:
                     log.warning("master unreachable (%s); retrying", e)
                     silent_since = time.time()
+            except Exception:  # e.g. the Docker engine refused a stop: keep heartbeating
+                log.exception("heartbeat round failed")
             self.wake.wait(timeout=self.cfg.heartbeat_s)
             self.wake.clear()
 

@@ -79,12 +79,19 @@ class ComputeManager:
         return worker.status()
 
     def stop(self, name: str) -> bool:
+        """Stop and remove a worker; idempotent (the Master's command and a heartbeat reply
+        may ask at the same time: one removes, the other finds it gone)."""
         with self.lock:
             worker = self.workers.pop(name, None)
-        workers.stop_worker(self.client, self.container_name(name))
-        if worker:
-            worker.done.wait(timeout=5)  # its last lines are in the file before we answer
-        return worker is not None
+        if worker is None:
+            return False
+        try:
+            workers.stop_worker(self.client, self.container_name(name))
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: docker is already removing it
+                raise
+        worker.done.wait(timeout=5)  # its last lines are in the file before we answer
+        return True
 
     def stop_all(self) -> None:
         for name in list(self.workers):

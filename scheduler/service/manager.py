@@ -12,6 +12,7 @@ reason. Pure bookkeeping: the Master does the talking to agents and the SDN app.
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Callable
 
 from ..model import Decision, Job
 
+log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # also a container-name fragment
 EXIT_BAD_PARAMETERS = 2  # workloads.train's exit code for a job that can never run
 
@@ -79,6 +81,7 @@ class JobRecord:
 
     def log(self, now: float, text: str) -> None:
         self.events.append((now, text))
+        log.info("job %s: %s", self.name, text)
 
     def task_records(self, task: str, attempt: Attempt | None = None) -> list[dict]:
         attempt = attempt or (self.attempts[-1] if self.attempts else None)
