@@ -38,6 +38,7 @@ MAX_METER_ID = 0xFFFF0000  # OFPM_MAX
 MAX_RATE_MBPS = 100_000.0
 MIN_RATE_MBPS = 0.001  # a meter's unit is 1 kbit/s
 MAX_FLOWS_PER_JOB = 20_000
+MAX_NAME = 1024  # a flow's free-form label (e.g. the jobs sharing it)
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 FLOW_KEYS = ("src", "dst", "path", "rate_mbps", "tcp_src", "tcp_dst", "name")
 
@@ -181,8 +182,9 @@ def parse_flow(item: Any, resolver: "_Resolver", where: str) -> FlowSpec:
                            f"got {rate!r}", f"{where}.rate_mbps")
     ports = {k: _tcp_port(item.get(k), f"{where}.{k}") for k in ("tcp_src", "tcp_dst")}
     name = item.get("name", "")
-    if not isinstance(name, str) or len(name) > 64:
-        raise RequestError("expected a string of at most 64 characters", f"{where}.name")
+    if not isinstance(name, str) or len(name) > MAX_NAME:
+        raise RequestError(f"expected a string of at most {MAX_NAME} characters",
+                           f"{where}.name")
     path = resolver.path(item["path"], src, dst, f"{where}.path")
     return FlowSpec(src, dst, path, float(rate), ports["tcp_src"], ports["tcp_dst"], name)
 

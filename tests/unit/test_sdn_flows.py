@@ -55,6 +55,7 @@ def test_parse_accepts_names_ips_and_dpids(campus):
     ({"flows": [flow(tcp_dst=0)]}, "flows[0].tcp_dst", "TCP port"),
     ({"flows": [flow(tcp_src=70000)]}, "flows[0].tcp_src", "TCP port"),
     ({"flows": [flow(name=7)]}, "flows[0].name", "string"),
+    ({"flows": [flow(name="x" * 1025)]}, "flows[0].name", "at most 1024"),
     ({"flows": [flow(path=[])]}, "flows[0].path", "non-empty list"),
     ({"flows": [flow(path="acc1")]}, "flows[0].path", "non-empty list"),
     ({"flows": [flow(path=["acc1", "nosuch", "acc4"])]}, "flows[0].path[1]", "unknown switch"),
