@@ -74,7 +74,9 @@ def netem_available() -> bool | None:
 def _leaf(pid: int | None, dev: str, minor: int, rate_mbps: float, delay_ms: float,
           verb: str) -> None:
     global _netem
-    parent = f"parent 1:{minor:x} handle {minor:x}:"
+    # No explicit handle: the kernel picks a free one (a handle derived from the minor would
+    # collide with the root's `1:` for a destination whose host part is 1).
+    parent = f"parent 1:{minor:x}"
     if delay_ms > 0 and _netem is not False:
         try:
             tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "netem", "delay",
