@@ -155,7 +155,9 @@ class Master:
                 self.cluster.offline.add(node)
         for node, silent in stale:
             log.warning("node %s stopped heartbeating (%.1f s)", node, silent)
-            for rec in self.manager.on_node(node):
+            with self.lock:
+                affected = self.manager.on_node(node)
+            for rec in affected:
                 self._fail_attempt(rec, f"node {node} stopped heartbeating "
                                         f"(silent for {silent:.1f} s)", retryable=True)
             self._dirty = True
@@ -170,7 +172,8 @@ class Master:
         """One round of the queue policy per single-job algorithm in use (jobs may name their
         own), in submit order; each job it starts is pinned to the node pairs' paths, checked
         again, and launched; the others wait with the reason."""
-        queued = self.manager.queued()
+        with self.lock:  # the HTTP threads add jobs meanwhile
+            queued = self.manager.queued()
         for algorithm in dict.fromkeys(r.algorithm for r in queued):
             recs = {r.name: r for r in queued if r.algorithm == algorithm}
             with self.lock:
@@ -262,7 +265,8 @@ class Master:
         self._dirty = True
 
     def _worker_ended(self, node: str, w: WorkerState) -> None:
-        owner = self.manager.worker_owner(w.name)
+        with self.lock:
+            owner = self.manager.worker_owner(w.name)
         if owner is None:
             return  # an earlier attempt's worker, already dealt with
         rec, task = owner
