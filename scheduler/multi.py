@@ -64,7 +64,7 @@ from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
 from .evaluate import machine_info
 from .model import CannotPlace, Cluster, Decision, Job
-from .simulator import FreeSpace, JobState, Round, SimConfig, SimResult, Simulator
+from .simulator import FreeSpace, JobState, Round, SimResult, Simulator
 
 # The single-job scheduler CES-Multi uses until CES-PPO is registered (bench_scheduler's best
 # heuristic on bandwidth satisfaction and iteration time).
@@ -325,12 +325,12 @@ def make_policy(name: str, algorithm: str | None = None, seed: int = 0,
 
 
 def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,
-               algorithm: str | None = None, config: MultiConfig = MultiConfig(),
-               sim: SimConfig = SimConfig()) -> dict:
-    """One simulated run of a queue policy on a scenario; its `SimResult.summary()`."""
+               algorithm: str | None = None, config: MultiConfig = MultiConfig()) -> dict:
+    """One simulated run of a queue policy on a scenario; its `SimResult.summary()` and the
+    schedule's digest."""
     scenario = make_scenario(spec, cluster, seed)
     policy = make_policy(name, algorithm, seed, config)
-    result = Simulator(cluster.copy(), policy, sim).run(scenario.jobs, scenario.events)
+    result = Simulator(cluster.copy(), policy).run(scenario.jobs, scenario.events)
     return result.summary() | {"schedule_digest": schedule_digest(result)}
 
 
@@ -343,7 +343,7 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
     """The `--mode multi` evaluation: every policy in `args.algos` ("all" or comma-separated) on
     `args.topo` (any spec the topology loader takes) under `args.arrivals` (a spec string of
     `arrivals.parse_arrivals`) for seeds 0..args.seeds-1; metrics as mean and std over seeds.
-    Optional: `args.single` (the single-job algorithm for every policy), `args.metered`.
+    Optional: `args.single` (the single-job algorithm of every policy; default CES-Multi's).
     Raises ValueError (incl. TopologyError, ArrivalError) on bad input."""
     topo = load_topology(args.topo)
     cluster = Cluster.from_topology(topo)
@@ -356,13 +356,11 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
     if args.seeds < 1:
         raise ValueError(f"--seeds must be ≥ 1, got {args.seeds}")
     single = getattr(args, "single", None) or default_algorithm()
-    sim = SimConfig(metered=getattr(args, "metered", True))
     out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
                  "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
-                 "machine": machine_info(),
-                 "algorithms": {}}
+                 "machine": machine_info(), "algorithms": {}}
     for name in names:
-        runs = [run_policy(name, cluster, spec, seed, single, sim=sim) for seed in range(args.seeds)]
+        runs = [run_policy(name, cluster, spec, seed, single) for seed in range(args.seeds)]
         out["algorithms"][name] = {m: _mean_std([r[m] for r in runs]) for m in METRICS}
     return out
 
