@@ -76,6 +76,9 @@ def test_parameter_server_job_is_a_star(net, tmp_path):
     assert all(t.end["reached_target"] for t in logs)
     grad = logs[0].start["gradient_bytes"]
     tx = [statistics.median(r["tx_bytes"] for r in t.iters[3:]) for t in logs]
-    # the server sends the average to both workers; each worker only sends to the server
-    assert 2 * grad <= tx[0] <= 1.15 * 2 * grad
-    assert all(grad <= w <= 1.15 * grad for w in tx[1:])
+    # the server sends the average to both workers; each worker only sends to the server.
+    # Headers, ACKs and retransmissions (a loaded CI machine) add up to ~30%; the ratio of the
+    # server's to a worker's traffic is the star's signature (a ring would give 1).
+    assert 2 * grad <= tx[0] <= 1.3 * 2 * grad
+    assert all(grad <= w <= 1.3 * grad for w in tx[1:])
+    assert 1.6 <= tx[0] / statistics.mean(tx[1:]) <= 2.4
