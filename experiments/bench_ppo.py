@@ -29,6 +29,7 @@ from __future__ import annotations
 import _venv  # noqa: F401  (re-exec under .venv)
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from scheduler.jobs import load_jobs, random_job, ring_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Resources
 from scheduler.ppo import CHECKPOINT
+from scheduler.train_ppo import plot as plot_curves
 from topologies import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,8 +251,21 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     plot(doc, args.out.with_suffix(".png"))
+    encoder_curves(args.out.parent / "encoders.png")
     _table(doc)
     return 0
+
+
+def encoder_curves(path: Path) -> None:
+    """The two encoders' learning curves (same seed, same episodes) in one figure."""
+    curves = {}
+    for label, name in (("graph encoder (gnn)", "learning_curve.csv"),
+                        ("mlp encoder", "learning_curve_mlp.csv")):
+        if (path.parent / name).exists():
+            with (path.parent / name).open() as fh:
+                curves[label] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+    if len(curves) == 2:
+        plot_curves(curves, path, "CES-PPO learning curves: graph encoder vs MLP encoder")
 
 
 def _table(doc: dict) -> None:

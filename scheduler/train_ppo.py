@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import platform
 import sys
 from dataclasses import fields, replace
@@ -27,7 +28,8 @@ COLUMNS = ("steps", "episodes", "seconds", "return", "placed", "iter_vs_heuristi
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m scheduler.train_ppo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scheduler.train_ppo",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=PPOConfig.total_steps,
                    help="environment steps (task placements) to train for")
@@ -59,21 +61,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
+    """Learning curves (one line per label; a rolling mean of 5 updates over the raw values)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    steps = [r["steps"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, key, label in ((axes[0], "return", "mean episode return"),
-                           (axes[1], "iter_vs_heuristic", "iteration time / network-aware's (geo. mean)"),
-                           (axes[2], "placed", "jobs placed")):
-        ax.plot(steps, [r[key] for r in rows], lw=1.5)
-        ax.set_xlabel("environment steps")
-        ax.set_title(label, fontsize=10)
+    for label, rows in curves.items():
+        steps = np.array([r["steps"] for r in rows]) / 1000
+        for ax, key in zip(axes, ("return", "iter_vs_heuristic", "placed")):
+            y = np.array([r[key] for r in rows], float)
+            smooth = np.convolve(y, np.ones(5) / 5, mode="valid") if len(y) >= 5 else y
+            line, = ax.plot(steps[len(steps) - len(smooth):], smooth, lw=1.6, label=label)
+            ax.plot(steps, y, lw=0.6, alpha=0.3, color=line.get_color())
+    for ax, name in zip(axes, ("mean episode return", "iteration time / network-aware's "
+                                                      "(geometric mean)", "jobs placed")):
+        ax.set_xlabel("environment steps (thousands)")
+        ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
     axes[1].axhline(1.0, color="grey", ls="--", lw=1)
+    if len(curves) > 1:
+        axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -107,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
                             ratio=row["iter_vs_heuristic"], placed=row["placed"])
 
         agent = train(cfg, env_cfg, log)
-    meta = {"machine": f"{platform.machine()} {torch.get_num_threads()} torch thread(s), "
-                       f"{platform.python_implementation()} {platform.python_version()}",
+    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                       f"{torch.get_num_threads()} torch thread(s), load average "
+                       f"{os.getloadavg()[2]:.1f} (15 min) at the end",
             "seconds": rows[-1]["seconds"] if rows else 0.0,
             "command": "python -m scheduler.train_ppo " + " ".join(argv or sys.argv[1:])}
     save(agent, cfg, env_cfg, args.out, meta)
-    plot(rows, args.png, f"CES-PPO ({cfg.encoder}, seed {cfg.seed}), "
-                         f"{rows[-1]['seconds'] / 60:.1f} min" if rows else "CES-PPO")
+    plot({cfg.encoder: rows}, args.png, f"CES-PPO ({cfg.encoder} encoder, seed {cfg.seed}): "
+         f"{rows[-1]['seconds'] / 60:.1f} min on {meta['machine']}" if rows else "CES-PPO")
     print(f"checkpoint {args.out}; learning curve {args.csv}, {args.png}")
     return 0
 
