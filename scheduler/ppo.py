@@ -49,7 +49,7 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     guide_coef: float = 1.0  # weight of the imitation term toward the teacher at the start ...
-    guide_until: float = 0.3  # ... annealed linearly to 0 at this fraction of training
+    guide_until: float = 0.2  # ... annealed linearly to 0 at this fraction of training
     encoder: str = "gnn"  # "gnn": message passing over G; "mlp": per-vertex MLP only
     layers: int = 3  # message-passing rounds of the gnn encoder
     hidden: int = 64
