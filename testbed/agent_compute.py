@@ -98,9 +98,13 @@ class ComputeManager:
             self.stop(name)
 
     def reconcile(self, expected: list[str]) -> None:
-        """After (re)registration: remove this node's containers the Master does not expect
-        (left by an earlier incarnation of the agent); those it expects are followed again."""
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={self.node}"}):
+        """After (re)registration: remove this agent's containers the Master does not expect
+        (left by an earlier incarnation of the agent); those it expects are followed again.
+        Only containers named with this agent's prefix and labelled with its node: another
+        run's agent for a node of the same name owns its own."""
+        for c in workers.find_workers(self.client, self.name_prefix):
+            if c.labels.get(LABEL_NODE) != self.node:
+                continue
             name = c.labels.get(LABEL_WORKER, "")
             if name in expected and name not in self.workers:
                 spec = WorkerSpec(name, c.labels.get("ces.job", ""), "", "", [], 0, 0)
