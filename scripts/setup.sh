@@ -50,9 +50,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   torch_pin=$(grep -E '^torch==' requirements.txt)
   # A CPU-only torch: from a local wheel if pip finds one, else from PyTorch's CPU index (PyPI's
   # default torch pulls gigabytes of CUDA libraries).
-  if ! .venv/bin/pip install -q --no-index "$torch_pin" 2>/dev/null; then
+  if curl -fsS --max-time 5 -o /dev/null https://download.pytorch.org/whl/cpu/torch/; then
     .venv/bin/pip install -q "$torch_pin" --index-url https://download.pytorch.org/whl/cpu \
-      || .venv/bin/pip install -q "$torch_pin"
+      --extra-index-url https://pypi.org/simple
+  else
+    .venv/bin/pip install -q "$torch_pin"
   fi
   .venv/bin/pip install -q -r requirements.txt
   echo "$want" > "$stamp"
