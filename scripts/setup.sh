@@ -48,8 +48,8 @@ want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing Python packages (requirements.txt)"
   torch_pin=$(grep -E '^torch==' requirements.txt)
-  # A CPU-only torch: from a local wheel if pip finds one, else from PyTorch's CPU index (PyPI's
-  # default torch pulls gigabytes of CUDA libraries).
+  # A CPU-only torch: from PyTorch's CPU index when it is reachable, else from what pip is
+  # configured with (a local wheel here). PyPI's default torch pulls gigabytes of CUDA libraries.
   if curl -fsS --max-time 5 -o /dev/null https://download.pytorch.org/whl/cpu/torch/; then
     .venv/bin/pip install -q "$torch_pin" --index-url https://download.pytorch.org/whl/cpu \
       --extra-index-url https://pypi.org/simple
