@@ -21,7 +21,8 @@ unseen: our `campus` and the topohub networks `topozoo/Abilene`, `sndlib/polska`
    network-aware's predicted iteration time / the exact reference's.
 3. Decision latency: `place()` of an 8-task ring job on `gabriel/100/0` (100 nodes, background
    0.5), p50/p99 over --reps calls, torch on one thread; warm (the topology's candidate routes
-   already known, the steady state) and cold (a fresh graph: routes computed in the call).
+   already known, the steady state) and cold (a fresh graph: routes computed in the call); wall
+   time and the process's CPU time (on a shared machine the wall time includes waiting).
 Reproducible with --seed; wall times are this machine's (the JSON records it and its load).
 """
 from __future__ import annotations
@@ -161,24 +162,30 @@ def gap_to_exact(n: int, seed: int) -> dict:
 
 def latency(reps: int, seed: int) -> dict:
     """Warm: repeated decisions on one cluster (its candidate routes known). Cold: each on a
-    fresh copy of the cluster's graph, so the k shortest paths are computed inside `place`."""
+    fresh copy of the cluster's graph, so the k shortest paths are computed inside `place`.
+    Wall time, and the process's CPU time (what the decision costs when the machine is shared:
+    wall time then also counts waiting for a core)."""
     topo = "gabriel/100/0"
     cluster = make_instance(Cluster.from_topology(load_topology(topo)), seed, 0.5)
     algo = make_algorithm("ces-ppo")
     algo.place(cluster, RING8)  # warm-up
-    warm, cold = [], []
+    runs: dict[str, list[tuple[float, float]]] = {"warm": [], "cold": []}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        algo.place(cluster, RING8)
-        warm.append((time.perf_counter() - t0) * 1000)
-        fresh = cluster.copy()
-        t0 = time.perf_counter()
-        algo.place(fresh, RING8)
-        cold.append((time.perf_counter() - t0) * 1000)
-    return {"topology": topo, "job": "ring, 8 tasks", "reps": reps,
-            "p50_ms": float(np.percentile(warm, 50)), "p99_ms": float(np.percentile(warm, 99)),
-            "cold_p50_ms": float(np.percentile(cold, 50)),
-            "cold_p99_ms": float(np.percentile(cold, 99))}
+        for kind, c in (("warm", cluster), ("cold", cluster.copy())):
+            w0, c0 = time.perf_counter(), time.process_time()
+            algo.place(c, RING8)
+            runs[kind].append(((time.perf_counter() - w0) * 1000,
+                               (time.process_time() - c0) * 1000))
+    out: dict = {"topology": topo, "job": "ring, 8 tasks", "reps": reps,
+                 "loadavg_1m": os.getloadavg()[0]}
+    for kind, r in runs.items():
+        wall, cpu = [x for x, _ in r], [x for _, x in r]
+        pre = "" if kind == "warm" else "cold_"
+        out |= {f"{pre}p50_ms": float(np.percentile(wall, 50)),
+                f"{pre}p99_ms": float(np.percentile(wall, 99)),
+                f"{pre}cpu_p50_ms": float(np.percentile(cpu, 50)),
+                f"{pre}cpu_p99_ms": float(np.percentile(cpu, 99))}
+    return out
 
 
 def plot(doc: dict, path: Path) -> None:

@@ -108,9 +108,8 @@ _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def layout(cluster: Cluster) -> Layout:
     g = cluster.graph
-    size = (g.number_of_nodes(), g.number_of_edges())
     lay = _LAYOUTS.get(g)
-    if lay is None or lay.size != size:
+    if lay is None or lay.size != (len(g), len(g.edges)):
         compute = cluster.compute_nodes()
         vertices = compute + [v for v, d in g.nodes(data=True) if d["kind"] == "switch"]
         index = {v: i for i, v in enumerate(vertices)}
@@ -122,15 +121,16 @@ def layout(cluster: Cluster) -> Layout:
         for e, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
             out_edges[a].append((b, e))
             in_edges[b].append((a, e))
-        lay = _LAYOUTS[g] = Layout(size, compute, vertices, index, src, dst,
+        lay = _LAYOUTS[g] = Layout((len(g), len(g.edges)), compute, vertices, index, src, dst,
                                    {pr: e for e, pr in enumerate(pairs)}, out_edges, in_edges,
                                    np.bincount(src, minlength=len(vertices)))
     return lay
 
 
-def shortest_candidates(cluster: Cluster, a: str, b: str, k: int) -> list[Path]:
-    """`paths.candidate_paths(cluster, a, b, k)`, remembered per graph."""
-    routes = layout(cluster).routes
+def shortest_candidates(cluster: Cluster, a: str, b: str, k: int,
+                        lay: Layout | None = None) -> list[Path]:
+    """`paths.candidate_paths(cluster, a, b, k)`, remembered per graph (`lay`: its layout)."""
+    routes = (lay or layout(cluster)).routes
     if (a, b, k) not in routes:
         routes[(a, b, k)] = candidate_paths(cluster, a, b, k)
     return routes[(a, b, k)]
@@ -236,21 +236,25 @@ class PlacementEpisode:
         """Best bottleneck of `residual` over paths from v to every vertex (to v if not
         `outward`): max-min Dijkstra on the index arrays, all destinations at once, on residuals
         that include this job's own requests (which `paths.widest_path` cannot see)."""
-        width = np.zeros(len(self.vertices))
-        width[v] = np.inf
-        heap, done = [(-np.inf, v)], set()
+        res = residual.tolist()  # plain floats: numpy scalars make this loop several times slower
+        width = [0.0] * len(self.vertices)
+        width[v] = math.inf
+        done = [False] * len(self.vertices)
+        heap = [(-math.inf, v)]
         edges = self.out_edges if outward else self.in_edges
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            w, u = heapq.heappop(heap)
-            if u in done:
+            w, u = pop(heap)
+            if done[u]:
                 continue
-            done.add(u)
+            done[u] = True
+            w = -w
             for x, e in edges[u]:
-                cand = min(-w, residual[e])
+                cand = w if w < res[e] else res[e]
                 if cand > width[x]:
                     width[x] = cand
-                    heapq.heappush(heap, (-cand, x))
-        return width
+                    push(heap, (-cand, x))
+        return np.array(width)
 
     def _balance_std(self) -> float:
         used = self.base_used + self.job_used
@@ -474,7 +478,7 @@ class PlacementEpisode:
         """k shortest paths; when none has residual on every link, the widest path replaces the
         last one (the mask guarantees a path with residual exists)."""
         if (a, b) not in self._candidates:
-            cands = shortest_candidates(self.cluster, a, b, self.cfg.k_paths)
+            cands = shortest_candidates(self.cluster, a, b, self.cfg.k_paths, self.layout)
             if self.saturated and not any(self._path_residual(p) > EPS for p in cands):
                 try:
                     wide = widest_path(self.cluster, a, b)
