@@ -1,7 +1,8 @@
 """The single-job placement MDP CES-PPO learns in (DESIGN §3), with a gymnasium front end.
 
 One episode places one job; one step places one task, in an order that follows the job's logical
-graph (depth-first from its busiest task: ring order for a ring, the server first for a star).
+graph (`baselines.placement_order`: breadth-first, so every task after the first has a placed
+peer).
 A step's action is dual:
   - the *placement*: a compute node (infeasible nodes are masked);
   - the *bandwidth* choice, per new logical flow between this task and an already-placed peer on
@@ -32,7 +33,7 @@ import networkx as nx
 import numpy as np
 from gymnasium import spaces
 
-from topologies import ComputeNode, GraphDefaults, Link, Topology, from_graph, parse_topology
+from topologies import ComputeNode, GraphDefaults, Topology, from_graph, parse_topology
 
 from .baselines import make_algorithm, placement_order
 from .evaluate import background_load

@@ -286,7 +286,7 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(),
     env.reset(seed=cfg.seed)
     agent = Agent(cfg, env_cfg.k_paths, len(env_cfg.rate_levels))
     optim = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
-    done_steps, start = 0, time.perf_counter()
+    done_steps, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while done_steps < cfg.total_steps:
         progress = done_steps / cfg.total_steps
         for group in optim.param_groups:
@@ -364,6 +364,7 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(),
                 stats["guide_loss"].append(guide_loss.item())
                 stats["clip_frac"].append(float(((ratio_t - 1).abs() > cfg.clip).float().mean()))
         log({"steps": done_steps, "episodes": len(returns), "seconds": time.perf_counter() - start,
+             "cpu_seconds": time.process_time() - cpu_start,
              "return": float(np.mean(returns)), "placed": float(np.mean(placed)),
              "iter_vs_heuristic": float(np.exp(np.mean(np.log(ratio)))) if ratio else math.nan,
              "guide": guide, **{k: float(np.mean(v)) for k, v in stats.items()}})

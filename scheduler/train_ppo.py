@@ -12,7 +12,7 @@ import csv
 import os
 import platform
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,8 +23,8 @@ from .ppo import CHECKPOINT, PPOConfig, save, train
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "ppo"
-COLUMNS = ("steps", "episodes", "seconds", "return", "placed", "iter_vs_heuristic", "guide",
-           "pg_loss", "v_loss", "entropy", "guide_loss", "clip_frac")
+COLUMNS = ("steps", "episodes", "seconds", "cpu_seconds", "return", "placed", "iter_vs_heuristic",
+           "guide", "pg_loss", "v_loss", "entropy", "guide_loss", "clip_frac")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
