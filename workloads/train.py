@@ -273,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = JsonLines(cfg.out)
     try:
         run(cfg, log)
+        # Every rank stops at the same evaluation; meet once more so that no rank tears its
+        # gloo connections down under a peer that is still using them (seen as SIGABRT).
+        if dist.is_initialized():
+            dist.barrier()
         return 0
     except KeyboardInterrupt:
         print(f"rank {cfg.rank}: interrupted", file=sys.stderr)
@@ -288,4 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: gloo's C++ threads may abort the process in static destructors
+    # after all results are written, turning a finished task into exit -6.
+    os._exit(code)
