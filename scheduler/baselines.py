@@ -99,7 +99,9 @@ def make_algorithm(name: str, seed: int = 0, **kw) -> Algorithm:
 def placement_order(job: Job) -> list[Task]:
     """Tasks breadth-first over the (undirected) logical graph from the first task, so each task
     after the first usually has a placed peer; disconnected parts follow in job order."""
-    g = job.logical_graph().to_undirected()
+    g = nx.Graph()  # the logical graph's shape only: copying its attributes is the slow part
+    g.add_nodes_from(t.name for t in job.tasks)
+    g.add_edges_from((f.src, f.dst) for f in job.flows)
     order: list[str] = []
     for t in job.tasks:
         if t.name not in order:

@@ -4,7 +4,7 @@ A path runs from one compute node to another and passes through switches only (a
 an end host, it does not forward). Paths are tuples of vertex names of `Cluster.graph`.
 
 Path rules (`PATH_RULES`; each routes the inter-node flows of a job one at a time, in job order):
-  shortest     fewest hops (ties: least total delay, then name order). Network-blind.
+  shortest     fewest hops (ties: least total delay). Network-blind.
   widest       largest bottleneck residual on the cluster as it is before this job (ties: fewest
                hops). Classic widest-shortest path.
   ksplit       among the k shortest paths (by hops), the one giving this flow the largest *share*:
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import weakref
 from typing import Callable, Hashable, Mapping
 
 import networkx as nx
@@ -76,12 +77,38 @@ def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
     return weight
 
 
+# Fewest-hop paths from one source to every vertex, per graph. They depend only on the graph's
+# structure and delays, which stay fixed once a graph is routed on (capacities, residuals and
+# offline nodes change; they do not enter this rule). The simulator asks for the same pairs
+# again and again, and a Dijkstra with a Python weight is its most expensive step.
+_SHORTEST_FROM: weakref.WeakKeyDictionary[nx.Graph, dict[str, dict[str, list[str]]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _shortest_from(graph: nx.Graph, src: str) -> dict[str, list[str]]:
+    per_source = _SHORTEST_FROM.setdefault(graph, {})
+    if src not in per_source:
+        nodes = graph.nodes
+
+        def weight(u: str, v: str, d: dict) -> float | None:
+            # a compute node other than the source ends a path: it does not forward
+            return None if u != src and nodes[u]["kind"] != "switch" \
+                else 1.0 + d.get("delay_ms", 0.0) * 1e-6
+        per_source[src] = nx.single_source_dijkstra_path(graph, src, weight=weight)
+    return per_source[src]
+
+
 def shortest_path(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
                   extra: Mapping[tuple[str, str], float] | None = None) -> Path:
     """Fewest-hop path src→dst (ties: least delay). With `min_residual` > 0 only directed links
     with at least that residual (after subtracting `extra` Mbit/s per link) are used.
     Raises `NoPath`."""
     _check_ends(cluster, src, dst)
+    if min_residual <= 0:
+        path = _shortest_from(cluster.graph, src).get(dst)
+        if path is None:
+            raise NoPath(f"no path from {src} to {dst}")
+        return tuple(path)
     try:
         _, path = nx.bidirectional_dijkstra(
             cluster.graph, src, dst, weight=_hop_weight(cluster, src, dst, min_residual, extra))
@@ -143,26 +170,37 @@ def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mappin
     if any(x <= 0 for x in w.values()):
         raise ValueError("flow weights must be > 0")
     rate = {f: 0.0 for f in paths}
+    on_path = {f: links(p) for f, p in paths.items()}
     on_link: dict[tuple[str, str], list[Hashable]] = {}
-    for f, p in paths.items():
-        for lk in links(p):
+    for f, lks in on_path.items():
+        for lk in lks:
             on_link.setdefault(lk, []).append(f)
     left = {lk: max(cluster.residual(*lk), 0.0) for lk in on_link}
+    full_below = {lk: EPS * max(1.0, cluster.link_capacity(*lk)) for lk in on_link}
     active = {f for f in paths if demands[f] > EPS}
+    # per link: the active flows' weight sum and count (the count says exactly when it is empty)
+    wsum = {lk: 0.0 for lk in on_link}
+    count = {lk: 0 for lk in on_link}
+    for f in active:
+        for lk in on_path[f]:
+            wsum[lk] += w[f]
+            count[lk] += 1
     while active:
         step = min((demands[f] - rate[f]) / w[f] for f in active)
-        for lk, fs in on_link.items():
-            wsum = sum(w[f] for f in fs if f in active)
-            if wsum > 0:
-                step = min(step, left[lk] / wsum)
+        step = min([step] + [left[lk] / wsum[lk] for lk, n in count.items() if n])
         step = max(step, 0.0)
         for f in active:
             rate[f] += step * w[f]
-            for lk in links(paths[f]):
+            for lk in on_path[f]:
                 left[lk] -= step * w[f]
-        full = {lk for lk, x in left.items() if x <= EPS * max(1.0, cluster.link_capacity(*lk))}
-        active = {f for f in active if demands[f] - rate[f] > EPS
-                  and not any(lk in full for lk in links(paths[f]))}
+        full = {lk for lk, x in left.items() if x <= full_below[lk]}
+        frozen = {f for f in active
+                  if demands[f] - rate[f] <= EPS or not full.isdisjoint(on_path[f])}
+        for f in frozen:
+            for lk in on_path[f]:
+                wsum[lk] -= w[f]
+                count[lk] -= 1
+        active -= frozen
     return rate
 
 

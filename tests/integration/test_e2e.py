@@ -24,6 +24,7 @@ import yaml
 from scheduler.service import Master, MasterConfig
 from scheduler.service.client import MasterClient
 from testbed import Emulation, leftovers
+from testbed.agent_compute import ComputeManager
 from topologies import load_topology
 
 pytestmark = pytest.mark.integration
@@ -177,8 +178,16 @@ def test_worker_death_and_heartbeat_loss_are_handled(tmp_path: Path, prefix: str
             client.wait_ready(len(topo.nodes), timeout_s=60)
             client.submit(LONG_JOB)
 
-            # 1. a worker dies: noticed within 10 s, the job gets a second attempt
             v = training(client, 1)
+            # 0. another run's agent for a node of the same name leaves our workers alone
+            ours = [net.names.worker(v["attempts"][0]["placement"][t], w)
+                    for t, w in v["attempts"][0]["workers"].items()]
+            for node in topo.nodes:
+                ComputeManager(client_docker, node.name, f"{prefix}-other-{node.name}-",
+                               tmp_path).reconcile([])
+            assert all(client_docker.containers.get(c).status == "running" for c in ours)
+
+            # 1. a worker dies: noticed within 10 s, the job gets a second attempt
             victim = v["attempts"][0]["workers"]["w1"]
             node1 = v["attempts"][0]["placement"]["w1"]
             t_kill = time.time()
