@@ -28,7 +28,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from calibrate_perfmodel import bottleneck_topology, machine, measured_run, set_bottleneck
+from calibrate_perfmodel import (bottleneck_topology, machine, mbps_list, measured_run, names_of,
+                                 set_bottleneck)
 from testbed import Emulation, EmulationError, detect_datapath
 from workloads.collectives import COLLECTIVES
 from workloads.data import DATASETS
@@ -123,27 +124,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     d = Settings()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 
-    def names(choices):
-        def parse(text: str) -> tuple[str, ...]:
-            values = tuple(x for x in text.split(",") if x)
-            bad = [v for v in values if v not in choices]
-            if bad or not values:
-                raise argparse.ArgumentTypeError(f"unknown {', '.join(bad) or 'empty list'} "
-                                                 f"(expected some of {', '.join(choices)})")
-            return values
-        return parse
-
-    def rates(text: str) -> tuple[float, ...]:
-        try:
-            values = tuple(float(x) for x in text.split(",") if x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated Mbit/s, got '{text}'")
-        if not values or min(values) <= 0:
-            raise argparse.ArgumentTypeError(f"rates must be > 0, got '{text}'")
-        return values
-
-    p.add_argument("--models", type=names(tuple(MODELS)), default=d.models)
-    p.add_argument("--mbps", type=rates, default=d.mbps)
+    p.add_argument("--models", type=names_of(tuple(MODELS)), default=d.models)
+    p.add_argument("--mbps", type=mbps_list, default=d.mbps)
     p.add_argument("--seeds", type=int, default=d.seeds, help="runs per cell")
     p.add_argument("--seed", type=int, default=d.seed, help="first seed")
     p.add_argument("--dataset", choices=DATASETS, default=d.dataset)

@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -250,33 +251,39 @@ def print_tables(console: Console, rows: list[dict], model: IterationModel, s: S
     console.print(table)
 
 
+def mbps_list(text: str) -> tuple[float, ...]:
+    """argparse type: comma-separated rates in Mbit/s, all > 0."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated Mbit/s, got '{text}'")
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"rates must be > 0, got '{text}'")
+    return values
+
+
+def names_of(choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """argparse type: a non-empty comma-separated list of some of `choices`."""
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(x for x in text.split(",") if x)
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad) or 'empty list'} "
+                                             f"(expected some of {', '.join(choices)})")
+        return values
+    return parse
+
+
 def parse_args(argv: list[str] | None) -> tuple[Settings, Path, dict | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = Settings()
 
-    def floats(text: str) -> tuple[float, ...]:
-        try:
-            values = tuple(float(x) for x in text.split(",") if x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated Mbit/s, got '{text}'")
-        if not values or min(values) <= 0:
-            raise argparse.ArgumentTypeError(f"rates must be > 0, got '{text}'")
-        return values
-
-    def models(text: str) -> tuple[str, ...]:
-        names = tuple(x for x in text.split(",") if x)
-        unknown = [n for n in names if n not in MODELS]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown model(s) {', '.join(unknown)} (expected "
-                                             f"some of {', '.join(MODELS)})")
-        return names
-
-    p.add_argument("--models", type=models, default=d.models)
+    p.add_argument("--models", type=names_of(tuple(MODELS)), default=d.models)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--cpu", type=float, default=d.cpu, help="cores per worker")
     p.add_argument("--reference-mbps", type=float, default=d.reference_mbps)
-    p.add_argument("--fit-mbps", type=floats, default=d.fit_mbps)
-    p.add_argument("--check-mbps", type=floats, default=d.check_mbps)
+    p.add_argument("--fit-mbps", type=mbps_list, default=d.fit_mbps)
+    p.add_argument("--check-mbps", type=mbps_list, default=d.check_mbps)
     p.add_argument("--budget-s", type=float, default=d.budget_s)
     p.add_argument("--repeats", type=int, default=d.repeats,
                    help="rounds over all points (interleaved); each point's median is used")

@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from report import RATE_BAND, rows  # noqa: E402
+from report import RATE_BAND, read_results, rows  # noqa: E402
 
 
 def _jobs(results: dict) -> list[str]:
@@ -169,10 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="folder for the PNGs (default: beside the JSON)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES), help="one figure")
     a = p.parse_args(argv)
-    try:
-        results = json.loads(Path(a.results).read_text())
-    except (OSError, ValueError) as e:
-        print(f"error: {a.results}: {e}", file=sys.stderr)
+    results = read_results(a.results)
+    if results is None:
         return 2
     out = Path(a.out) if a.out else Path(a.results).parent
     out.mkdir(parents=True, exist_ok=True)

@@ -165,15 +165,22 @@ def write(results: dict, out: Path) -> tuple[Path, Path]:
     return write_csv(results, out / "results.csv"), md
 
 
+def read_results(path: str) -> dict | None:
+    """A results.json of run.py, or None after saying on stderr why it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        print(f"error: {path}: {e}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", help="results.json of experiments/run.py")
     p.add_argument("--out", help="folder for summary.md and results.csv (default: beside it)")
     a = p.parse_args(argv)
-    try:
-        results = json.loads(Path(a.results).read_text())
-    except (OSError, ValueError) as e:
-        print(f"error: {a.results}: {e}", file=sys.stderr)
+    results = read_results(a.results)
+    if results is None:
         return 2
     paths = write(results, Path(a.out) if a.out else Path(a.results).parent)
     print("wrote", ", ".join(map(str, paths)))

@@ -208,7 +208,7 @@ class Step:
     reward: float = 0.0
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def act(agent: Agent, ep: PlacementEpisode, greedy: bool) -> Step:
     """Choose this step's node, then each new flow's path and rate level: sampled (training;
     with log-probability and value) or greedy (inference: argmax only, nothing else computed)."""
