@@ -37,6 +37,17 @@ def rate_ratios(row: dict) -> list[float]:
             if f.get("measured_mbps") is not None and f["rate_mbps"] > 0]
 
 
+def bottleneck_ratios(row: dict) -> list[float]:
+    """Measured / the smallest grant of the job's inter-node flows, for ring jobs: a ring's
+    flows advance in lockstep, so none can carry more than its slowest grant. Other
+    collectives: `rate_ratios`."""
+    grants = [f["rate_mbps"] for f in row["flows"] if f["rate_mbps"] > 0]
+    if row.get("collective") != "ring" or not grants:
+        return rate_ratios(row)
+    return [f["measured_mbps"] / min(grants) for f in row["flows"]
+            if f.get("measured_mbps") is not None]
+
+
 def heavy_job(results: dict) -> str | None:
     """The scenario's most communication-heavy job: the largest model (bytes per iteration)."""
     def size(doc: dict) -> float:
@@ -149,6 +160,12 @@ def summary(results: dict) -> str:
                   f"{RATE_BAND[0]}…{RATE_BAND[1]}. Measured = the sender's collective goodput "
                   "(payload bytes / collective time, median over iterations): it leaves out "
                   "TCP/IP headers and counts waits for the ring's slowest flow.", ""]
+        ring = [x for r in all_rows for x in bottleneck_ratios(r)]
+        inside = sum(RATE_BAND[0] <= x <= RATE_BAND[1] for x in ring)
+        lines += [f"Against the ring's bottleneck grant (its flows advance together, so none "
+                  f"carries more than its smallest grant): median {statistics.median(ring):.2f} "
+                  f"(min {min(ring):.2f}, max {max(ring):.2f}); {inside} "
+                  f"({100 * inside / len(ring):.0f}%) within {RATE_BAND[0]}…{RATE_BAND[1]}.", ""]
     failed = [r for r in all_rows if not r["reached_target"]]
     if failed:
         lines += ["## Runs that did not reach the target", ""]

@@ -42,13 +42,21 @@ def _flows(pairs: Iterable[tuple[str, str]], demand_mbps: float,
     return [LogicalFlow(a, b, demand_mbps, nbytes) for a, b in pairs]
 
 
+def ring_pairs(names: list[str]) -> list[tuple[str, str]]:
+    """The directed flows of a ring all-reduce over tasks in rank order: task i sends to task
+    i-1 (mod k), the direction gloo's ring sends in (rank r → rank r-1; measured per TCP
+    connection, docs/workloads.md), so that the grants land on the links the gradients cross."""
+    k = len(names)
+    if k == 2:
+        return [(names[0], names[1]), (names[1], names[0])]
+    return [(names[i], names[(i - 1) % k]) for i in range(k)] if k > 2 else []
+
+
 def ring_job(name: str, workers: int, demand: Resources, model_bytes: float, demand_mbps: float,
              **fields: Any) -> Job:
-    """DDP ring all-reduce: w_i -> w_{i+1 mod k}, 2(k-1)/k·M bytes per flow."""
+    """DDP ring all-reduce: w_i -> w_{i-1 mod k} (`ring_pairs`), 2(k-1)/k·M bytes per flow."""
     tasks = _workers(workers, demand)
-    pairs = [(f"w{i}", f"w{(i + 1) % workers}") for i in range(workers)] if workers > 1 else []
-    if workers == 2:
-        pairs = [("w0", "w1"), ("w1", "w0")]
+    pairs = ring_pairs([t.name for t in tasks])
     return Job(name, tasks, _flows(pairs, demand_mbps, flow_bytes("ring", workers, model_bytes)),
                collective="ring", model_bytes=model_bytes, **fields)
 
@@ -465,11 +473,8 @@ def load_alibaba_tasks(path: str | Path, *, model_bytes: float = 4e6, demand_mbp
                       collective="star" if len(ps_names) == 1 else "custom",
                       model_bytes=model_bytes, **fields)
         else:
-            k = len(tasks)
-            names = [t.name for t in tasks]
-            pairs = [(names[i], names[(i + 1) % k]) for i in range(k)] if k > 2 else \
-                ([(names[0], names[1]), (names[1], names[0])] if k == 2 else [])
-            nbytes = flow_bytes("ring", k, model_bytes)
+            pairs = ring_pairs([t.name for t in tasks])
+            nbytes = flow_bytes("ring", len(tasks), model_bytes)
             job = Job(job_name, tasks, _flows(pairs, demand_mbps, nbytes), collective="ring",
                       model_bytes=model_bytes, **fields)
         jobs.append(job)
