@@ -109,8 +109,9 @@ _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def layout(cluster: Cluster) -> Layout:
     g = cluster.graph
+    size = (len(g), len(g.edges))
     lay = _LAYOUTS.get(g)
-    if lay is None or lay.size != (len(g), len(g.edges)):
+    if lay is None or lay.size != size:
         compute = cluster.compute_nodes()
         vertices = compute + [v for v, d in g.nodes(data=True) if d["kind"] == "switch"]
         index = {v: i for i, v in enumerate(vertices)}
@@ -122,7 +123,7 @@ def layout(cluster: Cluster) -> Layout:
         for e, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
             out_edges[a].append((b, e))
             in_edges[b].append((a, e))
-        lay = _LAYOUTS[g] = Layout((len(g), len(g.edges)), compute, vertices, index, src, dst,
+        lay = _LAYOUTS[g] = Layout(size, compute, vertices, index, src, dst,
                                    {pr: e for e, pr in enumerate(pairs)}, out_edges, in_edges,
                                    np.bincount(src, minlength=len(vertices)))
     return lay

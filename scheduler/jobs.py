@@ -47,9 +47,11 @@ def ring_pairs(names: list[str]) -> list[tuple[str, str]]:
     i-1 (mod k), the direction gloo's ring sends in (rank r → rank r-1; measured per TCP
     connection, docs/workloads.md), so that the grants land on the links the gradients cross."""
     k = len(names)
+    if k < 2:
+        return []
     if k == 2:
         return [(names[0], names[1]), (names[1], names[0])]
-    return [(names[i], names[(i - 1) % k]) for i in range(k)] if k > 2 else []
+    return [(names[i], names[i - 1]) for i in range(k)]  # names[-1] closes the ring
 
 
 def ring_job(name: str, workers: int, demand: Resources, model_bytes: float, demand_mbps: float,

@@ -58,6 +58,11 @@ def _check_ends(cluster: Cluster, src: str, dst: str) -> None:
         raise ValueError(f"no path needed from {src} to itself")
 
 
+def _hop_cost(d: dict) -> float:
+    """One per hop plus a tiny delay tie-break (the fewest-hop rule's edge weight)."""
+    return 1.0 + d.get("delay_ms", 0.0) * 1e-6
+
+
 def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
                 extra: Mapping[tuple[str, str], float] | None = None) -> Callable:
     """Dijkstra weight for the directed step u→v: one per hop plus a tiny delay tie-break.
@@ -73,7 +78,7 @@ def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
             free = cluster.residual(u, v) - (extra or {}).get((u, v), 0.0)
             if free < min_residual - EPS:
                 return None
-        return 1.0 + d.get("delay_ms", 0.0) * 1e-6
+        return _hop_cost(d)
     return weight
 
 
@@ -92,8 +97,7 @@ def _shortest_from(graph: nx.Graph, src: str) -> dict[str, list[str]]:
 
         def weight(u: str, v: str, d: dict) -> float | None:
             # a compute node other than the source ends a path: it does not forward
-            return None if u != src and nodes[u]["kind"] != "switch" \
-                else 1.0 + d.get("delay_ms", 0.0) * 1e-6
+            return None if u != src and nodes[u]["kind"] != "switch" else _hop_cost(d)
         per_source[src] = nx.single_source_dijkstra_path(graph, src, weight=weight)
     return per_source[src]
 
@@ -171,16 +175,13 @@ def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mappin
         raise ValueError("flow weights must be > 0")
     rate = {f: 0.0 for f in paths}
     on_path = {f: links(p) for f, p in paths.items()}
-    on_link: dict[tuple[str, str], list[Hashable]] = {}
-    for f, lks in on_path.items():
-        for lk in lks:
-            on_link.setdefault(lk, []).append(f)
-    left = {lk: max(cluster.residual(*lk), 0.0) for lk in on_link}
-    full_below = {lk: EPS * max(1.0, cluster.link_capacity(*lk)) for lk in on_link}
+    used = {lk for lks in on_path.values() for lk in lks}
+    left = {lk: max(cluster.residual(*lk), 0.0) for lk in used}
+    full_below = {lk: EPS * max(1.0, cluster.link_capacity(*lk)) for lk in used}
     active = {f for f in paths if demands[f] > EPS}
     # per link: the active flows' weight sum and count (the count says exactly when it is empty)
-    wsum = {lk: 0.0 for lk in on_link}
-    count = {lk: 0 for lk in on_link}
+    wsum = {lk: 0.0 for lk in used}
+    count = {lk: 0 for lk in used}
     for f in active:
         for lk in on_path[f]:
             wsum[lk] += w[f]
