@@ -31,10 +31,15 @@ from topologies import ComputeNode, Link, Topology
 from . import cgroups, tc, workers
 from .cleanup import PID_LABEL, cleanup
 from .names import Names, new_prefix
-from .node import DockerNet, DockerNode, EdgeSwitch
+from .node import DockerNet, DockerNode, EdgeSwitch, allow_congestion_control
 
 log = logging.getLogger(__name__)
 PROJECT_LABEL = "ces.run"
+# The nodes' TCP, whatever the host's default: loss-based cubic (Linux's usual default) keeps
+# retransmissions rare in the links' short queues, where BBR's probing above the shaped rate
+# retransmitted 3–5 % of all segments and up to tripled small models' all-reduce times
+# (docs/testbed.md).
+TCP_CONGESTION_CONTROL = "cubic"
 
 
 class EmulationError(RuntimeError):
@@ -50,7 +55,8 @@ class Emulation:
     def __init__(self, topo: Topology, prefix: str | None = None,
                  controller: tuple[str, int] | None = None, image: str | None = None,
                  datapath: str | None = None, client: docker.DockerClient | None = None,
-                 converge_timeout_s: float = 30.0) -> None:
+                 converge_timeout_s: float = 30.0,
+                 tcp_cc: str = TCP_CONGESTION_CONTROL) -> None:
         self.topo = topo
         self.names = Names(prefix or new_prefix())
         self.prefix = self.names.prefix
@@ -59,6 +65,7 @@ class Emulation:
         self.datapath = datapath or detect_datapath()
         self.client = client or docker.from_env()
         self.converge_timeout_s = converge_timeout_s
+        self.tcp_cc = tcp_cc
         self.net: DockerNet | None = None
         self.nodes: dict[str, DockerNode] = {}
         self.switches: dict[str, EdgeSwitch] = {}
@@ -94,6 +101,10 @@ class Emulation:
             self.client.images.get(self.image)
         except docker.errors.ImageNotFound:
             raise EmulationError(f"image {self.image} does not exist") from None
+        try:
+            allow_congestion_control(self.tcp_cc)
+        except (OSError, ValueError) as e:
+            raise EmulationError(f"TCP congestion control of the nodes: {e}") from None
         t0 = time.monotonic()
         self._systemd_cgroups = self.client.info().get("CgroupDriver") == "systemd"
         self.net = DockerNet(self.client)
@@ -173,7 +184,7 @@ class Emulation:
             name, dimage=self.image, cpu=node.cpu, mem_mb=node.mem_mb, hostname=node.name,
             cgroup_parent=cgroups.parent_name(self.names.cgroup_parent(node.name),
                                               self._systemd_cgroups),
-            labels=self._labels(node=node.name),
+            labels=self._labels(node=node.name), tcp_cc=self.tcp_cc,
             ip=f"{node.ip}/16", mac=node.mac)
         self.nodes[node.name] = docker_node
         return docker_node

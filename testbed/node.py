@@ -13,6 +13,8 @@ flood forever).
 """
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -23,6 +25,26 @@ from mininet.node import Host, OVSSwitch
 from . import cgroups
 
 CPU_PERIOD_US = cgroups.PERIOD_US
+log = logging.getLogger(__name__)
+_ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+_AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+
+def allow_congestion_control(name: str) -> None:
+    """Let containers choose TCP congestion control `name`.
+
+    A network namespace other than the host's may only pick an algorithm in the host's
+    `tcp_allowed_congestion_control` list (EPERM otherwise), and a new namespace starts with
+    the host's default, which some kernels set to BBR with cubic not allowed. The list only
+    widens: nothing the host does changes."""
+    allowed = _ALLOWED_CC.read_text().split()
+    if name in allowed:
+        return
+    if name not in _AVAILABLE_CC.read_text().split():
+        raise ValueError(f"TCP congestion control '{name}' is not in this kernel "
+                         f"(available: {_AVAILABLE_CC.read_text().strip()})")
+    _ALLOWED_CC.write_text(" ".join(allowed + [name]))
+    log.info("added %s to the host's net.ipv4.tcp_allowed_congestion_control", name)
 
 
 class DockerNode(Host):
@@ -30,14 +52,15 @@ class DockerNode(Host):
 
     def __init__(self, name: str, dimage: str, cpu: float, mem_mb: int, cgroup_parent: str,
                  client: docker.DockerClient, hostname: str, labels: dict[str, str],
-                 **params: Any) -> None:
+                 tcp_cc: str, **params: Any) -> None:
         self.client = client
         self.cgroup_parent = cgroup_parent
         self.container = client.containers.run(
             dimage, ["sleep", "infinity"], name=name, hostname=hostname, detach=True, init=True,
             network_mode="none", cgroup_parent=cgroup_parent, labels=labels,
             cpu_period=CPU_PERIOD_US, cpu_quota=int(cpu * CPU_PERIOD_US),
-            mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
+            mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m",
+            sysctls={"net.ipv4.tcp_congestion_control": tcp_cc})
         self.container.reload()
         self.container_pid: int = self.container.attrs["State"]["Pid"]
         # The parent caps the node container and every worker started under it together.

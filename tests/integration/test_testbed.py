@@ -133,9 +133,12 @@ def test_add_and_remove_node_at_run_time(net: Emulation) -> None:
 def test_workers_share_node_namespace_and_cgroup(net: Emulation) -> None:
     worker = net.start_worker("h1", "w0", ["sleep", "60"], cpu=0.2, mem_mb=128,
                               env={"TASK": "7"})
-    code, out = worker.exec_run(["bash", "-c", "ip -o addr show dev eth0; echo $TASK $GLOO_SOCKET_IFNAME"])
+    code, out = worker.exec_run(["bash", "-c", "ip -o addr show dev eth0; echo $TASK $GLOO_SOCKET_IFNAME;"
+                                 " cat /proc/sys/net/ipv4/tcp_congestion_control"])
     assert code == 0
     assert f"{net.nodes['h1'].ip}/16" in out.decode() and "7 eth0" in out.decode()
+    # the node's TCP is the emulation's choice, not the host's default (BBR on some kernels)
+    assert out.decode().split()[-1] == "cubic"
     worker.reload()
     assert worker.attrs["HostConfig"]["CgroupParent"] == net.nodes["h1"].cgroup_parent
     net.update_node("h1", cpu=0.25, mem_mb=320)

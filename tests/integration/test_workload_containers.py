@@ -5,6 +5,7 @@ through each node's `eth0`, cross the switch, and obey the shaper.
 """
 from __future__ import annotations
 
+import re
 import statistics
 import subprocess
 
@@ -37,12 +38,13 @@ def net(testbed_host, worker_image):
 
 
 def switch_rx_bytes(net: Emulation, node: str) -> int:
-    """Bytes the switch received on the port of `node`'s access link (OVS's own counter)."""
-    lk = net.topo.access_link(node)
-    name = net.interface_name(lk.other(node), lk.port_of(lk.other(node)))
-    out = subprocess.run(["ovs-vsctl", "get", "Interface", name, "statistics:rx_bytes"],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out.strip().strip('"'))
+    """Bytes the switch received on the port of `node`'s access link, live from the datapath
+    (OVSDB's `statistics` column is refreshed only every few seconds)."""
+    switch = net.topo.access_link(node).other(node)
+    port = net.topo.access_link(node).port_of(switch)
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", net.bridge_name(switch),
+                          str(port)], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"rx pkts=\d+, bytes=(\d+)", out)[1])
 
 
 def test_ring_job_trains_over_the_shaped_links(net, tmp_path):

@@ -1,0 +1,33 @@
+"""The host-side TCP set-up of the emulated nodes (on files standing in for /proc/sys)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed import node
+
+
+@pytest.fixture
+def proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    allowed, available = tmp_path / "allowed", tmp_path / "available"
+    allowed.write_text("reno bbr\n")
+    available.write_text("reno bbr cubic\n")
+    monkeypatch.setattr(node, "_ALLOWED_CC", allowed)
+    monkeypatch.setattr(node, "_AVAILABLE_CC", available)
+    return allowed, available
+
+
+def test_allow_congestion_control_widens_the_list_once(proc: tuple[Path, Path]) -> None:
+    allowed, _ = proc
+    node.allow_congestion_control("cubic")
+    node.allow_congestion_control("cubic")
+    node.allow_congestion_control("reno")
+    assert allowed.read_text().split() == ["reno", "bbr", "cubic"]
+
+
+def test_allow_congestion_control_rejects_what_the_kernel_lacks(proc: tuple[Path, Path]) -> None:
+    allowed, _ = proc
+    with pytest.raises(ValueError, match="'vegas' is not in this kernel.*reno bbr cubic"):
+        node.allow_congestion_control("vegas")
+    assert allowed.read_text().split() == ["reno", "bbr"]
