@@ -40,10 +40,11 @@ def net(testbed_host, worker_image):
 def switch_rx_bytes(net: Emulation, node: str) -> int:
     """Bytes the switch received on the port of `node`'s access link, live from the datapath
     (OVSDB's `statistics` column is refreshed only every few seconds)."""
-    switch = net.topo.access_link(node).other(node)
-    port = net.topo.access_link(node).port_of(switch)
+    lk = net.topo.access_link(node)
+    switch = lk.other(node)
     out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", net.bridge_name(switch),
-                          str(port)], capture_output=True, text=True, check=True).stdout
+                          str(lk.port_of(switch))], capture_output=True, text=True,
+                         check=True).stdout
     return int(re.search(r"rx pkts=\d+, bytes=(\d+)", out)[1])
 
 
