@@ -55,6 +55,7 @@ from testbed import Emulation, EmulationError, cleanup, detect_datapath
 from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import Topology, TopologyError, load_topology
+from workloads.metrics import busy_rate_mbps
 
 import plots
 import report
@@ -356,6 +357,23 @@ def measured_mbps(records: list[dict], outgoing: int) -> float | None:
     return round(statistics.median(rates) / max(outgoing, 1), 3) if rates else None
 
 
+def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
+    """The network's view of one flow, from the kernel counters the sender's last record (its
+    end, or its last evaluation if it was stopped) has of its connection to the receiver's
+    address (`workloads.metrics.tcp_send_counters`):
+    `tcp_mbps` (goodput while the socket had data to send: what the shaping and the switches
+    delivered, application pauses excluded), its retransmitted share and the share of busy time
+    the receiver's window held it back."""
+    def last(records: list[dict]) -> dict:  # end, or the last evaluation of a stopped task
+        return next((r["tcp"] for r in reversed(records) if "tcp" in r), {})
+    c = last(sender).get("peers", {}).get(last(receiver).get("address"))
+    if not c or not c.get("busy_us"):
+        return {"tcp_mbps": None}
+    return {"tcp_mbps": busy_rate_mbps(c),
+            "tcp_retrans_share": round(c.get("bytes_retrans", 0) / max(c["bytes_acked"], 1), 5),
+            "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4)}
+
+
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
     """One results row (see docs/e2e.md "results.json") from the Master's view of a job."""
     att = view["attempts"][-1] if view["attempts"] else None
@@ -372,7 +390,9 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
             out_count[f["src"]] = out_count.get(f["src"], 0) + 1
         for f in att["flows"]:
             sender = records.get(att["workers"][f["src"]], [])
-            flows.append({**f, "measured_mbps": measured_mbps(sender, out_count[f["src"]])})
+            receiver = records.get(att["workers"][f["dst"]], [])
+            flows.append({**f, "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
+                          **tcp_view(sender, receiver)})
     state = "timeout" if timed_out else view["state"]
     return {
         "scheduler": scheduler, "seed": seed, "job": base, "collective": view["collective"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import struct
 import sys
 import time
 from pathlib import Path
@@ -78,6 +80,54 @@ def default_threads() -> int:
     cores = os.cpu_count() or 1
     quota = cpu_quota()
     return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+# Fields of the kernel's struct tcp_info (linux/tcp.h; append-only, so the offsets are stable):
+# offset → (name, format). busy/rwnd/sndbuf are microseconds (Linux ≥ 4.10), bytes_retrans ≥ 4.19.
+_TCP_INFO_FIELDS = {120: ("bytes_acked", "Q"), 168: ("busy_us", "Q"),
+                    176: ("rwnd_limited_us", "Q"), 184: ("sndbuf_limited_us", "Q"),
+                    208: ("bytes_retrans", "Q")}
+_TCP_INFO_LEN = 232
+
+
+def tcp_send_counters() -> dict:
+    """What the kernel measured of this process's TCP connections, for the network's view of its
+    flows: {"address": this end's IP, "peers": {peer IP: counters}} with, per peer, the
+    connection that sent it the most (bytes_acked, busy_us: time with data queued or in flight,
+    rwnd_limited_us, sndbuf_limited_us, bytes_retrans). bytes_acked / busy_us is the rate the
+    network carried while the sender had something to send, whatever the application did in
+    between (computing, waiting for a slower ring member)."""
+    address, peers = None, {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        with sock:
+            if sock.family != socket.AF_INET or sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                peer = sock.getpeername()[0]
+                local = sock.getsockname()[0]
+                raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+            except OSError:  # listening or not connected
+                continue
+        info = {name: struct.unpack_from(fmt, raw, off)[0]
+                for off, (name, fmt) in _TCP_INFO_FIELDS.items() if off + 8 <= len(raw)}
+        if peer == local:
+            continue
+        address = local
+        if info.get("bytes_acked", 0) >= peers.get(peer, {}).get("bytes_acked", -1):
+            peers[peer] = info
+    return {"address": address, "peers": peers}
+
+
+def busy_rate_mbps(counters: dict) -> float | None:
+    """bytes acknowledged × 8 / time busy sending, in Mbit/s (None without busy time)."""
+    busy = counters.get("busy_us", 0)
+    return round(counters["bytes_acked"] * 8 / busy, 3) if busy > 0 else None
 
 
 class JsonLines:

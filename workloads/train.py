@@ -15,9 +15,11 @@ JSON lines written to --out (one file per task), each with a "type":
   start  configuration, model size, threads, clocks
   iter   iter, loss, iter_s, compute_s, comm_s, tx_bytes, rx_bytes (interface counters),
          payload_tx_bytes, payload_rx_bytes (what the collective sent)
-  eval   iter, elapsed_s, eval_s, accuracy (over the whole held-out split)
+  eval   iter, elapsed_s, eval_s, accuracy (over the whole held-out split), tcp (as in end:
+         so far, for a task that is stopped before it ends)
   end    reached_target, tta_s, tta_iter, stop_reason, iters, train_s, init_s, startup_s,
-         container_startup_s, jct_s, param_sum
+         container_startup_s, jct_s, param_sum, tcp (the kernel's counters of this task's
+         connections per peer address, `metrics.tcp_send_counters`)
 Exit codes: 0 done (converged or not), 1 runtime failure, 2 bad parameters, 130 interrupted.
 """
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .collectives import COLLECTIVES, make_collective
 from .data import DATASET_SHAPES, DATASETS, DEFAULT_DATA_DIR, DatasetError, check_available, \
     load_dataset
 from .metrics import InterfaceCounters, JsonLines, container_start_time, cpu_quota, \
-    default_threads, process_start_time
+    default_threads, process_start_time, tcp_send_counters
 from .models import MODELS, build_model, gradient_bytes, parameter_count
 
 
@@ -208,7 +210,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
                                             t_eval - t0 > cfg.max_seconds)
             elapsed = time.perf_counter() - t0
             log.write("eval", iter=it, elapsed_s=elapsed, eval_s=time.perf_counter() - t_eval,
-                      accuracy=accuracy)
+                      accuracy=accuracy, tcp=tcp_send_counters())
             counters.delta()  # evaluation traffic is not the next iteration's
             if accuracy >= cfg.target_acc:
                 tta_s, tta_iter, stop_reason = elapsed, it, "target"
@@ -230,6 +232,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         "jct_s": end_wall - (container_started or started),
         # Equal on every rank when the replicas stayed in sync (a check, not a metric).
         "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
+        "tcp": tcp_send_counters(),
     }
     log.write("end", **result)
     return result

@@ -80,6 +80,10 @@ def test_quick_run_end_to_end(tmp_path: Path, prefix: str, worker_image: str) ->
     # whose goodput was measured and does not exceed what was granted (+ meter burst slack)
     assert flows and all(f["measured_mbps"] is not None for f in flows)
     assert all(0 < f["measured_mbps"] <= 1.1 * f["rate_mbps"] for f in flows), flows
+    # the kernel's view of the same flows: the sender's connection to the receiver was found,
+    # and while it had data to send it went no faster than the grant
+    assert all(f["tcp_mbps"] is not None for f in flows), flows
+    assert all(0 < f["tcp_mbps"] <= 1.05 * f["rate_mbps"] for f in flows), flows
     # the background flow was seen on its pinned path, in every run
     bg = scenario["background"][0]
     first_link = f"{bg['src']}>{bg['path'][0]}"

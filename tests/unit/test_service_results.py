@@ -37,8 +37,16 @@ def view(reached: bool) -> dict:
           {"type": "eval", "iter": 3, "elapsed_s": 1.5, "accuracy": 0.5},
           {"type": "eval", "iter": 6, "elapsed_s": 3.0, "accuracy": 0.92 if reached else 0.6},
           {"type": "end", "reached_target": reached, "tta_s": 3.0 if reached else None,
-           "iters": 6, "startup_s": 9.0}]
-    r1 = [it(1, 400_000, 0.1), it(2, 400_000, 0.1), it(3, 400_000, 0.1)]
+           "iters": 6, "startup_s": 9.0,
+           "tcp": {"address": "10.0.0.1", "peers": {"10.0.0.2": {
+               "bytes_acked": 10_000_000, "busy_us": 1_000_000, "bytes_retrans": 10_000,
+               "rwnd_limited_us": 100_000}}}}]
+    r1 = [it(1, 400_000, 0.1), it(2, 400_000, 0.1), it(3, 400_000, 0.1),
+          # stopped before its end: its last evaluation has the counters
+          {"type": "eval", "iter": 3, "elapsed_s": 1.5, "accuracy": 0.5,
+           "tcp": {"address": "10.0.0.2", "peers": {
+              "10.0.0.1": {"bytes_acked": 9_600_000, "busy_us": 2_000_000},
+              "10.0.0.9": {"bytes_acked": 1, "busy_us": 1}}}}]
     return {"name": "heavy.r0", "state": "finished", "reason": "", "collective": "ring",
             "tasks": ["w0", "w1"], "workload": {"model": "mlp-large"}, "jct_s": 20.0,
             "events": [], "records": {"heavy.r0-w0-a1": r0, "heavy.r0-w1-a1": r1},
@@ -58,6 +66,11 @@ def test_job_row():
     assert row["placement"] == {"w0": "a", "w1": "b"} and row["jct_s"] == 20.0
     assert [f["measured_mbps"] for f in row["flows"]] == [pytest.approx(64.0),
                                                           pytest.approx(32.0)]
+    # the kernel's counters of the connection to the receiver's address
+    w0_w1, w1_w0 = row["flows"]
+    assert w0_w1["tcp_mbps"] == pytest.approx(80.0) and w1_w0["tcp_mbps"] == pytest.approx(38.4)
+    assert w0_w1["tcp_retrans_share"] == pytest.approx(0.001)
+    assert w0_w1["tcp_rwnd_limited_share"] == pytest.approx(0.1)
     assert row["curve"] == [[1.5, 0.5], [3.0, 0.92]]
     assert row["decision_ms"] == 2.0 and row["median_iter_s"] == pytest.approx(0.11)
     late = run.job_row("k8s-spread", 2, "heavy", view(False), timed_out=True)
@@ -92,7 +105,11 @@ def test_summary_and_csv(tmp_path: Path):
     assert "| ces-ppo | 2/2 | 40.0 ± 14.1 |" in text
     assert "| k8s-spread | 1/2 | 80.0 ± 0.0 | 90.0 ± 14.1 |" in text  # unreached = 100 s
     assert "40.0 s vs 90.0 s, 56% lower" in text
-    assert "8 inter-node flows: median measured/granted 0.80" in text
+    # only the ring's flow at its smallest grant (40 of 80/40) is held back by the network
+    assert "on the 4 flows their grant holds back" in text
+    assert "median 0.96 × granted (min 0.96, max 0.96); 4 of 4 (100%) within 0.85…1.05" in text
+    assert "Above 1.05 × their grant: 0 of 8 measured flows" in text
+    assert "median 1.20 × granted (min 0.80, max 1.60); 0 of 8 (0%)" in text
     assert "k8s-spread seed 1 `heavy`" in text
     assert "lab3→srv3 50 Mbit/s via acc1 (measured 45.0 Mbit/s on average)" in text
     csv_path, md = report.write(res, tmp_path)

@@ -14,7 +14,8 @@ import torch
 from workloads.data import DATASET_SHAPES, DatasetError, check_available, load_dataset, \
     mnist5k_path, read_idx
 from workloads.launch import train_argv
-from workloads.metrics import InterfaceCounters, JsonLines, default_threads, process_start_time
+from workloads.metrics import InterfaceCounters, JsonLines, busy_rate_mbps, default_threads, \
+    process_start_time, tcp_send_counters
 from workloads.models import MODELS, build_model, gradient_bytes, parameter_count
 from workloads.results import LogError, read_task_log, summarize_job
 
@@ -105,6 +106,33 @@ def test_interface_counters_count_loopback_traffic():
     sent, received = counters.delta()
     assert sent >= 50_000 and received >= 50_000
     assert InterfaceCounters("nosuch0").delta() == (None, None)
+
+
+def test_tcp_send_counters_read_the_kernel_view_of_each_peer():
+    import socket
+    import threading
+    payload = 4 << 20
+    with socket.create_server(("127.0.0.2", 0)) as server, \
+            socket.create_connection(server.getsockname(), source_address=("127.0.0.1", 0)) \
+            as client:
+        conn, _ = server.accept()
+        with conn:
+            sender = threading.Thread(target=client.sendall, args=(b"x" * payload,))
+            sender.start()
+            received = 0
+            while received < payload:
+                received += len(conn.recv(1 << 20))
+            sender.join()
+            counters = tcp_send_counters()
+    # the connection to 127.0.0.2 sent every byte; the accepted end (peer 127.0.0.1) none
+    to_server = counters["peers"]["127.0.0.2"]
+    assert to_server["bytes_acked"] >= payload
+    assert counters["peers"]["127.0.0.1"]["bytes_acked"] <= 1
+    assert counters["address"] in ("127.0.0.1", "127.0.0.2")
+    rate = busy_rate_mbps(to_server)
+    assert rate is None or rate > 0  # busy time is counted in jiffies: may round to 0 on lo
+    assert busy_rate_mbps({"bytes_acked": 1_000_000, "busy_us": 1_000_000}) == 8.0
+    assert busy_rate_mbps({"bytes_acked": 5, "busy_us": 0}) is None
 
 
 def test_default_threads_is_at_least_one_and_at_most_the_cores():
