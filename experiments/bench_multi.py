@@ -32,8 +32,10 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
+
+import yaml
 
 from scheduler.arrivals import ArrivalError, parse_arrivals
 from scheduler.evaluate import machine_info
@@ -62,6 +64,22 @@ def with_knob(cfg: MultiConfig, knob: str, value) -> MultiConfig:
         a, b, c = value
         return replace(cfg, a_fit=a, b_priority=b, c_wait=c)
     return replace(cfg, **{knob: value})
+
+
+def knobs(settings: list[str]) -> MultiConfig:
+    """MultiConfig with `KNOB=VALUE` overrides (VALUE parsed as YAML)."""
+    known = {f.name for f in fields(MultiConfig)}
+    changes = {}
+    for item in settings:
+        knob, sep, text = item.partition("=")
+        if not sep or knob not in known:
+            raise ValueError(f"'{item}': expected KNOB=VALUE with KNOB one of "
+                             f"{', '.join(sorted(known))}")
+        try:
+            changes[knob] = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"'{item}': the value is not YAML ({e})") from None
+    return replace(MultiConfig(), **changes)
 
 
 def sweep(topos: list[str], arrivals: str, seeds: int, single: str) -> dict:
@@ -122,12 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topos", default=TOPOS)
     ap.add_argument("--arrivals", default=ARRIVALS, help="spec without n (set by --jobs)")
     ap.add_argument("--single", default=None, help="single-job algorithm of every policy")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="evaluate CES-Multi with this MultiConfig knob changed (repeatable; "
+                         "VALUE in YAML: 4, 1.2, null, false, align)")
     ap.add_argument("--out", default="results/multi")
     ap.add_argument("--sweep", action="store_true", help="run the sweep of CES-Multi's knobs")
     ap.add_argument("--sweep-topos", default="campus,topozoo/Abilene")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         print("bench_multi: --seeds and --jobs must be ≥ 1", file=sys.stderr)
+        return 2
+    try:
+        config = knobs(args.set)
+    except ValueError as e:
+        print(f"bench_multi: --set: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         for topo in args.topos.split(","):
             start = time.perf_counter()
             result = evaluate_multi(argparse.Namespace(topo=topo, arrivals=arrivals, algos="all",
-                                                       seeds=args.seeds, single=single))
+                                                       seeds=args.seeds, single=single,
+                                                       config=config))
             result["wall_s"] = time.perf_counter() - start
             name = topo.replace("/", "-")
             (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -21,7 +21,7 @@ CES-Multi, per round:
      a start is also skipped when other jobs leave its flows less than `min_bw_share` of what
      their paths could carry (`uncontended_share`): better to wait a little than to crawl for
      hours on a sliver of bandwidth while holding nodes (a slow link is no reason to wait);
-  3. score = a·fit + b·priority + c·wait, each in [0, 1]:
+  3. score = a·fit + b·priority + c·wait + d·shortness, each in [0, 1]:
      fit       how the job's demand fits the cluster's free resources, per dimension as a share
                of the online total: cpu, memory, gpu (if any) and bandwidth (Σ of the job's flow
                demands vs. the residual of the nodes' access links); `fit="headroom"`: 1 - the
@@ -29,7 +29,13 @@ CES-Multi, per round:
                `fit="align"`: cosine of demand and free vectors (Tetris' alignment); 0 when the
                job cannot fit;
      priority  (priority + wait / age_every_s) / the window's largest — priority ageing;
-     wait      waiting time / the window's longest.
+     wait      waiting time / the window's longest;
+     shortness 1 - the job's rank by nominal remaining run time in the window / (size - 1);
+  4. with `preempt_ratio` set, a candidate that does not fit may preempt running jobs with at
+     least that many times its nominal remaining run time (longest first, the fewest that make
+     room; they keep their progress and pay the restart overhead): shortest remaining time
+     first, the policy that minimises the average wait. A job that has waited past
+     `reserve_after_s` is never preempted, so the reservation still bounds every wait.
 Defaults come from the sweep in docs/multi.md (`experiments/bench_multi.py --sweep`).
 
 Baselines (all backfill past jobs that do not fit, except strict FIFO):
@@ -129,26 +135,30 @@ class Las:
     def schedule(self, rnd: Round) -> None:
         for js in sorted(rnd.queue, key=lambda j: (self.level(j, rnd.now), j.seq)):
             if rnd.try_place(js) is None:
-                self._preempt_for(rnd, js)
+                # preempt running jobs of lower queues, lowest then youngest first
+                mine = self.level(js, rnd.now)
+                preempt_until_fits(rnd, js, sorted(
+                    (r for r in rnd.running if self.level(r, rnd.now) > mine),
+                    key=lambda r: (-self.level(r, rnd.now), -r.seq)))
 
-    def _preempt_for(self, rnd: Round, js: JobState) -> None:
-        """Preempt running jobs of lower queues (lowest, then youngest first) until `js` fits."""
-        mine = self.level(js, rnd.now)
-        victims = sorted((r for r in rnd.running if self.level(r, rnd.now) > mine),
-                         key=lambda r: (-self.level(r, rnd.now), -r.seq))
-        trial = rnd.cluster.copy(share_graph=True)
-        for i, victim in enumerate(victims):
-            trial.release(victim.name)
-            if not FreeSpace.of(trial).may_fit(js.job):
-                continue
-            try:
-                decision = rnd.algorithm.place(trial, js.job)
-            except CannotPlace:
-                continue
-            for v in victims[:i + 1]:
-                rnd.preempt(v)
-            rnd.commit(js, decision)
-            return
+
+def preempt_until_fits(rnd: Round, js: JobState, victims: list[JobState]) -> bool:
+    """Start `js` by preempting the fewest of `victims`, in their order: release them one by one
+    on a copy of what `js` may use until the algorithm places it; then preempt those and commit.
+    False (nothing preempted) if it does not fit even without all of them."""
+    trial = rnd.view(js).copy(share_graph=True)
+    for i, victim in enumerate(victims):
+        trial.release(victim.name)
+        if not FreeSpace.of(trial).may_fit(js.job):
+            continue
+        try:
+            decision = rnd.algorithm.place(trial, js.job)
+        except CannotPlace:
+            continue
+        for v in victims[:i + 1]:
+            rnd.preempt(v)
+        return rnd.commit(js, decision)
+    return False
 
 
 @dataclass
@@ -171,19 +181,25 @@ class Edf(Fifo):
 
 @dataclass(frozen=True)
 class MultiConfig:
-    """CES-Multi's knobs (module doc); defaults chosen by the sweep in docs/multi.md
-    (results/multi/sweep.json). The fit term and the bandwidth deferral did not pay off there
-    (a_fit = 0, min_bw_share = 0 scored best, within the seed noise of the alternatives); they
-    stay available."""
-    window: int = 64
+    """CES-Multi's knobs (module doc). Defaults: the sweep in docs/multi.md
+    (results/multi/sweep.json) chose fit, a_fit, min_bw_share, age_every_s and
+    max_reservations (the fit term and the bandwidth deferral did not pay off there); the grid
+    over the shortness weight, preemption and the reservation threshold in docs/multi.md
+    ("Tuning for the targets") chose d_short, preempt_ratio, reserve_after_s and the whole-queue
+    window."""
+    window: int = 1000
     fit: str = "align"  # align | headroom
     a_fit: float = 0.0
     b_priority: float = 0.5  # not swept: the sweep's objective has no priority term
     c_wait: float = 1.0
+    d_short: float = 4.0  # weight of shortness: 1 - rank by nominal remaining run time
+    # Preempt running jobs with ≥ this × the candidate's nominal remaining run time to start it
+    # (None: never); jobs that waited past reserve_after_s are never preempted.
+    preempt_ratio: float | None = 1.2
     age_every_s: float = 3600.0  # priority ageing: +1 level per this much waiting
     min_bw_share: float = 0.0  # defer a start granted less of what its links could give
     reservation: bool = True
-    reserve_after_s: float = 7200.0
+    reserve_after_s: float = 57600.0
     max_reservations: int = 1
     backfill: bool = True
 
@@ -211,10 +227,24 @@ class CesMulti:
                 return
             scores = self.scores(rnd, window)
             best = max(candidates, key=lambda j: (scores[j], -j.seq))
-            if rnd.try_place(best, self._worth_it(rnd, best)) is None:
+            if rnd.try_place(best, self._worth_it(rnd, best)) is None \
+                    and not self._preempt_for(rnd, best):
                 tried.add(best)
                 if not cfg.backfill:
                     return
+
+    def _preempt_for(self, rnd: Round, js: JobState) -> bool:
+        """Shortest remaining time first, preemptively: make room for `js` by preempting running
+        jobs with at least `preempt_ratio` × its nominal remaining run time (longest first), but
+        never one that already waited past `reserve_after_s` (it would starve)."""
+        cfg = self.config
+        if cfg.preempt_ratio is None:
+            return False
+        bar = cfg.preempt_ratio * js.estimated_remaining_s()
+        victims = [r for r in rnd.running if r.estimated_remaining_s() >= bar
+                   and r.wait(rnd.now) < cfg.reserve_after_s]
+        victims.sort(key=lambda r: (-r.estimated_remaining_s(), r.seq))
+        return bool(victims) and preempt_until_fits(rnd, js, victims)
 
     def _worth_it(self, rnd: Round, js: JobState) -> Callable[[Decision], bool]:
         """Start a job only if other jobs leave it enough bandwidth: one granted a sliver of
@@ -222,14 +252,16 @@ class CesMulti:
         return lambda d: uncontended_share(rnd.cluster, js.job, d) >= self.config.min_bw_share
 
     def scores(self, rnd: Round, window: list[JobState]) -> dict[JobState, float]:
-        """a·fit + b·priority + c·wait for the jobs of the window (module doc)."""
+        """a·fit + b·priority + c·wait + d·shortness for the jobs of the window (module doc)."""
         cfg, space, free = self.config, rnd.free_space(), free_vector(rnd.view())
         age = {j: j.job.priority + j.wait(rnd.now) / cfg.age_every_s for j in window}
         wait = {j: j.wait(rnd.now) for j in window}
         top_age, top_wait = max(age.values(), default=0.0), max(wait.values(), default=0.0)
+        short = shortness(window) if cfg.d_short else dict.fromkeys(window, 0.0)
         return {j: cfg.a_fit * fit(j.job, space, free, cfg.fit)
                 + cfg.b_priority * (age[j] / top_age if top_age > 0 else 0.0)
-                + cfg.c_wait * (wait[j] / top_wait if top_wait > 0 else 0.0) for j in window}
+                + cfg.c_wait * (wait[j] / top_wait if top_wait > 0 else 0.0)
+                + cfg.d_short * short[j] for j in window}
 
     def _reserve(self, rnd: Round) -> None:
         """Keep the sticky reservations valid, add new ones for starving jobs, apply them all."""
@@ -247,6 +279,16 @@ class CesMulti:
             if shadow is not None:
                 self.reserved[js] = shadow
                 rnd.hold(js, *shadow)
+
+
+def shortness(jobs: list[JobState]) -> dict[JobState, float]:
+    """1 for the job with the shortest nominal remaining run time, 0 for the longest, evenly
+    by rank in between (ties share the rank): scale-free, as run times span hours to minutes."""
+    if len(jobs) < 2:
+        return dict.fromkeys(jobs, 1.0)
+    remaining = sorted(j.estimated_remaining_s() for j in jobs)
+    return {j: 1.0 - bisect.bisect_left(remaining, j.estimated_remaining_s()) / (len(jobs) - 1)
+            for j in jobs}
 
 
 def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
@@ -346,7 +388,8 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
     """The `--mode multi` evaluation: every policy in `args.algos` ("all" or comma-separated) on
     `args.topo` (any spec the topology loader takes) under `args.arrivals` (a spec string of
     `arrivals.parse_arrivals`) for seeds 0..args.seeds-1; metrics as mean and std over seeds.
-    Optional: `args.single` (the single-job algorithm of every policy; default CES-Multi's).
+    Optional: `args.single` (the single-job algorithm of every policy; default CES-Multi's),
+    `args.config` (CES-Multi's `MultiConfig`; default the defaults).
     Raises ValueError (incl. TopologyError, ArrivalError) on bad input."""
     topo = load_topology(args.topo)
     cluster = Cluster.from_topology(topo)
@@ -359,11 +402,13 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
     if args.seeds < 1:
         raise ValueError(f"--seeds must be ≥ 1, got {args.seeds}")
     single = getattr(args, "single", None) or default_algorithm()
+    config = getattr(args, "config", None) or MultiConfig()
     out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
                  "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
-                 "machine": machine_info(), "algorithms": {}}
+                 "ces_multi_config": asdict(config), "machine": machine_info(), "algorithms": {}}
     for name in names:
-        runs = [run_policy(name, cluster, spec, seed, single) for seed in range(args.seeds)]
+        runs = [run_policy(name, cluster, spec, seed, single, config)
+                for seed in range(args.seeds)]
         out["algorithms"][name] = {m: _mean_std([r[m] for r in runs]) for m in METRICS}
     return out
 
@@ -396,5 +441,5 @@ def multi_table(result: dict) -> str:
 
 __all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "MultiConfig",
            "POLICIES", "Sjf", "default_algorithm", "evaluate_multi", "fit", "free_vector",
-           "make_policy",
-           "multi_table", "run_policy", "shadow_decision"]
+           "make_policy", "multi_table", "preempt_until_fits", "run_policy", "shadow_decision",
+           "shortness"]

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..baselines import algorithm_names
 from ..model import CannotPlace, Cluster, Decision, Job
-from ..multi import POLICIES, make_policy
+from ..multi import POLICIES, MultiConfig, make_policy
 from ..simulator import JobState, Round
 
+# The testbed does not checkpoint workers, so nothing on it may be preempted: no LAS, and
+# CES-Multi without its preemption.
 QUEUES = tuple(name for name in POLICIES if name != "las")
+NO_PREEMPTION = replace(MultiConfig(), preempt_ratio=None)
 
 
 class UnknownAlgorithm(ValueError):
@@ -74,7 +77,7 @@ class Scheduler:
     @staticmethod
     def _build(queue: str, algorithm: str, seed: int):
         try:
-            return make_policy(queue, algorithm, seed)
+            return make_policy(queue, algorithm, seed, NO_PREEMPTION)
         except (OSError, ValueError, RuntimeError) as e:
             raise UnknownAlgorithm(f"scheduler '{algorithm}' cannot be used: {e}") from None
 

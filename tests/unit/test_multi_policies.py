@@ -14,7 +14,7 @@ from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
 from scheduler.multi import (BEST_HEURISTIC, CesMulti, Edf, FifoBackfill, Las, MultiConfig, Sjf,
-                             default_algorithm, evaluate_multi, multi_table, run_policy)
+                             default_algorithm, evaluate_multi, multi_table, run_policy, shortness)
 from scheduler.simulator import JobState, Round, Simulator
 from topologies import load_topology, parse_topology
 
@@ -72,7 +72,7 @@ def test_without_backfilling_the_round_stops_at_the_best_job_that_does_not_fit(b
     ("align", 0.5 / (0.5 * math.sqrt(3)), 0.75 / (math.hypot(0.25, 0.5) * math.sqrt(3))),
     ("headroom", 1 - 0.5, 1 - 0.5)])  # 1 - the largest share of the free resources asked
 def test_scores_are_fit_plus_aged_priority_plus_wait(kind, fit_a, fit_b):
-    cfg = dict(a_fit=1.0, b_priority=0.5, c_wait=1.0, age_every_s=3600.0, fit=kind)
+    cfg = dict(a_fit=1.0, b_priority=0.5, c_wait=1.0, d_short=0.0, age_every_s=3600.0, fit=kind)
     a = queued(job("a", cpu=2.0, mem=0), 0, since=-7200.0)  # priority 0, waited 2 h: aged to 2
     b = queued(job("b", cpu=1.0, mem=500, priority=2), 1)
     rnd = Round(0.0, cluster_of([4.0], mem_mb=1000), make_algorithm("first-fit"), [a, b], [])
@@ -88,10 +88,12 @@ def test_fit_is_zero_for_a_job_that_cannot_fit_and_follows_its_kind():
     mem_heavy = queued(job("mem", cpu=0.25, mem=90), 1)
     too_big = queued(job("big", cpu=5.0), 2)
     rnd = Round(0.0, cluster, make_algorithm("first-fit"), [cpu_heavy, mem_heavy, too_big], [])
-    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0, fit="align").scores(rnd, rnd.queue)
+    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0, d_short=0.0,
+            fit="align").scores(rnd, rnd.queue)
     assert s[too_big] == 0.0
     assert s[cpu_heavy] > s[mem_heavy] > 0
-    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0, fit="headroom").scores(rnd, rnd.queue)
+    s = ces(a_fit=1.0, b_priority=0.0, c_wait=0.0, d_short=0.0,
+            fit="headroom").scores(rnd, rnd.queue)
     assert s[too_big] == 0.0
     assert s[cpu_heavy] == pytest.approx(1 - 2.0 / 4.0)  # half the free cpu
     assert s[mem_heavy] == pytest.approx(1 - 90 / 100)  # 90 % of the free memory
@@ -133,11 +135,12 @@ def test_a_start_left_too_little_bandwidth_by_other_jobs_is_deferred(link, busy,
 
 def stream(reservation: bool, policy_name: str = "ces-multi"):
     """Two 1-cpu nodes; a 0.5-cpu, 100 s job every 30 s for 5000 s keeps both nodes busy; a job
-    that needs both whole nodes arrives at t = 5."""
+    that needs both whole nodes arrives at t = 5. No preemption: the reservation alone."""
     small = [job(f"s{i:03d}", cpu=0.5, submit=30.0 * i) for i in range(167)]
     big = job("big", cpu=1.0, tasks=2, iterations=50, submit=5.0)
     algo = make_algorithm("first-fit")
-    policy = CesMulti(algo, MultiConfig(reservation=reservation, reserve_after_s=300.0)) \
+    policy = CesMulti(algo, MultiConfig(reservation=reservation, reserve_after_s=300.0,
+                                        preempt_ratio=None)) \
         if policy_name == "ces-multi" else FifoBackfill(algo)
     res = Simulator(cluster_of([1.0, 1.0]), policy).run(small + [big])
     return {js.name: js for js in res.jobs}, res
@@ -178,6 +181,37 @@ def test_reservation_holds_the_shadow_placement_and_keeps_it():
     policy.schedule(rnd)
     assert names(rnd.placed) == ["starving"] and rnd.placed[0].decision.placement == {"w0": "n0"}
     assert policy.reserved == {}
+
+
+def test_shortness_ranks_the_window_by_nominal_remaining_run_time():
+    jobs = [queued(job(n, cpu=1.0, iterations=it), i)
+            for i, (n, it) in enumerate([("long", 900), ("short", 5), ("mid", 50), ("mid2", 50)])]
+    assert {js.name: v for js, v in shortness(jobs).items()} == \
+        {"short": 1.0, "mid": pytest.approx(2 / 3), "mid2": pytest.approx(2 / 3), "long": 0.0}
+    rnd = Round(0.0, cluster_of([1.0]), make_algorithm("first-fit"), jobs, [])
+    scores = ces(b_priority=0.0, c_wait=0.0, d_short=2.0).scores(rnd, jobs)
+    assert scores[jobs[1]] == pytest.approx(2.0) and scores[jobs[0]] == 0.0
+    ces(b_priority=0.0, c_wait=0.0, d_short=2.0).schedule(rnd)
+    assert names(rnd.placed) == ["short"]
+
+
+@pytest.mark.parametrize("ratio, runner_iters, runner_waited, preempted", [
+    (None, 1000, 0.0, False),      # preemption off
+    (2.0, 1000, 0.0, True),        # 1000 s left vs 10 s: make room
+    (2.0, 15, 0.0, False),         # 15 s left < 2 × 10 s: let it finish
+    (2.0, 1000, 7200.0, False)])   # it starved once already: never preempted
+def test_ces_multi_preempts_much_longer_jobs_for_a_short_one(ratio, runner_iters, runner_waited,
+                                                             preempted):
+    cluster = cluster_of([1.0])
+    algo = make_algorithm("first-fit")
+    r = JobState(job("runner", cpu=1.0, iterations=runner_iters), 0, "running",
+                 waited_s=runner_waited)
+    cluster.allocate(r.job, Decision("runner", {"w0": "n0"}, []))
+    short = queued(job("short", cpu=1.0, iterations=10), 1)
+    rnd = Round(0.0, cluster, algo, [short], [r])
+    ces(preempt_ratio=ratio, reserve_after_s=3600.0).schedule(rnd)
+    assert (names(rnd.preempted), names(rnd.placed)) == \
+        ((["runner"], ["short"]) if preempted else ([], []))
 
 
 # --- baselines ------------------------------------------------------------------------------------
