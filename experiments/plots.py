@@ -133,8 +133,8 @@ def rates(results: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     top = 1.0
     for s in results["schedulers"]:
-        pts = [(f["rate_mbps"], f["tcp_mbps"]) for r in rows(results) if r["scheduler"] == s
-               for f in r["flows"] if f.get("tcp_mbps") is not None]
+        pts = [(f["rate_mbps"], f["wire_mbps"]) for r in rows(results) if r["scheduler"] == s
+               for f in r["flows"] if f.get("wire_mbps") is not None]
         if pts:
             x, y = zip(*pts)
             ax.plot(x, y, "o", color=colours[s], ms=4, alpha=0.8, label=s)
@@ -144,7 +144,7 @@ def rates(results: dict, path: Path) -> Path:
     ax.fill_between(line, RATE_BAND[0] * line, RATE_BAND[1] * line, color="0.9",
                     label=f"{RATE_BAND[0]}…{RATE_BAND[1]} × granted")
     ax.set_xlabel("granted rate (Mbit/s)")
-    ax.set_ylabel("TCP goodput while the sender was busy (Mbit/s)")
+    ax.set_ylabel("sent on the wire while the sender was busy (Mbit/s)")
     ax.set_xlim(0, line[-1])
     ax.set_ylim(0, line[-1])
     ax.legend(fontsize=7)

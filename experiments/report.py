@@ -43,16 +43,17 @@ def binding_flows(row: dict) -> list[dict]:
     return [f for f in row["flows"] if 0 < f["rate_mbps"] <= 1.01 * min(grants)]
 
 
-def rate_ratios(row: dict, measure: str = "tcp_mbps") -> list[float]:
+def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
     """`measure` / granted rate of the flows their grant holds back (`binding_flows`); by default
-    what the network carried while the sender's socket was busy (`run.tcp_view`)."""
+    what the sender put on the wire while its socket was busy (`run.tcp_view`): the bytes the
+    grant's shaper and meter count."""
     return [f[measure] / f["rate_mbps"] for f in binding_flows(row) if f.get(measure) is not None]
 
 
 def over_grant(row: dict) -> list[dict]:
     """Flows, binding or not, whose sender got more than the band's top × its grant."""
     return [f for f in row["flows"]
-            if f.get("tcp_mbps") is not None and f["tcp_mbps"] > RATE_BAND[1] * f["rate_mbps"]]
+            if f.get("wire_mbps") is not None and f["wire_mbps"] > RATE_BAND[1] * f["rate_mbps"]]
 
 
 def bottleneck_ratios(row: dict) -> list[float]:
@@ -175,19 +176,22 @@ def summary(results: dict) -> str:
                       f"time-to-accuracy {ppo:.1f} s vs {spread:.1f} s, "
                       f"{100 * (1 - ppo / spread):.0f}% lower (target ≥ 25%; unreached runs "
                       "counted at the timeout).", ""]
-    tcp = [x for r in all_rows for x in rate_ratios(r)]
+    wire = [x for r in all_rows for x in rate_ratios(r)]
+    goodput = [x for r in all_rows for x in rate_ratios(r, "tcp_mbps")]
     ring = [x for r in all_rows for x in bottleneck_ratios(r)]
-    if tcp or ring:
+    if wire or ring:
         lines += ["## Measured vs granted rate per flow", ""]
-    if tcp:
-        measured = sum(f.get("tcp_mbps") is not None for r in all_rows for f in r["flows"])
+    if wire:
+        measured = sum(f.get("wire_mbps") is not None for r in all_rows for f in r["flows"])
         over = sum(len(over_grant(r)) for r in all_rows)
-        lines += [f"What the network carried on the {len(tcp)} flows their grant holds back (a "
-                  "ring's flows granted more than its smallest grant wait for data instead; "
-                  "`tcp_mbps`: bytes the receiver acknowledged / time the sender's socket had "
-                  "data to send, from the kernel's tcp_info; payload only, so ≈ 0.96 × the wire "
-                  f"rate): {_band(tcp)}. Above {RATE_BAND[1]} × their grant: {over} of "
-                  f"{measured} measured flows.", ""]
+        lines += [f"What the network carried on the {len(wire)} flows their grant holds back (a "
+                  "ring's flows granted more than its smallest grant wait for data instead), "
+                  "from the kernel's tcp_info of the sender's connection, over the time its "
+                  "socket had data to send. On the wire (`wire_mbps`: bytes sent, "
+                  "retransmissions and headers included — what the shaper and the meter count): "
+                  f"{_band(wire)}. Goodput (`tcp_mbps`: bytes acknowledged, ≈ 0.96 × the wire "
+                  f"rate at full-size frames): {_band(goodput)}. Above {RATE_BAND[1]} × their "
+                  f"grant on the wire: {over} of {measured} measured flows.", ""]
     if ring:
         lines += ["The application's view (`measured_mbps`: payload / collective time, median "
                   "over iterations, against the ring's bottleneck grant, as a ring's flows "

@@ -55,7 +55,7 @@ from testbed import Emulation, EmulationError, cleanup, detect_datapath
 from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import Topology, TopologyError, load_topology
-from workloads.metrics import busy_rate_mbps
+from workloads.metrics import busy_rate_mbps, wire_rate_mbps
 
 import plots
 import report
@@ -362,14 +362,15 @@ def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
     end, or its last evaluation if it was stopped) has of its connection to the receiver's
     address (`workloads.metrics.tcp_send_counters`):
     `tcp_mbps` (goodput while the socket had data to send: what the shaping and the switches
-    delivered, application pauses excluded), its retransmitted share and the share of busy time
-    the receiver's window held it back."""
+    delivered, application pauses excluded), `wire_mbps` (the same time's bytes on the wire,
+    headers and retransmissions included: what the grant limits), the retransmitted share and
+    the share of busy time the receiver's window held it back."""
     def last(records: list[dict]) -> dict:  # end, or the last evaluation of a stopped task
         return next((r["tcp"] for r in reversed(records) if "tcp" in r), {})
     c = last(sender).get("peers", {}).get(last(receiver).get("address"))
     if not c or not c.get("busy_us"):
-        return {"tcp_mbps": None}
-    return {"tcp_mbps": busy_rate_mbps(c),
+        return {"tcp_mbps": None, "wire_mbps": None}
+    return {"tcp_mbps": busy_rate_mbps(c), "wire_mbps": wire_rate_mbps(c),
             "tcp_retrans_share": round(c.get("bytes_retrans", 0) / max(c["bytes_acked"], 1), 5),
             "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4)}
 

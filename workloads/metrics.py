@@ -83,20 +83,24 @@ def default_threads() -> int:
 
 
 # Fields of the kernel's struct tcp_info (linux/tcp.h; append-only, so the offsets are stable):
-# offset → (name, format). busy/rwnd/sndbuf are microseconds (Linux ≥ 4.10), bytes_retrans ≥ 4.19.
-_TCP_INFO_FIELDS = {120: ("bytes_acked", "Q"), 168: ("busy_us", "Q"),
-                    176: ("rwnd_limited_us", "Q"), 184: ("sndbuf_limited_us", "Q"),
+# offset → (name, format). busy/rwnd/sndbuf are microseconds (Linux ≥ 4.10), bytes_sent and
+# bytes_retrans Linux ≥ 4.19; segs_out counts every segment sent, pure ACKs included.
+_TCP_INFO_FIELDS = {5: ("options", "B"), 120: ("bytes_acked", "Q"), 136: ("segs_out", "I"),
+                    168: ("busy_us", "Q"), 176: ("rwnd_limited_us", "Q"),
+                    184: ("sndbuf_limited_us", "Q"), 200: ("bytes_sent", "Q"),
                     208: ("bytes_retrans", "Q")}
 _TCP_INFO_LEN = 232
+_TCPI_OPT_TIMESTAMPS = 1
 
 
 def tcp_send_counters() -> dict:
     """What the kernel measured of this process's TCP connections, for the network's view of its
     flows: {"address": this end's IP, "peers": {peer IP: counters}} with, per peer, the
-    connection that sent it the most (bytes_acked, busy_us: time with data queued or in flight,
-    rwnd_limited_us, sndbuf_limited_us, bytes_retrans). bytes_acked / busy_us is the rate the
-    network carried while the sender had something to send, whatever the application did in
-    between (computing, waiting for a slower ring member)."""
+    connection that sent it the most (bytes_acked, bytes_sent (retransmissions included),
+    segs_out, options, busy_us: time with data queued or in flight, rwnd_limited_us,
+    sndbuf_limited_us, bytes_retrans). bytes_acked / busy_us is the rate the network carried
+    while the sender had something to send, whatever the application did in between
+    (computing, waiting for a slower ring member); `wire_rate_mbps` adds the frames' headers."""
     address, peers = None, {}
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -114,8 +118,8 @@ def tcp_send_counters() -> dict:
                 raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
             except OSError:  # listening or not connected
                 continue
-        info = {name: struct.unpack_from(fmt, raw, off)[0]
-                for off, (name, fmt) in _TCP_INFO_FIELDS.items() if off + 8 <= len(raw)}
+        info = {name: struct.unpack_from(fmt, raw, off)[0] for off, (name, fmt)
+                in _TCP_INFO_FIELDS.items() if off + struct.calcsize(fmt) <= len(raw)}
         if peer == local:
             continue
         address = local
@@ -125,9 +129,22 @@ def tcp_send_counters() -> dict:
 
 
 def busy_rate_mbps(counters: dict) -> float | None:
-    """bytes acknowledged × 8 / time busy sending, in Mbit/s (None without busy time)."""
+    """Goodput while busy: bytes acknowledged × 8 / time busy sending, in Mbit/s (None without
+    busy time)."""
     busy = counters.get("busy_us", 0)
     return round(counters["bytes_acked"] * 8 / busy, 3) if busy > 0 else None
+
+
+def wire_rate_mbps(counters: dict) -> float | None:
+    """What the sender put on the wire while busy, in Mbit/s: every byte sent (retransmissions
+    too) plus each segment's Ethernet, IPv4 and TCP headers (+ 12 bytes of timestamps when
+    negotiated) — the bytes a shaper or meter counts against the grant. None without busy time
+    or on kernels without bytes_sent."""
+    busy = counters.get("busy_us", 0)
+    if busy <= 0 or "bytes_sent" not in counters:
+        return None
+    header = 14 + 20 + 20 + (12 if counters.get("options", 0) & _TCPI_OPT_TIMESTAMPS else 0)
+    return round((counters["bytes_sent"] + header * counters.get("segs_out", 0)) * 8 / busy, 3)
 
 
 class JsonLines:

@@ -40,12 +40,14 @@ def view(reached: bool) -> dict:
            "iters": 6, "startup_s": 9.0,
            "tcp": {"address": "10.0.0.1", "peers": {"10.0.0.2": {
                "bytes_acked": 10_000_000, "busy_us": 1_000_000, "bytes_retrans": 10_000,
-               "rwnd_limited_us": 100_000}}}}]
+               "rwnd_limited_us": 100_000, "bytes_sent": 10_010_000, "segs_out": 6_000,
+               "options": 1}}}}]
     r1 = [it(1, 400_000, 0.1), it(2, 400_000, 0.1), it(3, 400_000, 0.1),
           # stopped before its end: its last evaluation has the counters
           {"type": "eval", "iter": 3, "elapsed_s": 1.5, "accuracy": 0.5,
            "tcp": {"address": "10.0.0.2", "peers": {
-              "10.0.0.1": {"bytes_acked": 9_600_000, "busy_us": 2_000_000},
+              "10.0.0.1": {"bytes_acked": 9_600_000, "busy_us": 2_000_000,
+                           "bytes_sent": 9_600_000, "segs_out": 10_000, "options": 0},
               "10.0.0.9": {"bytes_acked": 1, "busy_us": 1}}}}]
     return {"name": "heavy.r0", "state": "finished", "reason": "", "collective": "ring",
             "tasks": ["w0", "w1"], "workload": {"model": "mlp-large"}, "jct_s": 20.0,
@@ -69,6 +71,9 @@ def test_job_row():
     # the kernel's counters of the connection to the receiver's address
     w0_w1, w1_w0 = row["flows"]
     assert w0_w1["tcp_mbps"] == pytest.approx(80.0) and w1_w0["tcp_mbps"] == pytest.approx(38.4)
+    # on the wire: bytes sent + 66 (timestamps) or 54 bytes of headers a segment
+    assert w0_w1["wire_mbps"] == pytest.approx((10_010_000 + 66 * 6_000) * 8 / 1e6)
+    assert w1_w0["wire_mbps"] == pytest.approx((9_600_000 + 54 * 10_000) * 8 / 2e6)
     assert w0_w1["tcp_retrans_share"] == pytest.approx(0.001)
     assert w0_w1["tcp_rwnd_limited_share"] == pytest.approx(0.1)
     assert row["curve"] == [[1.5, 0.5], [3.0, 0.92]]
@@ -107,8 +112,9 @@ def test_summary_and_csv(tmp_path: Path):
     assert "40.0 s vs 90.0 s, 56% lower" in text
     # only the ring's flow at its smallest grant (40 of 80/40) is held back by the network
     assert "on the 4 flows their grant holds back" in text
+    assert "median 1.01 × granted (min 1.01, max 1.01); 4 of 4 (100%) within 0.85…1.05" in text
     assert "median 0.96 × granted (min 0.96, max 0.96); 4 of 4 (100%) within 0.85…1.05" in text
-    assert "Above 1.05 × their grant: 0 of 8 measured flows" in text
+    assert "Above 1.05 × their grant on the wire: 0 of 8 measured flows" in text
     assert "median 1.20 × granted (min 0.80, max 1.60); 0 of 8 (0%)" in text
     assert "k8s-spread seed 1 `heavy`" in text
     assert "lab3→srv3 50 Mbit/s via acc1 (measured 45.0 Mbit/s on average)" in text

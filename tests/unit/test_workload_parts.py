@@ -15,7 +15,7 @@ from workloads.data import DATASET_SHAPES, DatasetError, check_available, load_d
     mnist5k_path, read_idx
 from workloads.launch import train_argv
 from workloads.metrics import InterfaceCounters, JsonLines, busy_rate_mbps, default_threads, \
-    process_start_time, tcp_send_counters
+    process_start_time, tcp_send_counters, wire_rate_mbps
 from workloads.models import MODELS, build_model, gradient_bytes, parameter_count
 from workloads.results import LogError, read_task_log, summarize_job
 
@@ -133,6 +133,12 @@ def test_tcp_send_counters_read_the_kernel_view_of_each_peer():
     assert rate is None or rate > 0  # busy time is counted in jiffies: may round to 0 on lo
     assert busy_rate_mbps({"bytes_acked": 1_000_000, "busy_us": 1_000_000}) == 8.0
     assert busy_rate_mbps({"bytes_acked": 5, "busy_us": 0}) is None
+    assert to_server["bytes_sent"] >= payload and to_server["segs_out"] > 0
+    # on the wire: + 14 (Ethernet) + 20 (IPv4) + 20 (TCP) + 12 (timestamps option) per segment
+    wire = {"bytes_sent": 1_000_000, "segs_out": 1000, "busy_us": 1_000_000}
+    assert wire_rate_mbps({**wire, "options": 1}) == pytest.approx(8.528)
+    assert wire_rate_mbps({**wire, "options": 0}) == pytest.approx(8.432)
+    assert wire_rate_mbps({"bytes_acked": 5, "busy_us": 10}) is None  # kernel without bytes_sent
 
 
 def test_default_threads_is_at_least_one_and_at_most_the_cores():
