@@ -32,15 +32,21 @@ def rows(results: dict) -> list[dict]:
     return [row for run in results.get("runs", []) for row in run["jobs"]]
 
 
+def ring_bottleneck(row: dict) -> float | None:
+    """The smallest grant of a ring job's inter-node flows (None for other collectives, or no
+    grant): a ring's flows advance in lockstep, so none carries more than this."""
+    grants = [f["rate_mbps"] for f in row["flows"] if f["rate_mbps"] > 0]
+    return min(grants) if row.get("collective") == "ring" and grants else None
+
+
 def binding_flows(row: dict) -> list[dict]:
     """The inter-node flows that their own grant holds back. A ring's flows advance together at
     the pace of its smallest grant, so a flow granted more sends what reaches it from upstream
     as it comes: its socket stays busy with a trickle, and its rate says nothing of the network.
     Other collectives: every flow."""
-    grants = [f["rate_mbps"] for f in row["flows"] if f["rate_mbps"] > 0]
-    if row.get("collective") != "ring" or not grants:
-        return [f for f in row["flows"] if f["rate_mbps"] > 0]
-    return [f for f in row["flows"] if 0 < f["rate_mbps"] <= 1.01 * min(grants)]
+    top = ring_bottleneck(row)
+    return [f for f in row["flows"]
+            if 0 < f["rate_mbps"] and (top is None or f["rate_mbps"] <= 1.01 * top)]
 
 
 def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
@@ -60,11 +66,10 @@ def bottleneck_ratios(row: dict) -> list[float]:
     """Measured / the smallest grant of the job's inter-node flows, for ring jobs: a ring's
     flows advance in lockstep, so none can carry more than its slowest grant. Other
     collectives: `rate_ratios`."""
-    grants = [f["rate_mbps"] for f in row["flows"] if f["rate_mbps"] > 0]
-    if row.get("collective") != "ring" or not grants:
+    top = ring_bottleneck(row)
+    if top is None:
         return rate_ratios(row, "measured_mbps")
-    return [f["measured_mbps"] / min(grants) for f in row["flows"]
-            if f.get("measured_mbps") is not None]
+    return [f["measured_mbps"] / top for f in row["flows"] if f.get("measured_mbps") is not None]
 
 
 def heavy_job(results: dict) -> str | None:

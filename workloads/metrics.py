@@ -118,10 +118,10 @@ def tcp_send_counters() -> dict:
                 raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
             except OSError:  # listening or not connected
                 continue
+        if peer == local:  # co-located ranks: never on the network
+            continue
         info = {name: struct.unpack_from(fmt, raw, off)[0] for off, (name, fmt)
                 in _TCP_INFO_FIELDS.items() if off + struct.calcsize(fmt) <= len(raw)}
-        if peer == local:
-            continue
         address = local
         if info.get("bytes_acked", 0) >= peers.get(peer, {}).get("bytes_acked", -1):
             peers[peer] = info
