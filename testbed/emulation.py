@@ -28,7 +28,7 @@ from mininet.node import RemoteController
 
 from topologies import ComputeNode, Link, Topology
 
-from . import cgroups, tc, workers
+from . import cgroups, ovs_sockets, tc, workers
 from .cleanup import PID_LABEL, cleanup
 from .names import Names, new_prefix
 from .node import DockerNet, DockerNode, EdgeSwitch, allow_congestion_control
@@ -125,6 +125,8 @@ class Emulation:
         self.net.build()
         self._prepare_interfaces(self.net.links)
         self.net.start()
+        self._enlarge_port_buffers([intf.name for s in self.switches.values()
+                                    for intf in s.intfList() if intf.name != "lo"])
         self.timings["up_s"] = time.monotonic() - t0
         if standalone:
             self.wait_converged(self.converge_timeout_s)
@@ -231,6 +233,16 @@ class Emulation:
                     subprocess.run(prefix + ["ethtool", "-K", intf.name, "tx", "off"],
                                    capture_output=True, check=True)
                 tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, pid)
+
+    def _enlarge_port_buffers(self, ports: list[str]) -> None:
+        """Room for the userspace datapath to fall behind without dropping (ovs_sockets)."""
+        if self.datapath != "user":
+            return
+        try:
+            ovs_sockets.enlarge_receive_buffers(ports)
+        except (ovs_sockets.SocketBufferError, OSError) as e:
+            # Still a working network, with the loss the module describes.
+            log.warning("%s: ports keep the default receive buffer: %s", self.prefix, e)
 
     def _topo_name(self, mininet_node: object) -> str:
         for name, n in list(self.nodes.items()) + list(self.switches.items()):
@@ -345,6 +357,7 @@ class Emulation:
         docker_node.configDefault()
         self._prepare_interfaces([mlink])
         self.switches[switch].attach(mlink.intf2)
+        self._enlarge_port_buffers([mlink.intf2.name])
         if self.controller is None:
             self.wait_converged(self.converge_timeout_s)  # the new port starts discarding
         return docker_node

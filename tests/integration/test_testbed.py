@@ -5,6 +5,7 @@ A two-switch network with two (at times three) containers; the middle link is th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from testbed import Emulation, cgroups, cleanup, leftovers, new_prefix, tc
+from testbed.ovs_sockets import RX_BUFFER_BYTES
 from topologies import ComputeNode, Link, load_topology
 
 pytestmark = pytest.mark.integration
@@ -55,6 +57,14 @@ def vsctl(*args: str) -> str:
                           check=True).stdout.strip()
 
 
+def vswitchd_receive_buffers() -> dict[str, int]:
+    """{interface: receive buffer bytes} of ovs-vswitchd's packet sockets, as `ss` shows them."""
+    out = subprocess.run(["ss", "-0", "-m", "-n", "-p"], capture_output=True, text=True,
+                         check=True).stdout
+    found = re.findall(r"\*:(\S+)\s.*?\"ovs-vswitchd\".*?skmem:\(r\d+,rb(\d+),", out)
+    return {intf: int(rb) for intf, rb in found}
+
+
 def test_connectivity_addresses_and_port_numbers(net: Emulation) -> None:
     assert net.ping_all(timeout_s=1.0) == 0.0
     topo = net.topo
@@ -70,6 +80,19 @@ def test_connectivity_addresses_and_port_numbers(net: Emulation) -> None:
     h1_port = topo.access_link("h1").port_of("s1")
     assert vsctl("get", "Interface", net.interface_name("s1", h1_port), "ofport") == str(h1_port)
     assert vsctl("get", "Bridge", net.bridge_name("s1"), "fail_mode") == "standalone"
+
+
+def test_switch_ports_have_large_receive_buffers(net: Emulation) -> None:
+    # The userspace datapath drops on its ports' default 208 KiB buffers under CPU load.
+    if net.datapath != "user":
+        pytest.skip("the kernel datapath reads its ports without packet sockets")
+    ports = [net.interface_name("s1", 7), net.interface_name("s2", 8),
+             net.interface_name("s1", net.topo.access_link("h1").port_of("s1"))]
+    net.add_node(ComputeNode("h3", cpu=0.25, mem_mb=256, ip="10.0.0.3", mac="02:ce:00:00:00:03"),
+                 Link("h3", "s2", 100, port_a=0, port_b=5))
+    ports.append(net.interface_name("s2", 5))
+    buffers = vswitchd_receive_buffers()
+    assert all(buffers.get(p, 0) >= RX_BUFFER_BYTES for p in ports), (ports, buffers)
 
 
 def test_remote_controller_mode(tiny: Path, prefix: str, worker_image: str) -> None:
