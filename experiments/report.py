@@ -188,7 +188,8 @@ def summary(results: dict) -> str:
         lines += ["## Measured vs granted rate per flow", ""]
     if wire:
         measured = sum(f.get("wire_mbps") is not None for r in all_rows for f in r["flows"])
-        over = sum(len(over_grant(r)) for r in all_rows)
+        over = [(r, f) for r in all_rows for f in over_grant(r)]
+        over_binding = sum(any(f is b for b in binding_flows(r)) for r, f in over)
         lines += [f"What the network carried on the {len(wire)} flows their grant holds back (a "
                   "ring's flows granted more than its smallest grant wait for data instead), "
                   "from the kernel's tcp_info of the sender's connection, over the time its "
@@ -196,7 +197,14 @@ def summary(results: dict) -> str:
                   "retransmissions and headers included — what the shaper and the meter count): "
                   f"{_band(wire)}. Goodput (`tcp_mbps`: bytes acknowledged, ≈ 0.96 × the wire "
                   f"rate at full-size frames): {_band(goodput)}. Above {RATE_BAND[1]} × their "
-                  f"grant on the wire: {over} of {measured} measured flows.", ""]
+                  f"grant on the wire: {len(over)} of {measured} measured flows, "
+                  f"{over_binding} of them binding" + (
+                      "" if not over else
+                      " (a flow that idles between small sends goes out in bursts the shaper's "
+                      "and the meter's token buckets let through at line rate: "
+                      + ", ".join(f"{r['scheduler']} seed {r['seed']} `{r['job']}` "
+                                  f"{f['src']}→{f['dst']} {f['wire_mbps']:.1f} on "
+                                  f"{f['rate_mbps']:g}" for r, f in over) + ")") + ".", ""]
     if ring:
         lines += ["The application's view (`measured_mbps`: payload / collective time, median "
                   "over iterations, against the ring's bottleneck grant, as a ring's flows "
