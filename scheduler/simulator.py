@@ -296,6 +296,9 @@ class SimResult:
     job_events: int  # arrivals, starts, completions, failures, re-queues
     wall_s: float
     balance_std: float  # time average of the std of node utilisation across online nodes
+    # ... only up to the last arrival: the drain after it is as long as the policy left the
+    # longest jobs for last, so whole-run averages cover windows of different lengths
+    balance_std_arrivals: float
     utilisation: float  # time average of the mean node utilisation
     starts: list[tuple[float, str, tuple[tuple[str, str], ...]]]  # (time, job, placement): the schedule
 
@@ -333,6 +336,7 @@ class SimResult:
             "bw_satisfaction": statistics.fmean(js.bw_satisfaction for js in started)
             if started else None,
             "balance_std": self.balance_std,
+            "balance_std_arrivals": self.balance_std_arrivals,
             "utilisation": self.utilisation,
             "fairness": sum(slow) ** 2 / (len(slow) * sum(x * x for x in slow)) if slow else None,
             "deadline_hit_rate": sum(js.state == "finished" and
@@ -370,7 +374,8 @@ class Simulator:
         self._tick_pending = False
         self._clock: float | None = None
         self._clock_start: float | None = None  # the first event's time: metrics start here
-        self._balance_area = self._util_area = 0.0
+        self._balance_area = self._util_area = self._arrivals_area = 0.0
+        self._last_arrival = max((j.submit_time for j in jobs), default=0.0)
         self._balance: tuple[float, float] | None = None  # (std, mean) of _util, when fresh
         self._util = {n: node_utilisation(self.cluster, n)  # Ū_n of the online nodes
                       for n in self.cluster.compute_nodes(online_only=True)}
@@ -407,9 +412,12 @@ class Simulator:
         end = self.config.until if self._open and self._heap else self.now
         self._integrate(end)
         self.now = end
-        span = end - (self._clock_start if self._clock_start is not None else end)
+        start = self._clock_start if self._clock_start is not None else end
+        span, arrivals_span = end - start, min(end, self._last_arrival) - start
         return SimResult(self.states, end, self.job_events, time.perf_counter() - wall,
                          self._balance_area / span if span > 0 else 0.0,
+                         self._arrivals_area / arrivals_span if arrivals_span > 0
+                         else (self._balance_area / span if span > 0 else 0.0),
                          self._util_area / span if span > 0 else 0.0, self.starts)
 
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -626,5 +634,7 @@ class Simulator:
                 u = np.fromiter(self._util.values(), float)
                 self._balance = (float(u.std()), float(u.mean())) if u.size else (0.0, 0.0)
             self._balance_area += self._balance[0] * (t - self._clock)
+            self._arrivals_area += self._balance[0] * max(0.0, min(t, self._last_arrival)
+                                                          - self._clock)
             self._util_area += self._balance[1] * (t - self._clock)
         self._clock = t

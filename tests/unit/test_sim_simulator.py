@@ -262,6 +262,19 @@ def test_balance_and_utilisation_are_time_averages_over_online_nodes():
     assert res.utilisation == pytest.approx((u / 2 + u) / 2)
 
 
+def test_balance_while_jobs_arrive_stops_at_the_last_arrival():
+    # j runs on n0 from 0 to 200 s; k arrives at 100 s and runs on n1 to 200 s.
+    u = (1.0 + 100 / 1024) / 2
+    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=200),
+                                       solo_job("k", submit=100.0, iterations=100)])
+    assert res.end_time == pytest.approx(200.0)
+    assert res.balance_std_arrivals == pytest.approx(u / 2)  # [0, 100]: n0 busy, n1 idle
+    assert res.balance_std == pytest.approx(u / 4)  # then both busy: std 0
+    # One arrival: no window of its own, the whole run's average.
+    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=100)])
+    assert res.balance_std_arrivals == res.balance_std == pytest.approx(u / 2)
+
+
 def test_a_hold_lets_jobs_done_before_its_owner_starts_backfill():
     from scheduler.simulator import JobState
     cluster = one_switch([1.0])
