@@ -424,7 +424,8 @@ def multi_table(result: dict) -> str:
     """A readable table of `evaluate_multi`'s result."""
     cols = [("avg_wait_s", "avg wait s"), ("p95_wait_s", "p95 wait s"), ("max_wait_s", "max wait s"),
             ("jct_s", "JCT s"), ("bw_satisfaction", "bw sat"), ("balance_std", "util std"),
-            ("balance_std_arrivals", "std arriving"), ("fairness", "Jain"), ("deadline_hit_rate", "deadline hit")]
+            ("balance_std_arrivals", "std arriving"), ("fairness", "Jain"),
+            ("deadline_hit_rate", "deadline hit")]
     head = f"{'policy':<14}" + "".join(f"{h:>14}" for _, h in cols)
     lines = [f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "
              f"{result['seeds']} seeds, single-job algorithm {result['single_job_algorithm']}",

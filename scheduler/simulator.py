@@ -414,10 +414,9 @@ class Simulator:
         self.now = end
         start = self._clock_start if self._clock_start is not None else end
         span, arrivals_span = end - start, min(end, self._last_arrival) - start
-        return SimResult(self.states, end, self.job_events, time.perf_counter() - wall,
-                         self._balance_area / span if span > 0 else 0.0,
-                         self._arrivals_area / arrivals_span if arrivals_span > 0
-                         else (self._balance_area / span if span > 0 else 0.0),
+        balance = self._balance_area / span if span > 0 else 0.0
+        return SimResult(self.states, end, self.job_events, time.perf_counter() - wall, balance,
+                         self._arrivals_area / arrivals_span if arrivals_span > 0 else balance,
                          self._util_area / span if span > 0 else 0.0, self.starts)
 
     def _push(self, t: float, kind: int, payload: object) -> None:
