@@ -45,8 +45,13 @@ def binding_flows(row: dict) -> list[dict]:
     as it comes: its socket stays busy with a trickle, and its rate says nothing of the network.
     Other collectives: every flow."""
     top = ring_bottleneck(row)
-    return [f for f in row["flows"]
-            if 0 < f["rate_mbps"] and (top is None or f["rate_mbps"] <= 1.01 * top)]
+    return [f for f in row["flows"] if binds(f, top)]
+
+
+def binds(flow: dict, ring_bottleneck_mbps: float | None) -> bool:
+    """Whether the flow's own grant holds it back (`binding_flows`)."""
+    return 0 < flow["rate_mbps"] and (ring_bottleneck_mbps is None
+                                      or flow["rate_mbps"] <= 1.01 * ring_bottleneck_mbps)
 
 
 def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
@@ -189,7 +194,7 @@ def summary(results: dict) -> str:
     if wire:
         measured = sum(f.get("wire_mbps") is not None for r in all_rows for f in r["flows"])
         over = [(r, f) for r in all_rows for f in over_grant(r)]
-        over_binding = sum(any(f is b for b in binding_flows(r)) for r, f in over)
+        over_binding = sum(binds(f, ring_bottleneck(r)) for r, f in over)
         lines += [f"What the network carried on the {len(wire)} flows their grant holds back (a "
                   "ring's flows granted more than its smallest grant wait for data instead), "
                   "from the kernel's tcp_info of the sender's connection, over the time its "

@@ -54,17 +54,13 @@ def packet_sockets(pid: int, ifindexes: set[int]) -> dict[int, int]:
     return found
 
 
-def set_receive_buffer(pid: int, fd: int, nbytes: int) -> None:
-    """SO_RCVBUFFORCE on `pid`'s socket `fd` (the kernel doubles `nbytes` for bookkeeping)."""
-    pidfd = os.pidfd_open(pid)
-    try:
-        dup = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
-        if dup < 0:
-            err = ctypes.get_errno()
-            raise SocketBufferError(f"pidfd_getfd(ovs-vswitchd {pid}, fd {fd}): "
-                                    f"{os.strerror(err)}")
-    finally:
-        os.close(pidfd)
+def set_receive_buffer(pidfd: int, fd: int, nbytes: int) -> None:
+    """SO_RCVBUFFORCE on socket `fd` of the process behind `pidfd` (the kernel doubles `nbytes`
+    for bookkeeping)."""
+    dup = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+    if dup < 0:
+        raise SocketBufferError(f"pidfd_getfd(ovs-vswitchd, fd {fd}): "
+                                f"{os.strerror(ctypes.get_errno())}")
     with socket.socket(fileno=dup) as sock:  # closes our duplicate only
         sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, nbytes // 2)
 
@@ -90,5 +86,9 @@ def enlarge_receive_buffers(interfaces: list[str], nbytes: int = RX_BUFFER_BYTES
             raise SocketBufferError(f"ovs-vswitchd ({pid}) has no packet socket on {names} "
                                     f"after {timeout_s:.0f} s")
         time.sleep(0.05)
-    for fd in sockets:
-        set_receive_buffer(pid, fd, nbytes)
+    pidfd = os.pidfd_open(pid)
+    try:
+        for fd in sockets:
+            set_receive_buffer(pidfd, fd, nbytes)
+    finally:
+        os.close(pidfd)
