@@ -201,6 +201,9 @@ class MultiConfig:
     reservation: bool = True
     reserve_after_s: float = 57600.0
     max_reservations: int = 1
+    # Enforce a reservation by preempting running jobs that have not starved themselves as
+    # soon as that starts its job, instead of holding resources idle until they drain.
+    reserve_preempts: bool = True
     backfill: bool = True
 
 
@@ -217,7 +220,8 @@ class CesMulti:
         if cfg.reservation:
             self._reserve(rnd)
         for owner, (held, _) in list(self.reserved.items()):
-            if rnd.try_place(owner) or rnd.commit(owner, held):
+            if rnd.try_place(owner) or rnd.commit(owner, held) \
+                    or self._preempt_for_reserved(rnd, owner):
                 del self.reserved[owner]
         tried: set[JobState] = set()
         while True:
@@ -246,6 +250,18 @@ class CesMulti:
         victims.sort(key=lambda r: (-r.estimated_remaining_s(), r.seq))
         return bool(victims) and preempt_until_fits(rnd, js, victims)
 
+    def _preempt_for_reserved(self, rnd: Round, js: JobState) -> bool:
+        """Start a reserved job now by preempting running jobs that waited less than
+        `reserve_after_s`, least attained service (then youngest) first; they keep their progress
+        and pay the restart. Resources held for a drain sit idle, and in overload the next
+        starving job's hold follows the last one's: a convoy that makes more jobs starve."""
+        cfg = self.config
+        if not cfg.reserve_preempts:
+            return False
+        victims = sorted((r for r in rnd.running if r.wait(rnd.now) < cfg.reserve_after_s),
+                         key=lambda r: (r.service(rnd.now), -r.seq))
+        return bool(victims) and preempt_until_fits(rnd, js, victims)
+
     def _worth_it(self, rnd: Round, js: JobState) -> Callable[[Decision], bool]:
         """Start a job only if other jobs leave it enough bandwidth: one granted a sliver of
         what its links could carry would hold its resources for ages; it waits instead."""
@@ -264,13 +280,16 @@ class CesMulti:
                 + cfg.d_short * short[j] for j in window}
 
     def _reserve(self, rnd: Round) -> None:
-        """Keep the sticky reservations valid, add new ones for starving jobs, apply them all."""
+        """Keep the sticky reservations valid, add new ones for starving jobs; hold their
+        resources from other jobs unless preemption enforces them (`reserve_preempts`)."""
         queued = set(rnd.queue)
+        hold = not self.config.reserve_preempts
         for owner, (held, _) in list(self.reserved.items()):
             if owner not in queued or rnd.cluster.offline & set(held.placement.values()):
                 del self.reserved[owner]
         for owner, (held, until) in self.reserved.items():
-            rnd.hold(owner, held, until)
+            if hold:
+                rnd.hold(owner, held, until)
         starving = sorted((j for j in rnd.queue if j not in self.reserved
                            and j.wait(rnd.now) >= self.config.reserve_after_s),
                           key=lambda j: (-j.wait(rnd.now), j.seq))
@@ -278,7 +297,8 @@ class CesMulti:
             shadow = shadow_decision(rnd, js)
             if shadow is not None:
                 self.reserved[js] = shadow
-                rnd.hold(js, *shadow)
+                if hold:
+                    rnd.hold(js, *shadow)
 
 
 def shortness(jobs: list[JobState]) -> dict[JobState, float]:

@@ -133,25 +133,31 @@ def test_a_start_left_too_little_bandwidth_by_other_jobs_is_deferred(link, busy,
     assert names(rnd.placed) == placed
 
 
-def stream(reservation: bool, policy_name: str = "ces-multi"):
+def stream(reservation: bool, policy_name: str = "ces-multi", reserve_preempts: bool = True):
     """Two 1-cpu nodes; a 0.5-cpu, 100 s job every 30 s for 5000 s keeps both nodes busy; a job
-    that needs both whole nodes arrives at t = 5. No preemption: the reservation alone."""
+    that needs both whole nodes arrives at t = 5. No shortest-first preemption: the reservation
+    alone (enforced by preemption, or held until the nodes drain)."""
     small = [job(f"s{i:03d}", cpu=0.5, submit=30.0 * i) for i in range(167)]
     big = job("big", cpu=1.0, tasks=2, iterations=50, submit=5.0)
     algo = make_algorithm("first-fit")
     policy = CesMulti(algo, MultiConfig(reservation=reservation, reserve_after_s=300.0,
-                                        preempt_ratio=None)) \
+                                        preempt_ratio=None, reserve_preempts=reserve_preempts)) \
         if policy_name == "ces-multi" else FifoBackfill(algo)
     res = Simulator(cluster_of([1.0, 1.0]), policy).run(small + [big])
     return {js.name: js for js in res.jobs}, res
 
 
-def test_the_reservation_ends_starvation_under_a_stream_of_small_jobs():
-    by, res = stream(reservation=True)
+# Past the threshold the big job starts at the next round (one every 30 s at least) by
+# preempting, or once the nodes drained (the longest small job, 100 s, then that round).
+@pytest.mark.parametrize("reserve_preempts, late", [(True, 30.0), (False, 100.0 + 30.0)])
+def test_the_reservation_ends_starvation_under_a_stream_of_small_jobs(reserve_preempts, late):
+    by, res = stream(reservation=True, reserve_preempts=reserve_preempts)
     assert all(js.state == "finished" for js in by.values())
     big_wait = by["big"].wait(res.end_time)
-    assert 300.0 <= big_wait <= 300.0 + 100.0 + 30.0  # threshold + the longest drain
+    assert 300.0 <= big_wait <= 300.0 + late
+    # the small jobs it preempts wait for it (50 s) and its restart at most
     assert max(js.wait(res.end_time) for n, js in by.items() if n != "big") <= 300.0
+    assert (sum(js.preemptions for js in by.values()) > 0) == reserve_preempts
 
 
 @pytest.mark.parametrize("policy_name", ["ces-multi", "fifo-backfill"])
@@ -171,7 +177,7 @@ def test_reservation_holds_the_shadow_placement_and_keeps_it():
         running.append(r)
     starving = queued(job("starving", cpu=1.0), 2, since=-1000.0)
     fresh = queued(job("fresh", cpu=1.0), 3)
-    policy = ces(reserve_after_s=600.0)
+    policy = ces(reserve_after_s=600.0, reserve_preempts=False)
     rnd = Round(0.0, cluster, algo, [starving, fresh], running)
     policy.schedule(rnd)
     held, shadow_time = policy.reserved[starving]
@@ -181,6 +187,31 @@ def test_reservation_holds_the_shadow_placement_and_keeps_it():
     policy.schedule(rnd)
     assert names(rnd.placed) == ["starving"] and rnd.placed[0].decision.placement == {"w0": "n0"}
     assert policy.reserved == {}
+
+
+@pytest.mark.parametrize("reserve_preempts, preempted", [(True, ["b"]), (False, [])])
+def test_a_reservation_preempts_the_least_served_job_that_has_not_starved(reserve_preempts,
+                                                                         preempted):
+    # a has run 500 cpu-s, b 10, c none but starved once itself: b makes room for the job.
+    cluster = cluster_of([1.0, 1.0, 1.0])
+    algo = make_algorithm("first-fit")
+    running = []
+    for i, (name, attained, waited) in enumerate([("a", 500.0, 0.0), ("b", 10.0, 0.0),
+                                                  ("c", 0.0, 7200.0)]):
+        r = JobState(job(name, cpu=1.0, iterations=1000), i, "running", attained=attained,
+                     waited_s=waited)
+        cluster.allocate(r.job, Decision(name, {"w0": f"n{i}"}, []))
+        running.append(r)
+    starving = queued(job("starving", cpu=1.0), 3, since=-1000.0)
+    policy = ces(reserve_after_s=600.0, reserve_preempts=reserve_preempts, preempt_ratio=None)
+    rnd = Round(0.0, cluster, algo, [starving], running)
+    policy.schedule(rnd)
+    assert names(rnd.preempted) == preempted
+    if reserve_preempts:
+        assert names(rnd.placed) == ["starving"] and rnd.placed[0].decision.placement == \
+            {"w0": "n1"} and policy.reserved == {}
+    else:
+        assert rnd.placed == [] and starving in policy.reserved
 
 
 def test_shortness_ranks_the_window_by_nominal_remaining_run_time():
