@@ -11,10 +11,12 @@ CES-Multi, per round:
      finds on the cluster as it will be once running jobs end, releasing them in the order they
      are expected to finish until the job fits (EASY backfilling's shadow placement; the shadow
      time is the expected end of the last job released). The reservation is sticky until the job
-     starts (or a reserved node leaves): no other job may use those resources (node capacity and
-     link bandwidth) unless its nominal run time ends before the shadow time (EASY
-     backfilling), so they drain and the job starts — through the algorithm, or on the reserved
-     decision itself once it is feasible;
+     starts (or a reserved node leaves). With `reserve_preempts` (default) it is enforced by
+     preemption: as soon as preempting running jobs that have not starved themselves (least
+     attained service first) makes room, the job starts, so nobody keeps it out. Without, it is
+     held: no other job may use those resources (node capacity and link bandwidth) unless its
+     nominal run time ends before the shadow time (EASY backfilling), so they drain and the job
+     starts — through the algorithm, or on the reserved decision itself once it is feasible;
   2. the *rolling window*: the first `window` queued jobs (arrival order) are candidates; the
      best-scoring one is placed, a job that does not fit is skipped (backfilling past it), and a
      started job's slot goes to the next job in the queue, until every job in the window failed;
@@ -69,6 +71,7 @@ from topologies import load_topology
 from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
 from .evaluate import machine_info
+from .metrics import node_utilisation
 from .model import CannotPlace, Cluster, Decision, Job
 from .simulator import FreeSpace, JobState, Round, SimResult, Simulator
 
@@ -193,9 +196,12 @@ class MultiConfig:
     b_priority: float = 0.5  # not swept: the sweep's objective has no priority term
     c_wait: float = 1.0
     d_short: float = 4.0  # weight of shortness: 1 - rank by nominal remaining run time
-    # Preempt running jobs with ≥ this × the candidate's nominal remaining run time to start it
-    # (None: never); jobs that waited past reserve_after_s are never preempted.
+    # Preempt running jobs with ≥ this × the candidate's nominal remaining run time (theirs at
+    # the pace they run now) to start it (None: never); jobs that waited past reserve_after_s
+    # are never preempted.
     preempt_ratio: float | None = 1.2
+    # Place a start first off the nodes more than this above the mean utilisation (None: off).
+    balance_guard: float | None = 0.05
     age_every_s: float = 3600.0  # priority ageing: +1 level per this much waiting
     min_bw_share: float = 0.0  # defer a start granted less of what its links could give
     reservation: bool = True
@@ -231,7 +237,7 @@ class CesMulti:
                 return
             scores = self.scores(rnd, window)
             best = max(candidates, key=lambda j: (scores[j], -j.seq))
-            if rnd.try_place(best, self._worth_it(rnd, best)) is None \
+            if rnd.try_place(best, self._worth_it(rnd, best), self._crowded) is None \
                     and not self._preempt_for(rnd, best):
                 tried.add(best)
                 if not cfg.backfill:
@@ -245,9 +251,10 @@ class CesMulti:
         if cfg.preempt_ratio is None:
             return False
         bar = cfg.preempt_ratio * js.estimated_remaining_s()
-        victims = [r for r in rnd.running if r.estimated_remaining_s() >= bar
-                   and r.wait(rnd.now) < cfg.reserve_after_s]
-        victims.sort(key=lambda r: (-r.estimated_remaining_s(), r.seq))
+        left = {r: r.observed_remaining_s(rnd.now) for r in rnd.running}
+        victims = [r for r in rnd.running
+                   if left[r] >= bar and r.wait(rnd.now) < cfg.reserve_after_s]
+        victims.sort(key=lambda r: (-left[r], r.seq))
         return bool(victims) and preempt_until_fits(rnd, js, victims)
 
     def _preempt_for_reserved(self, rnd: Round, js: JobState) -> bool:
@@ -261,6 +268,15 @@ class CesMulti:
         victims = sorted((r for r in rnd.running if r.wait(rnd.now) < cfg.reserve_after_s),
                          key=lambda r: (r.service(rnd.now), -r.seq))
         return bool(victims) and preempt_until_fits(rnd, js, victims)
+
+    def _crowded(self, view: Cluster) -> set[str]:
+        """Nodes to keep a start off while others have room (`balance_guard`): those whose
+        utilisation Ū_n exceeds the online mean by more than the guard."""
+        if self.config.balance_guard is None:
+            return set()
+        util = {n: node_utilisation(view, n) for n in view.compute_nodes(online_only=True)}
+        bar = statistics.fmean(util.values()) + self.config.balance_guard if util else math.inf
+        return {n for n, u in util.items() if u > bar}
 
     def _worth_it(self, rnd: Round, js: JobState) -> Callable[[Decision], bool]:
         """Start a job only if other jobs leave it enough bandwidth: one granted a sliver of

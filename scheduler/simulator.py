@@ -135,6 +135,13 @@ class JobState:
             self._nominal_iter_s = estimated_iteration_s(self.job)
         return self.remaining_iters() * self._nominal_iter_s
 
+    def observed_remaining_s(self, now: float) -> float:
+        """Remaining run time at the pace a running job gets now (contention and slow nodes
+        included: its expected end); the nominal estimate for a job that is not running."""
+        if self.state == "running" and self.expected_end < math.inf:
+            return max(self.expected_end - now, 0.0)
+        return self.estimated_remaining_s()
+
 
 def estimated_iteration_s(job: Job, model: IterationModel = IterationModel()) -> float:
     """The iteration time on reference nodes (speed 1.0) with every flow at its demanded rate:
@@ -209,10 +216,12 @@ class Round:
             self._views[key] = (view, FreeSpace.of(view))
         return self._views[key]
 
-    def try_place(self, js: JobState,
-                  accept: Callable[[Decision], bool] | None = None) -> Decision | None:
+    def try_place(self, js: JobState, accept: Callable[[Decision], bool] | None = None,
+                  avoid: Callable[[Cluster], set[str]] | None = None) -> Decision | None:
         """Place `js` with the policy's algorithm and commit it; None if it does not fit now
-        (or the policy does not `accept` the decision the algorithm found).
+        (or the policy does not `accept` the decision the algorithm found). With `avoid`, the
+        algorithm first places it without the nodes `avoid(view)` names, then, if that fails,
+        on every node.
 
         A job that failed is not retried until resources are released or the holds change: in
         between the cluster only fills up (Kubernetes parks unschedulable pods the same way).
@@ -221,18 +230,24 @@ class Round:
         if js.failed_at == key:
             return None
         view, free = self._view(js)
-        decision = None
         if free.may_fit(js.job):
             start = time.perf_counter()
-            try:
-                decision = self.algorithm.place(view, js.job)
-            except CannotPlace:
-                pass
+            out = avoid(view) if avoid else set()
+            for nodes in ([out, set()] if out else [set()]):
+                target = view
+                if nodes:
+                    target = view.copy(share_graph=True)
+                    target.offline |= nodes
+                try:
+                    decision = self.algorithm.place(target, js.job)
+                except CannotPlace:
+                    continue
+                if (accept is None or accept(decision)) and self.commit(js, decision):
+                    js.decision_s.append(time.perf_counter() - start)
+                    return decision
             js.decision_s.append(time.perf_counter() - start)
-        if decision is None or (accept and not accept(decision)) or not self.commit(js, decision):
-            js.failed_at = key
-            return None
-        return decision
+        js.failed_at = key
+        return None
 
     def commit(self, js: JobState, decision: Decision) -> bool:
         """Start `js` with `decision` if it is feasible on what `js` may use."""

@@ -177,7 +177,7 @@ def test_reservation_holds_the_shadow_placement_and_keeps_it():
         running.append(r)
     starving = queued(job("starving", cpu=1.0), 2, since=-1000.0)
     fresh = queued(job("fresh", cpu=1.0), 3)
-    policy = ces(reserve_after_s=600.0, reserve_preempts=False)
+    policy = ces(reserve_after_s=600.0, reserve_preempts=False, preempt_ratio=None)
     rnd = Round(0.0, cluster, algo, [starving, fresh], running)
     policy.schedule(rnd)
     held, shadow_time = policy.reserved[starving]
@@ -226,23 +226,41 @@ def test_shortness_ranks_the_window_by_nominal_remaining_run_time():
     assert names(rnd.placed) == ["short"]
 
 
-@pytest.mark.parametrize("ratio, runner_iters, runner_waited, preempted", [
-    (None, 1000, 0.0, False),      # preemption off
-    (2.0, 1000, 0.0, True),        # 1000 s left vs 10 s: make room
-    (2.0, 15, 0.0, False),         # 15 s left < 2 × 10 s: let it finish
-    (2.0, 1000, 7200.0, False)])   # it starved once already: never preempted
+@pytest.mark.parametrize("ratio, runner_iters, runner_waited, preempted, runner_end", [
+    (None, 1000, 0.0, False, math.inf),    # preemption off
+    (2.0, 1000, 0.0, True, math.inf),      # 1000 s left vs 10 s: make room
+    (2.0, 15, 0.0, False, math.inf),       # 15 s left < 2 × 10 s: let it finish
+    (2.0, 1000, 7200.0, False, math.inf),  # it starved once already: never preempted
+    (2.0, 15, 0.0, True, 1000.0),          # 15 s nominally, but at its pace 1000 s are left
+    (2.0, 1000, 0.0, False, 15.0)])        # ... and the other way round
 def test_ces_multi_preempts_much_longer_jobs_for_a_short_one(ratio, runner_iters, runner_waited,
-                                                             preempted):
+                                                             preempted, runner_end):
     cluster = cluster_of([1.0])
     algo = make_algorithm("first-fit")
     r = JobState(job("runner", cpu=1.0, iterations=runner_iters), 0, "running",
-                 waited_s=runner_waited)
+                 waited_s=runner_waited, expected_end=runner_end)
     cluster.allocate(r.job, Decision("runner", {"w0": "n0"}, []))
     short = queued(job("short", cpu=1.0, iterations=10), 1)
     rnd = Round(0.0, cluster, algo, [short], [r])
     ces(preempt_ratio=ratio, reserve_after_s=3600.0).schedule(rnd)
     assert (names(rnd.preempted), names(rnd.placed)) == \
         ((["runner"], ["short"]) if preempted else ([], []))
+
+
+@pytest.mark.parametrize("guard, cpus, placed_on", [
+    (0.05, [2.0, 2.0], "n1"),  # n0 is crowded: the start goes to n1, not first-fit's n0
+    (None, [2.0, 2.0], "n0"),  # guard off: first-fit's choice
+    (0.05, [2.0, 0.5], "n0")])  # only the crowded node has room: it takes the job all the same
+def test_the_balance_guard_keeps_starts_off_crowded_nodes_while_others_have_room(guard, cpus,
+                                                                                 placed_on):
+    cluster = cluster_of(cpus)
+    for i, used in enumerate((1.5, 0.25)):  # Ū: n0 0.42; n1 0.11 (2 cpu) or 0.30 (0.5 cpu)
+        bg = job(f"bg{i}", cpu=used)
+        cluster.allocate(bg, Decision(bg.name, {"w0": f"n{i}"}, []))
+    new = queued(job("new", cpu=0.5), 0)
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), [new], [])
+    ces(balance_guard=guard).schedule(rnd)
+    assert names(rnd.placed) == ["new"] and rnd.placed[0].decision.placement == {"w0": placed_on}
 
 
 # --- baselines ------------------------------------------------------------------------------------
