@@ -22,9 +22,9 @@ from ..multi import POLICIES, MultiConfig, make_policy
 from ..simulator import JobState, Round
 
 # The testbed does not checkpoint workers, so nothing on it may be preempted: no LAS, and
-# CES-Multi without its preemption.
+# CES-Multi without its preemption (its reservations are held until they drain instead).
 QUEUES = tuple(name for name in POLICIES if name != "las")
-NO_PREEMPTION = replace(MultiConfig(), preempt_ratio=None)
+NO_PREEMPTION = replace(MultiConfig(), preempt_ratio=None, reserve_preempts=False)
 
 
 class UnknownAlgorithm(ValueError):
