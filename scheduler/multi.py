@@ -23,6 +23,8 @@ CES-Multi, per round:
      a start is also skipped when other jobs leave its flows less than `min_bw_share` of what
      their paths could carry (`uncontended_share`): better to wait a little than to crawl for
      hours on a sliver of bandwidth while holding nodes (a slow link is no reason to wait);
+     with `balance_guard` set, a start is placed off the nodes more than the guard above the
+     mean utilisation, unless it fits only there;
   3. score = a·fit + b·priority + c·wait + d·shortness, each in [0, 1]:
      fit       how the job's demand fits the cluster's free resources, per dimension as a share
                of the online total: cpu, memory, gpu (if any) and bandwidth (Σ of the job's flow
@@ -34,11 +36,12 @@ CES-Multi, per round:
      wait      waiting time / the window's longest;
      shortness 1 - the job's rank by nominal remaining run time in the window / (size - 1);
   4. with `preempt_ratio` set, a candidate that does not fit may preempt running jobs with at
-     least that many times its nominal remaining run time (longest first, the fewest that make
+     least that many times its nominal remaining run time, theirs taken at the pace they run
+     now (`JobState.observed_remaining_s`; longest first, the fewest that make
      room; they keep their progress and pay the restart overhead): shortest remaining time
      first, the policy that minimises the average wait. A job that has waited past
      `reserve_after_s` is never preempted, so the reservation still bounds every wait.
-Defaults come from the sweep in docs/multi.md (`experiments/bench_multi.py --sweep`).
+Defaults come from the sweep and the runs in docs/multi.md (`experiments/bench_multi.py`).
 
 Baselines (all backfill past jobs that do not fit, except strict FIFO):
   fifo           arrival order; stops at the first job that does not fit (no overtaking).
@@ -189,7 +192,7 @@ class MultiConfig:
     max_reservations (the fit term and the bandwidth deferral did not pay off there); the grid
     over the shortness weight, preemption and the reservation threshold in docs/multi.md
     ("Tuning for the targets") chose d_short, preempt_ratio, reserve_after_s and the whole-queue
-    window."""
+    window, and its session 6 runs reserve_preempts and balance_guard."""
     window: int = 1000
     fit: str = "align"  # align | headroom
     a_fit: float = 0.0
