@@ -248,28 +248,29 @@ class CesMulti:
 
     def _preempt_for(self, rnd: Round, js: JobState) -> bool:
         """Shortest remaining time first, preemptively: make room for `js` by preempting running
-        jobs with at least `preempt_ratio` × its nominal remaining run time (longest first), but
-        never one that already waited past `reserve_after_s` (it would starve)."""
-        cfg = self.config
-        if cfg.preempt_ratio is None:
+        jobs with at least `preempt_ratio` × its nominal remaining run time (longest first)."""
+        if self.config.preempt_ratio is None:
             return False
-        bar = cfg.preempt_ratio * js.estimated_remaining_s()
+        bar = self.config.preempt_ratio * js.estimated_remaining_s()
         left = {r: r.observed_remaining_s(rnd.now) for r in rnd.running}
-        victims = [r for r in rnd.running
-                   if left[r] >= bar and r.wait(rnd.now) < cfg.reserve_after_s]
-        victims.sort(key=lambda r: (-left[r], r.seq))
-        return bool(victims) and preempt_until_fits(rnd, js, victims)
+        return self._preempt(rnd, js, [r for r in rnd.running if left[r] >= bar],
+                             key=lambda r: (-left[r], r.seq))
 
     def _preempt_for_reserved(self, rnd: Round, js: JobState) -> bool:
-        """Start a reserved job now by preempting running jobs that waited less than
-        `reserve_after_s`, least attained service (then youngest) first; they keep their progress
-        and pay the restart. Resources held for a drain sit idle, and in overload the next
-        starving job's hold follows the last one's: a convoy that makes more jobs starve."""
-        cfg = self.config
-        if not cfg.reserve_preempts:
+        """Start a reserved job now by preempting running jobs, least attained service (then
+        youngest) first; they keep their progress and pay the restart. Resources held for a
+        drain sit idle, and in overload the next starving job's hold follows the last one's: a
+        convoy that makes more jobs starve."""
+        if not self.config.reserve_preempts:
             return False
-        victims = sorted((r for r in rnd.running if r.wait(rnd.now) < cfg.reserve_after_s),
-                         key=lambda r: (r.service(rnd.now), -r.seq))
+        return self._preempt(rnd, js, rnd.running, key=lambda r: (r.service(rnd.now), -r.seq))
+
+    def _preempt(self, rnd: Round, js: JobState, candidates: list[JobState],
+                 key: Callable[[JobState], tuple]) -> bool:
+        """Start `js` by preempting the fewest of `candidates` in `key` order, never one that
+        already waited past `reserve_after_s` (it would starve again)."""
+        victims = sorted((r for r in candidates if r.wait(rnd.now) < self.config.reserve_after_s),
+                         key=key)
         return bool(victims) and preempt_until_fits(rnd, js, victims)
 
     def _crowded(self, view: Cluster) -> set[str]:

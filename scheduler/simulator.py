@@ -232,20 +232,23 @@ class Round:
         view, free = self._view(js)
         if free.may_fit(js.job):
             start = time.perf_counter()
-            out = avoid(view) if avoid else set()
-            for nodes in ([out, set()] if out else [set()]):
-                target = view
-                if nodes:
-                    target = view.copy(share_graph=True)
-                    target.offline |= nodes
+            targets = [view]
+            spared = avoid(view) if avoid else set()
+            if spared:  # first off those nodes
+                targets.insert(0, view.copy(share_graph=True))
+                targets[0].offline |= spared
+            placed = None
+            for target in targets:
                 try:
                     decision = self.algorithm.place(target, js.job)
                 except CannotPlace:
                     continue
                 if (accept is None or accept(decision)) and self.commit(js, decision):
-                    js.decision_s.append(time.perf_counter() - start)
-                    return decision
+                    placed = decision
+                    break
             js.decision_s.append(time.perf_counter() - start)
+            if placed is not None:
+                return placed
         js.failed_at = key
         return None
 
