@@ -24,7 +24,11 @@ CES-Multi, per round:
      their paths could carry (`uncontended_share`): better to wait a little than to crawl for
      hours on a sliver of bandwidth while holding nodes (a slow link is no reason to wait);
      with `balance_guard` set, a start is placed off the nodes more than the guard above the
-     mean utilisation, unless it fits only there;
+     mean utilisation, unless it fits only there; with `spread_tolerance` set, in a round that
+     begins with at most `spread_queue` queued jobs every placement is also made by the
+     network-blind `spreader` and that one is taken when it predicts an iteration at most the
+     tolerance slower and leaves node utilisation more even (`BalancedChoice`): a bounded
+     slowdown of one job for the balance of all while there is idle capacity to spread into;
   3. score = a·fit + b·priority + c·wait + d·shortness, each in [0, 1]:
      fit       how the job's demand fits the cluster's free resources, per dimension as a share
                of the online total: cpu, memory, gpu (if any) and bandwidth (Σ of the job's flow
@@ -74,7 +78,7 @@ from topologies import load_topology
 from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
 from .evaluate import machine_info
-from .metrics import node_utilisation
+from .metrics import load_balance, node_utilisation, predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job
 from .simulator import FreeSpace, JobState, Round, SimResult, Simulator
 
@@ -192,7 +196,8 @@ class MultiConfig:
     max_reservations (the fit term and the bandwidth deferral did not pay off there); the grid
     over the shortness weight, preemption and the reservation threshold in docs/multi.md
     ("Tuning for the targets") chose d_short, preempt_ratio, reserve_after_s and the whole-queue
-    window, and its session 6 runs reserve_preempts and balance_guard."""
+    window, its session 6 runs reserve_preempts and balance_guard, and session 7's
+    spread_tolerance."""
     window: int = 1000
     fit: str = "align"  # align | headroom
     a_fit: float = 0.0
@@ -205,6 +210,12 @@ class MultiConfig:
     preempt_ratio: float | None = 1.2
     # Place a start first off the nodes more than this above the mean utilisation (None: off).
     balance_guard: float | None = 0.05
+    # While at most `spread_queue` jobs are queued, take the spreader's placement instead when
+    # its predicted iteration time is at most this share slower and it leaves a lower std of
+    # node utilisation (None: off). A longer queue means no idle capacity to spread into.
+    spread_tolerance: float | None = 1.0
+    spread_queue: int = 10
+    spreader: str = "k8s-spread"
     age_every_s: float = 3600.0  # priority ageing: +1 level per this much waiting
     min_bw_share: float = 0.0  # defer a start granted less of what its links could give
     reservation: bool = True
@@ -215,17 +226,38 @@ class MultiConfig:
     reserve_preempts: bool = True
     backfill: bool = True
 
+    def __post_init__(self) -> None:
+        tol = self.spread_tolerance
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
+                                or not tol >= 0):
+            raise ValueError(f"spread_tolerance: expected a number ≥ 0 or null, got {tol!r}")
+        if isinstance(self.spread_queue, bool) or not isinstance(self.spread_queue, int) \
+                or self.spread_queue < 0:
+            raise ValueError(f"spread_queue: expected an integer ≥ 0, got {self.spread_queue!r}")
+
 
 @dataclass
 class CesMulti:
     algorithm: Algorithm
     config: MultiConfig = MultiConfig()
+    seed: int = 0  # the spreader's (k8s-spread breaks ties at random)
     name: ClassVar[str] = "ces-multi"
     period_s: ClassVar[float | None] = None
     reserved: dict[JobState, tuple[Decision, float]] = field(default_factory=dict)  # sticky
+    balanced: BalancedChoice | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.config.spread_tolerance is not None:
+            try:
+                spreader = make_algorithm(self.config.spreader, seed=self.seed)
+            except ValueError as e:
+                raise ValueError(f"spreader: {e}") from None
+            self.balanced = BalancedChoice(self.algorithm, spreader, self.config.spread_tolerance)
 
     def schedule(self, rnd: Round) -> None:
         cfg = self.config
+        if self.balanced is not None and len(rnd.queue) <= cfg.spread_queue:
+            rnd.algorithm = self.balanced  # this round's placements, reservations included
         if cfg.reservation:
             self._reserve(rnd)
         for owner, (held, _) in list(self.reserved.items()):
@@ -321,6 +353,40 @@ class CesMulti:
                     rnd.hold(js, *shadow)
 
 
+@dataclass
+class BalancedChoice:
+    """A single-job algorithm that trades a bounded slowdown of a job for the balance of the
+    cluster: `primary`'s placement, or `spreader`'s when that one predicts an iteration time at
+    most `tolerance` × slower and leaves a lower std of node utilisation. CES-PPO co-locates a
+    job's tasks on few well-connected nodes, which is fastest for the job; in a busy cluster a
+    job that barely communicates loses little when spread, and the next jobs find room."""
+    primary: Algorithm
+    spreader: Algorithm
+    tolerance: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.primary.name} (balanced by {self.spreader.name})"
+
+    def place(self, cluster: Cluster, job: Job) -> Decision:
+        decision = self.primary.place(cluster, job)
+        try:
+            spread = self.spreader.place(cluster, job)
+        except CannotPlace:
+            return decision
+        if predicted_iteration_s(cluster, job, spread) \
+                > (1 + self.tolerance) * predicted_iteration_s(cluster, job, decision):
+            return decision
+        return spread if _std_after(cluster, job, spread) < _std_after(cluster, job, decision) \
+            else decision
+
+
+def _std_after(cluster: Cluster, job: Job, decision: Decision) -> float:
+    after = cluster.copy(share_graph=True)
+    after.allocate(job, decision)
+    return load_balance(after)[0]
+
+
 def shortness(jobs: list[JobState]) -> dict[JobState, float]:
     """1 for the job with the shortest nominal remaining run time, 0 for the longest, evenly
     by rank in between (ties share the rank): scale-free, as run times span hours to minutes."""
@@ -406,7 +472,7 @@ def make_policy(name: str, algorithm: str | None = None, seed: int = 0,
     if name not in POLICIES:
         raise ValueError(f"unknown queue policy '{name}' (known: {', '.join(POLICIES)})")
     algo = make_algorithm(algorithm or default_algorithm(), seed=seed)
-    return CesMulti(algo, config) if name == "ces-multi" else POLICIES[name](algo)
+    return CesMulti(algo, config, seed) if name == "ces-multi" else POLICIES[name](algo)
 
 
 def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,

@@ -13,15 +13,18 @@ from scheduler.arrivals import parse_arrivals
 from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
-from scheduler.multi import (BEST_HEURISTIC, CesMulti, Edf, FifoBackfill, Las, MultiConfig, Sjf,
+from scheduler.multi import (BEST_HEURISTIC, BalancedChoice, CesMulti, Edf, FifoBackfill, Las, MultiConfig, Sjf,
                              default_algorithm, evaluate_multi, multi_table, run_policy, shortness)
 from scheduler.simulator import JobState, Round, Simulator
 from topologies import load_topology, parse_topology
 
 
-def cluster_of(cpus: list[float], mem_mb: int = 1024, bw: float = 100.0) -> Cluster:
+def cluster_of(cpus: list[float], mem_mb: int = 1024, bw: float = 100.0,
+               speeds: list[float] | None = None) -> Cluster:
+    speeds = speeds or [1.0] * len(cpus)
     doc = {"switches": [{"name": "s"}],
-           "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": mem_mb} for i, c in enumerate(cpus)],
+           "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": mem_mb, "speed": v}
+                     for i, (c, v) in enumerate(zip(cpus, speeds))],
            "links": [{"ends": [f"n{i}", "s"], "bw_mbps": bw} for i in range(len(cpus))]}
     return Cluster.from_topology(parse_topology(doc, "test"))
 
@@ -259,8 +262,44 @@ def test_the_balance_guard_keeps_starts_off_crowded_nodes_while_others_have_room
         cluster.allocate(bg, Decision(bg.name, {"w0": f"n{i}"}, []))
     new = queued(job("new", cpu=0.5), 0)
     rnd = Round(0.0, cluster, make_algorithm("first-fit"), [new], [])
-    ces(balance_guard=guard).schedule(rnd)
+    ces(balance_guard=guard, spread_tolerance=None).schedule(rnd)
     assert names(rnd.placed) == ["new"] and rnd.placed[0].decision.placement == {"w0": placed_on}
+
+
+@pytest.mark.parametrize("speed, tolerance, placed_on", [
+    (1.0, 0.0, "n1"),  # as fast and more even: the spreader's placement
+    (0.5, 0.5, "n0"),  # the spreader's node is twice as slow: beyond the tolerance
+    (0.5, 1.0, "n1")])  # ... within it
+def test_balanced_choice_takes_the_spreaders_placement_when_it_costs_little(speed, tolerance,
+                                                                            placed_on):
+    cluster = cluster_of([2.0, 2.0], speeds=[1.0, speed])
+    bg = job("bg", cpu=1.0)
+    cluster.allocate(bg, Decision(bg.name, {"w0": "n0"}, []))
+    algo = BalancedChoice(make_algorithm("first-fit"), make_algorithm("k8s-spread"), tolerance)
+    assert algo.place(cluster, job("new", cpu=0.5)).placement == {"w0": placed_on}
+
+
+@pytest.mark.parametrize("tolerance, queued_jobs, placed_on", [
+    (0.5, 1, "n1"),  # a short queue: the even placement
+    (0.5, 3, "n0"),  # more than spread_queue jobs waiting: no spreading, first-fit's
+    (None, 1, "n0")])  # off
+def test_ces_multi_spreads_only_while_the_queue_is_short(tolerance, queued_jobs, placed_on):
+    cluster = cluster_of([2.0, 2.0])
+    bg = job("bg", cpu=1.0)
+    cluster.allocate(bg, Decision(bg.name, {"w0": "n0"}, []))
+    q = [queued(job(f"j{i}", cpu=0.5), i) for i in range(queued_jobs)]
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), q, [])
+    ces(spread_tolerance=tolerance, spread_queue=2, balance_guard=None).schedule(rnd)
+    assert rnd.placed[0].decision.placement == {"w0": placed_on}
+
+
+def test_bad_spreading_knobs_are_named():
+    with pytest.raises(ValueError, match="spread_tolerance"):
+        MultiConfig(spread_tolerance=-0.1)
+    with pytest.raises(ValueError, match="spread_queue"):
+        MultiConfig(spread_queue=-1)
+    with pytest.raises(ValueError, match="spreader: unknown algorithm 'nope'"):
+        CesMulti(make_algorithm("first-fit"), MultiConfig(spreader="nope"))
 
 
 # --- baselines ------------------------------------------------------------------------------------
