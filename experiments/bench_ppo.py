@@ -6,18 +6,23 @@
 CES-PPO trains only on random graphs (`scheduler.env.random_topology`); every topology here is
 unseen: our `campus` and the topohub networks `topozoo/Abilene`, `sndlib/polska` and
 `gabriel/100/0`.
-1. Comparison: per topology, `scheduler.evaluate.evaluate` with every baseline and `ces-ppo`
-   (the committed checkpoint, greedy) over --seeds instances (background load 0.5); the jobs are
-   the examples in workloads/jobs plus --random-jobs jobs from `jobs.random_job` (seeded), placed
-   one after another. Mean ± std over seeds of predicted iteration time, bandwidth satisfaction,
-   load-balance std, placed fraction; and, because a mean over each algorithm's own placed jobs
-   favours one that fails on the slow jobs, the mean iteration time over the jobs *every*
-   algorithm placed, and per baseline CES-PPO's mean over its mean on the jobs both placed
-   (`ces_ppo_ratio_pairwise`, < 1: CES-PPO faster), the basis of the "best iteration time"
-   verdict. The MLP-encoder checkpoint (if present) runs on the same
-   instances: the encoder comparison.
+1. Comparison: per topology, `scheduler.evaluate.evaluate` with every baseline and `ces-ppo` (the
+   committed checkpoint, its default decoding) over --seeds instances (background load 0.5); the
+   jobs are the examples in workloads/jobs plus --random-jobs jobs from `jobs.random_job` (seeded),
+   placed one after another. Mean ± std over seeds of predicted iteration time, bandwidth
+   satisfaction, load-balance std, placed fraction; and, because a mean over each algorithm's own
+   placed jobs favours one that fails on the slow jobs, the mean iteration time over the jobs
+   *every* algorithm placed, and per baseline CES-PPO's mean over its mean on the jobs both placed
+   (`ces_ppo_ratio_pairwise`, < 1: CES-PPO faster), the basis of the "best iteration time" verdict.
+   CES-PPO's variants run on the same instances (`variants`): the MLP-encoder checkpoint (if
+   present; the encoder comparison), plain greedy decoding (what multi-start decoding adds), and the
+   balance trade-off: CES-PPO balanced by k8s-spread at tolerances TRADEOFF, each with its iteration
+   time over network-aware's and its balance std over k8s-spread's (`balance_tradeoff`: what meeting
+   the spreader's balance costs); and the balance at equal work: CES-PPO's std when it places only
+   the jobs k8s-spread placed (`balance_on_k8s_spread_jobs`).
 2. Gap to exact: on --instances random small instances (`evaluate.random_instance`, ≤ 5 switches,
-   ≤ 6 nodes, ≤ 5 workers, as bench_scheduler.py), CES-PPO's (both encoders) and, for context,
+   ≤ 6 nodes, ≤ 5 workers, as bench_scheduler.py), CES-PPO's (both encoders; and the graph
+   encoder at each of --budgets, 0 being plain greedy decoding) and, for context,
    network-aware's predicted iteration time / the exact reference's.
 3. Decision latency: `place()` of an 8-task ring job on `gabriel/100/0` (100 nodes, background
    0.5), p50/p99 over --reps calls, torch on one thread; warm (the topology's candidate routes
@@ -38,15 +43,17 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from scheduler.baselines import make_algorithm
+from scheduler.baselines import Algorithm, make_algorithm
 from scheduler.evaluate import evaluate, machine_info, make_instance, random_instance, \
     run_sequence
 from scheduler.jobs import load_jobs, random_job, ring_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Resources
+from scheduler.multi import BalancedChoice
 from scheduler.ppo import CHECKPOINT
 from scheduler.train_ppo import plot as plot_curves
 from topologies import load_topology
@@ -55,23 +62,37 @@ ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ["campus", "topozoo/Abilene", "sndlib/polska", "gabriel/100/0"]
 BASELINES = ["random", "first-fit", "best-fit", "utilization", "k8s-spread", "network-aware"]
 MLP_CHECKPOINT = CHECKPOINT.with_name("ces_ppo_mlp.pt")
+TRADEOFF = (0.1, 0.25, 0.5, 1.0)  # tolerances τ of the balance trade-off rows
 FIGURES = ("iteration_time_s", "bw_satisfaction", "balance_std", "placed_fraction")
 TABLE = FIGURES + ("iteration_time_s_common_jobs", "ces_ppo_ratio_pairwise")
 RING8 = ring_job("ring8", 8, Resources(0.5, 512), 4e7, 100.0, compute_s=0.05, iterations=100)
+
+
+def variants() -> dict[str, Callable[[int], Algorithm]]:
+    """CES-PPO variants run on the same instances, by seed: the MLP encoder (if its checkpoint
+    exists), plain greedy decoding, and the balance trade-off — CES-PPO's placement or
+    k8s-spread's when that predicts at most (1 + τ) × the iteration time and leaves a lower
+    utilisation std (`multi.BalancedChoice`, what CES-Multi spreads with)."""
+    out: dict[str, Callable[[int], Algorithm]] = {}
+    if MLP_CHECKPOINT.exists():
+        out["ces-ppo (mlp encoder)"] = \
+            lambda s: make_algorithm("ces-ppo", checkpoint=MLP_CHECKPOINT)
+    out["ces-ppo (greedy decoding)"] = lambda s: make_algorithm("ces-ppo", decode_budget=0)
+    for tau in TRADEOFF:
+        out[f"ces-ppo balanced τ={tau:g}"] = lambda s, t=tau: BalancedChoice(
+            make_algorithm("ces-ppo"), make_algorithm("k8s-spread", seed=s), t)
+    return out
 
 
 def compare(topo: str, jobs: list, seeds: int) -> dict:
     doc = evaluate(topo, jobs, BASELINES + ["ces-ppo"], seeds, background=0.5, explicit=True)
     rows = {name: {k: r[k] for k in FIGURES} for name, r in doc["algorithms"].items()}
     factories = {name: (lambda s, n=name: make_algorithm(n, seed=s)) for name in rows}
-    if MLP_CHECKPOINT.exists():
-        base = Cluster.from_topology(load_topology(topo))
-        runs = [run_sequence(make_instance(base, s, 0.5), jobs,
-                             make_algorithm("ces-ppo", checkpoint=MLP_CHECKPOINT))
-                for s in range(seeds)]
-        rows["ces-ppo (mlp encoder)"] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
-        factories["ces-ppo (mlp encoder)"] = \
-            lambda s: make_algorithm("ces-ppo", checkpoint=MLP_CHECKPOINT)
+    base = Cluster.from_topology(load_topology(topo))
+    for name, factory in variants().items():
+        runs = [run_sequence(make_instance(base, s, 0.5), jobs, factory(s)) for s in range(seeds)]
+        rows[name] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+        factories[name] = factory
     times = job_times(topo, jobs, seeds, factories)
     for name in rows:
         rows[name]["iteration_time_s_common_jobs"] = _stats(
@@ -82,7 +103,28 @@ def compare(topo: str, jobs: list, seeds: int) -> dict:
              _mean_over(t[name], set(t["ces-ppo"]) & set(t[name])) for t in times])
     heuristics = [n for n in rows if n in BASELINES]
     ours = rows["ces-ppo"]
+    # Each τ: its iteration time over network-aware's on the jobs both placed (per seed, mean),
+    # its balance std over k8s-spread's.
+    tradeoff = {}
+    for tau in TRADEOFF:
+        name = f"ces-ppo balanced τ={tau:g}"
+        tradeoff[f"{tau:g}"] = {
+            "iteration_vs_network_aware": statistics.fmean(
+                _mean_over(t[name], set(t[name]) & set(t["network-aware"])) /
+                _mean_over(t["network-aware"], set(t[name]) & set(t["network-aware"]))
+                for t in times),
+            "balance_vs_k8s_spread": _ratio(rows[name], rows["k8s-spread"], "balance_std")}
+    # Balance at equal work: CES-PPO placing only the jobs k8s-spread placed (a spreader that
+    # rejects jobs leaves the cluster nearer its start).
+    equal = [run_sequence(make_instance(base, s, 0.5),
+                          [j for j in jobs if j.name in t["k8s-spread"]], make_algorithm("ces-ppo"))
+             for s, t in enumerate(times)]
     return {"algorithms": rows,
+            "balance_tradeoff": tradeoff,
+            "balance_on_k8s_spread_jobs": {
+                "ces-ppo": statistics.fmean(r["balance_std"] for r in equal),
+                "ces_ppo_placed_fraction": statistics.fmean(r["placed_fraction"] for r in equal),
+                "k8s-spread": rows["k8s-spread"]["balance_std"]["mean"]},
             "ces_ppo_vs_baselines_pairwise": {n: rows[n]["ces_ppo_ratio_pairwise"]["mean"]
                                               for n in heuristics},
             "ces_ppo_best_iteration": all((rows[n]["ces_ppo_ratio_pairwise"]["mean"] or 0) <= 1
@@ -127,9 +169,11 @@ def _ratio(a: dict, b: dict, key: str) -> float | None:
     return None if x is None or not y else x / y
 
 
-def gap_to_exact(n: int, seed: int) -> dict:
+def gap_to_exact(n: int, seed: int, budgets: list[int]) -> dict:
     rng = np.random.default_rng(seed)
     algos = {"ces-ppo": make_algorithm("ces-ppo"), "network-aware": make_algorithm("network-aware")}
+    algos |= {f"ces-ppo (decode budget {b})": make_algorithm("ces-ppo", decode_budget=b)
+              for b in budgets}
     if MLP_CHECKPOINT.exists():
         algos["ces-ppo (mlp encoder)"] = make_algorithm("ces-ppo", checkpoint=MLP_CHECKPOINT)
     exact = make_algorithm("exact", max_paths=16, time_limit_s=30)
@@ -199,7 +243,7 @@ def plot(doc: dict, path: Path) -> None:
                                      "bw_satisfaction", "balance_std"),
                               ("iteration time (s), jobs all placed", "iteration time (s), "
                                "own placed jobs", "bandwidth satisfaction", "load-balance std")):
-        names = list(doc["comparison"][topos[0]]["algorithms"])
+        names = [n for n in doc["comparison"][topos[0]]["algorithms"] if "τ=" not in n]
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             means = [doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("mean")
@@ -229,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-jobs", type=int, default=10)
     ap.add_argument("--instances", type=int, default=50, help="small instances for the gap")
     ap.add_argument("--reps", type=int, default=50, help="latency repetitions")
+    ap.add_argument("--budgets", type=_budgets, default=[0], help="comma-separated decode "
+                    "budgets of CES-PPO also measured in the gap to exact (0: plain greedy)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "ppo" / "bench.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.instances < 1 or args.reps < 1 or args.random_jobs < 0:
@@ -249,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["comparison"][topo] = compare(topo, jobs, args.seeds)
         print(f"{topo}: " + json.dumps({k: v for k, v in doc["comparison"][topo].items()
                                         if k != "algorithms"}), flush=True)
-    doc["gap_to_exact"] = gap_to_exact(args.instances, args.seed)
+    doc["gap_to_exact"] = gap_to_exact(args.instances, args.seed, args.budgets)
     print("gap to exact: " + json.dumps(doc["gap_to_exact"]), flush=True)
     doc["latency"] = latency(args.reps, args.seed)
     print("latency: " + json.dumps(doc["latency"]), flush=True)
@@ -261,6 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     encoder_curves(args.out.parent / "encoders.png")
     _table(doc)
     return 0
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        budgets = [int(b) for b in text.split(",")]
+        if all(b >= 0 for b in budgets):
+            return budgets
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"'{text}': expected comma-separated integers ≥ 0")
 
 
 def encoder_curves(path: Path) -> None:
