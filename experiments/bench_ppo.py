@@ -63,6 +63,7 @@ TOPOLOGIES = ["campus", "topozoo/Abilene", "sndlib/polska", "gabriel/100/0"]
 BASELINES = ["random", "first-fit", "best-fit", "utilization", "k8s-spread", "network-aware"]
 MLP_CHECKPOINT = CHECKPOINT.with_name("ces_ppo_mlp.pt")
 TRADEOFF = (0.1, 0.25, 0.5, 1.0)  # tolerances τ of the balance trade-off rows
+BALANCED = "ces-ppo balanced τ={:g}"  # their row names
 FIGURES = ("iteration_time_s", "bw_satisfaction", "balance_std", "placed_fraction")
 TABLE = FIGURES + ("iteration_time_s_common_jobs", "ces_ppo_ratio_pairwise")
 RING8 = ring_job("ring8", 8, Resources(0.5, 512), 4e7, 100.0, compute_s=0.05, iterations=100)
@@ -79,7 +80,7 @@ def variants() -> dict[str, Callable[[int], Algorithm]]:
             lambda s: make_algorithm("ces-ppo", checkpoint=MLP_CHECKPOINT)
     out["ces-ppo (greedy decoding)"] = lambda s: make_algorithm("ces-ppo", decode_budget=0)
     for tau in TRADEOFF:
-        out[f"ces-ppo balanced τ={tau:g}"] = lambda s, t=tau: BalancedChoice(
+        out[BALANCED.format(tau)] = lambda s, t=tau: BalancedChoice(
             make_algorithm("ces-ppo"), make_algorithm("k8s-spread", seed=s), t)
     return out
 
@@ -99,21 +100,16 @@ def compare(topo: str, jobs: list, seeds: int) -> dict:
             [_mean_over(t[name], set.intersection(*(set(x) for x in t.values()))) for t in times])
         # CES-PPO / this algorithm on the jobs both placed, per seed.
         rows[name]["ces_ppo_ratio_pairwise"] = _stats(
-            [_mean_over(t["ces-ppo"], set(t["ces-ppo"]) & set(t[name])) /
-             _mean_over(t[name], set(t["ces-ppo"]) & set(t[name])) for t in times])
+            [_pairwise(t, "ces-ppo", name) for t in times])
     heuristics = [n for n in rows if n in BASELINES]
     ours = rows["ces-ppo"]
     # Each τ: its iteration time over network-aware's on the jobs both placed (per seed, mean),
     # its balance std over k8s-spread's.
-    tradeoff = {}
-    for tau in TRADEOFF:
-        name = f"ces-ppo balanced τ={tau:g}"
-        tradeoff[f"{tau:g}"] = {
-            "iteration_vs_network_aware": statistics.fmean(
-                _mean_over(t[name], set(t[name]) & set(t["network-aware"])) /
-                _mean_over(t["network-aware"], set(t[name]) & set(t["network-aware"]))
-                for t in times),
-            "balance_vs_k8s_spread": _ratio(rows[name], rows["k8s-spread"], "balance_std")}
+    tradeoff = {f"{tau:g}": {
+        "iteration_vs_network_aware": statistics.fmean(
+            _pairwise(t, BALANCED.format(tau), "network-aware") for t in times),
+        "balance_vs_k8s_spread": _ratio(rows[BALANCED.format(tau)], rows["k8s-spread"],
+                                        "balance_std")} for tau in TRADEOFF}
     # Balance at equal work: CES-PPO placing only the jobs k8s-spread placed (a spreader that
     # rejects jobs leaves the cluster nearer its start).
     equal = [run_sequence(make_instance(base, s, 0.5),
@@ -152,6 +148,12 @@ def job_times(topo: str, jobs: list, seeds: int, factories: dict) -> list[dict]:
                 cluster.allocate(job, d)
         out.append(times)
     return out
+
+
+def _pairwise(times: dict[str, dict[str, float]], a: str, b: str) -> float:
+    """a's mean iteration time over b's, on the jobs both placed (one seed's `job_times`)."""
+    both = set(times[a]) & set(times[b])
+    return _mean_over(times[a], both) / _mean_over(times[b], both)
 
 
 def _mean_over(times: dict[str, float], names: set[str]) -> float:
@@ -243,7 +245,8 @@ def plot(doc: dict, path: Path) -> None:
                                      "bw_satisfaction", "balance_std"),
                               ("iteration time (s), jobs all placed", "iteration time (s), "
                                "own placed jobs", "bandwidth satisfaction", "load-balance std")):
-        names = [n for n in doc["comparison"][topos[0]]["algorithms"] if "τ=" not in n]
+        trade = {BALANCED.format(tau) for tau in TRADEOFF}
+        names = [n for n in doc["comparison"][topos[0]]["algorithms"] if n not in trade]
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             means = [doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("mean")

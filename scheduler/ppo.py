@@ -472,7 +472,7 @@ class CesPPO:
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
         starts = self.decode_budget // max(1, len(cluster.compute_nodes()) * len(job.tasks))
-        best, best_s, reason = None, math.inf, ""
+        decisions, reason = [], ""
         with _threads(1):
             firsts: list[int | None] = [None]  # plain greedy
             if starts > 1:  # (no start when nothing fits the first task: greedy says why)
@@ -480,16 +480,13 @@ class CesPPO:
                 firsts = first_nodes(self.agent, ep, starts) or firsts
             for first in firsts:
                 try:
-                    decision = self._rollout(cluster, job, first)
+                    decisions.append(self._rollout(cluster, job, first))
                 except CannotPlace as e:
                     reason = reason or str(e)
-                    continue
-                iteration_s = predicted_iteration_s(cluster, job, decision) \
-                    if len(firsts) > 1 else 0.0
-                if iteration_s < best_s:
-                    best, best_s = decision, iteration_s
-        if best is None:
+        if not decisions:
             raise CannotPlace(reason)
+        # min keeps the earliest start on a tie: the plain greedy rollout unless one is faster.
+        best = min(decisions, key=lambda d: predicted_iteration_s(cluster, job, d))
         best.decision_s = time.perf_counter() - start
         return best
 
