@@ -100,6 +100,7 @@ class Layout:
     out_edges: list[list[tuple[int, int]]]  # per vertex: (neighbour, link)
     in_edges: list[list[tuple[int, int]]]
     degree: np.ndarray  # (V,)
+    links: list[dict]  # G's link attribute dicts (live: a link's new bandwidth shows), G's order
     hops: dict[int, np.ndarray] = field(default_factory=dict)
     routes: dict[tuple[str, str, int], list[Path]] = field(default_factory=dict)
 
@@ -115,7 +116,8 @@ def layout(cluster: Cluster) -> Layout:
         compute = cluster.compute_nodes()
         vertices = compute + [v for v, d in g.nodes(data=True) if d["kind"] == "switch"]
         index = {v: i for i, v in enumerate(vertices)}
-        pairs = [(a, b) for u, v in g.edges for a, b in ((u, v), (v, u))]
+        links = list(g.edges(data=True))
+        pairs = [(a, b) for u, v, _ in links for a, b in ((u, v), (v, u))]
         src = np.array([index[a] for a, _ in pairs], np.int64)
         dst = np.array([index[b] for _, b in pairs], np.int64)
         out_edges: list[list[tuple[int, int]]] = [[] for _ in vertices]
@@ -125,7 +127,8 @@ def layout(cluster: Cluster) -> Layout:
             in_edges[b].append((a, e))
         lay = _LAYOUTS[g] = Layout(size, compute, vertices, index, src, dst,
                                    {pr: e for e, pr in enumerate(pairs)}, out_edges, in_edges,
-                                   np.bincount(src, minlength=len(vertices)))
+                                   np.bincount(src, minlength=len(vertices)),
+                                   [d for _, _, d in links])
     return lay
 
 
@@ -167,14 +170,12 @@ class PlacementEpisode:
         """`shaping=False` (inference) skips the rewards: `step` returns 0 and the end's info
         has no predicted iteration time."""
         self.cluster, self.job, self.cfg, self.shaping = cluster, job, cfg, shaping
-        g = cluster.graph
         lay = self.layout = layout(cluster)
         self.compute, self.vertices, self.index = lay.compute, lay.vertices, lay.index
         self.src, self.dst, self.edge_id = lay.src, lay.dst, lay.edge_id
         self.out_edges, self.in_edges, self.degree = lay.out_edges, lay.in_edges, lay.degree
-        links = [(d["bw_mbps"], d.get("delay_ms", 0.0)) for _, _, d in g.edges(data=True)]
-        self.cap = np.repeat([bw for bw, _ in links], 2).astype(float)  # the layout's order
-        self.delay = np.repeat([ms for _, ms in links], 2).astype(float)
+        self.cap = np.repeat([d["bw_mbps"] for d in lay.links], 2).astype(float)
+        self.delay = np.repeat([d.get("delay_ms", 0.0) for d in lay.links], 2).astype(float)
         # Cluster.residual, for all directed links at once (capacity as read above).
         reserved = cluster.reserved
         self.residual = (self.cap - np.array([reserved.get(pr, 0.0) for pr in self.edge_id])
@@ -191,6 +192,8 @@ class PlacementEpisode:
         self._candidates: dict[tuple[str, str], list[Path]] = {}
         self._comp: np.ndarray | None = None
         self._opts: dict[int, FlowOptions] = {}  # this step's options per node
+        self._width_memo: dict[tuple[int, bool, bool], np.ndarray] = {}  # see `_widths`
+        self._static_node_x, self._static_edge_x = self._static_features()
 
         self.order = [t.name for t in placement_order(job)]
         self.tasks = {t.name: t for t in job.tasks}
@@ -234,10 +237,19 @@ class PlacementEpisode:
             hops[v] = dist
         return hops[v]
 
-    def _widths(self, v: int, residual: np.ndarray, outward: bool) -> np.ndarray:
-        """Best bottleneck of `residual` over paths from v to every vertex (to v if not
-        `outward`): max-min Dijkstra on the index arrays, all destinations at once, on residuals
-        that include this job's own requests (which `paths.widest_path` cannot see)."""
+    def _widths(self, v: int, outward: bool, effective: bool = True) -> np.ndarray:
+        """Best bottleneck over paths from v to every vertex (to v if not `outward`) of the
+        links' residuals, minus this job's requests if `effective` (which `paths.widest_path`
+        cannot see): max-min Dijkstra on the index arrays, all destinations at once. Remembered
+        until this job's requests change (co-located tasks ask again for the same node's)."""
+        key = (v, outward, effective)
+        if key not in self._width_memo:
+            residual = np.maximum(self.residual - self.job_load, 0.0) if effective \
+                else self.residual
+            self._width_memo[key] = self._max_min(v, residual, outward)
+        return self._width_memo[key]
+
+    def _max_min(self, v: int, residual: np.ndarray, outward: bool) -> np.ndarray:
         res = residual.tolist()  # plain floats: numpy scalars make this loop several times slower
         width = [0.0] * len(self.vertices)
         width[v] = math.inf
@@ -307,10 +319,10 @@ class PlacementEpisode:
             pv = self.placement[peer]
             hop_sum += self._hops_from(pv)
             # A flow task→peer leaves the candidate node: widths *to* the peer's node.
-            w = self._widths(pv, effective, outward=not outward)
+            w = self._widths(pv, outward=not outward)
             width_min = np.minimum(width_min, w / f.demand_mbps if f.demand_mbps > 0 else np.inf)
             if self.saturated and not self.strongly_connected_job:  # else `_zone` saw to it
-                ok = self._widths(pv, self.residual, outward=not outward) > EPS
+                ok = self._widths(pv, outward=not outward, effective=False) > EPS
                 ok[pv] = True  # co-location needs no path
                 reachable &= ok
         mask = fits & reachable[:n]
@@ -324,16 +336,13 @@ class PlacementEpisode:
         for v in self.placement.values():
             job_here[v] += 1
 
-        x = np.zeros((nv, NODE_FEATURES), np.float32)
-        x[:n, 0] = 1.0
-        x[n:, 1] = 1.0
+        x = self._static_node_x.copy()
         x[:n, 2:5] = np.clip(free_now / self.cap_scale, 0, 1)
         x[:n, 5] = mask
         used = self.base_used + self.job_used
         share = np.where(self.has_res, used / np.maximum(self.capacity, EPS), 0.0)
         x[:n, 6] = np.clip(share.sum(axis=1) / np.maximum(self.has_res.sum(axis=1), 1), 0, 1)
         x[:n, 7] = np.clip(share.max(axis=1), 0, 1)
-        x[:n, 8] = self.speed / max(self.speed.max(), EPS)
         with np.errstate(divide="ignore", invalid="ignore"):
             copies = np.where(demand > 0, free_now / np.maximum(demand, EPS), np.inf).min(axis=1)
         remaining = max(len(self.order) - self.t, 1)
@@ -352,12 +361,9 @@ class PlacementEpisode:
         if self.placement:
             x[:, 15] = np.minimum(placed_all / len(self.placement) / 10, 1)
             x[:, 16] = job_here / len(self.order)
-        x[:, 17] = np.minimum(self.degree / 10, 1)
-
-        edge_x = np.stack([np.minimum(effective / self.demand_ref, BW_CAP) / BW_CAP,
-                           effective / np.maximum(self.cap, EPS),
-                           np.minimum(np.log10(1 + self.cap) / 5, 1),
-                           np.minimum(self.delay / 10, 1)], axis=1).astype(np.float32)
+        edge_x = self._static_edge_x.copy()
+        edge_x[:, 0] = np.minimum(effective / self.demand_ref, BW_CAP) / BW_CAP
+        edge_x[:, 1] = effective / np.maximum(self.cap, EPS)
 
         j = np.zeros(JOB_FEATURES, np.float32)
         j[0:3] = np.clip(demand / self.cap_scale, 0, 1)
@@ -375,6 +381,19 @@ class PlacementEpisode:
         j[14] = min(math.log10(1 + self.reference_s) / 4, 1)
         j[15] = float(bool(peers))
         return Observation(x, np.stack([self.src, self.dst]), edge_x, j, mask, n)
+
+    def _static_features(self) -> tuple[np.ndarray, np.ndarray]:
+        """The columns of node_x and edge_x that no step changes (the rest stay 0)."""
+        n, nv = len(self.compute), len(self.vertices)
+        x = np.zeros((nv, NODE_FEATURES), np.float32)
+        x[:n, 0] = 1.0  # compute node
+        x[n:, 1] = 1.0  # switch
+        x[:n, 8] = self.speed / max(self.speed.max(), EPS)
+        x[:, 17] = np.minimum(self.degree / 10, 1)
+        edge_x = np.zeros((len(self.src), EDGE_FEATURES), np.float32)
+        edge_x[:, 2] = np.minimum(np.log10(1 + self.cap) / 5, 1)
+        edge_x[:, 3] = np.minimum(self.delay / 10, 1)
+        return x, edge_x
 
     def _zone(self, free_now: np.ndarray) -> np.ndarray:
         """Compute nodes where the job can still be completed. Every collective's logical graph
@@ -524,6 +543,8 @@ class PlacementEpisode:
             self.job_load[es] += requested
             self.job_flows[es] += 1
             hop_cost += (len(path) - 1) / 10 * f.demand_mbps / self.total_demand
+        if chosen:  # the effective widths changed
+            self._width_memo = {k: w for k, w in self._width_memo.items() if not k[2]}
         reward = 0.0
         if self.shaping:
             self.rates = self._rate_split()

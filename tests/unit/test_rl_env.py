@@ -92,6 +92,29 @@ def test_masks_never_let_an_infeasible_choice_through(seed):
             assert check_decision(ep.cluster, ep.job, ep.decision()) == []
 
 
+def test_remembered_path_widths_follow_the_jobs_own_requests():
+    """The widths an episode remembers between steps (its node features) equal the ones
+    computed afresh, also after this job's flows took bandwidth."""
+    routed = 0
+    for seed in range(8):
+        env = PlacementEnv(SMALL)
+        env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        for _ in range(3):
+            env.reset()
+            ep = env.episode
+            while not ep.done:
+                obs = ep.observe()
+                ep._obs, ep._width_memo = None, {}
+                fresh = ep.observe()
+                assert np.array_equal(obs.node_x, fresh.node_x)
+                assert np.array_equal(obs.edge_x, fresh.edge_x)
+                node, paths, rates = _random_feasible_action(ep, rng)
+                routed += len(paths)
+                ep.step(node, paths, rates)
+    assert routed > 0  # the case the memo must get right happened
+
+
 def test_a_masked_node_or_path_is_penalised_and_ends_the_episode():
     cluster = line_cluster(cpu=0.5)
     job = ring_job("r", 2, Resources(0.5, 64), 1e6, 10)
