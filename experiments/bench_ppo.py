@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CES-PPO figures (issue 6), on topologies never used in training.
 
-    python experiments/bench_ppo.py --seeds 5     # → results/ppo/bench.{json,png}
+    python experiments/bench_ppo.py --seeds 5     # → results/ppo/bench.{json,png}, tradeoff.png
 
 CES-PPO trains only on random graphs (`scheduler.env.random_topology`); every topology here is
 unseen: our `campus` and the topohub networks `topozoo/Abilene`, `sndlib/polska` and
@@ -269,6 +269,44 @@ def plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_tradeoff(doc: dict, path: Path) -> None:
+    """Per topology, CES-PPO (τ = 0) and its balanced variants as points (iteration time over
+    network-aware's, balance std over k8s-spread's; network-aware itself: ×): the issue's targets
+    are the corner below 1 on both axes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    ax.fill_between([0, 1], 0, 1, color="tab:green", alpha=0.12, label="both targets met")
+    for topo, res in doc["comparison"].items():
+        points = [(0.0, res["ces_ppo_vs_baselines_pairwise"]["network-aware"],
+                   res["ces_ppo_balance_vs_k8s_spread"])]
+        points += [(float(tau), r["iteration_vs_network_aware"], r["balance_vs_k8s_spread"])
+                   for tau, r in res["balance_tradeoff"].items()]
+        line, = ax.plot([x for _, x, _ in points], [y for _, _, y in points], "o-", label=topo)
+        for tau, x, y in points:
+            ax.annotate(f"τ={tau:g}", (x, y), fontsize=6, color=line.get_color(),
+                        xytext=(3, 3), textcoords="offset points")
+        ax.plot([1.0], [_ratio(res["algorithms"]["network-aware"], res["algorithms"]["k8s-spread"],
+                               "balance_std")], "x", color=line.get_color(), ms=8)
+    xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+    ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+    ax.set_xlim(min(xs + [1]) - 0.05, max(xs + [1]) + 0.05)
+    ax.set_ylim(min(ys + [1]) - 0.1, max(ys + [1]) + 0.1)
+    ax.axvline(1, color="grey", lw=0.8)
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set_xlabel("mean iteration time / network-aware's (jobs both placed)")
+    ax.set_ylabel("load-balance std / k8s-spread's")
+    ax.set_title(f"CES-PPO balanced by k8s-spread within (1 + τ) × its iteration time; "
+                 f"×: network-aware\n({doc['seeds']} seeds, background load 0.5)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -307,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     plot(doc, args.out.with_suffix(".png"))
+    plot_tradeoff(doc, args.out.parent / "tradeoff.png")
     encoder_curves(args.out.parent / "encoders.png")
     _table(doc)
     return 0
