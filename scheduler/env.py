@@ -86,7 +86,8 @@ class EnvConfig:
 @dataclass
 class Layout:
     """G's structure as index arrays (compute nodes first, then switches; both directions of
-    every link), with what depends on structure only: hop distances and the k shortest paths.
+    every link), with what depends on structure only: hop distances and the k shortest paths;
+    and the links' attribute dicts themselves, so that reading a capacity needs no graph view.
     Kept per graph object, as a real scheduler keeps its routes per topology: a Cluster's graph
     is read-only in structure (node leave/join and capacity changes do not touch it); the size
     is checked all the same."""

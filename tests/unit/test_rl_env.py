@@ -115,6 +115,19 @@ def test_remembered_path_widths_follow_the_jobs_own_requests():
     assert routed > 0  # the case the memo must get right happened
 
 
+def test_a_link_capacity_change_reaches_the_next_episode():
+    """The layout is kept per graph; a link's new bandwidth (a simulator event) must still show."""
+    cluster = line_cluster(bw=100.0)
+    job = ring_job("r", 2, Resources(0.25, 128), 1e6, 10.0)
+    before = PlacementEpisode(cluster, job)
+    cluster.graph.edges["s1", "s2"]["bw_mbps"] = 10.0
+    after = PlacementEpisode(cluster, job)
+    assert after.layout is before.layout
+    e = after.edge_id[("s1", "s2")]
+    assert (before.cap[e], after.cap[e]) == (100.0, 10.0)
+    assert after.observe().edge_x[e, 2] < before.observe().edge_x[e, 2]
+
+
 def test_a_masked_node_or_path_is_penalised_and_ends_the_episode():
     cluster = line_cluster(cpu=0.5)
     job = ring_job("r", 2, Resources(0.5, 64), 1e6, 10)
