@@ -245,8 +245,7 @@ class PlacementEpisode:
         until this job's requests change (co-located tasks ask again for the same node's)."""
         key = (v, outward, effective)
         if key not in self._width_memo:
-            residual = np.maximum(self.residual - self.job_load, 0.0) if effective \
-                else self.residual
+            residual = self._effective() if effective else self.residual
             self._width_memo[key] = self._max_min(v, residual, outward)
         return self._width_memo[key]
 
@@ -270,6 +269,10 @@ class PlacementEpisode:
                     width[x] = cand
                     push(heap, (-cand, x))
         return np.array(width)
+
+    def _effective(self) -> np.ndarray:
+        """Each directed link's residual minus what this job has requested on it so far."""
+        return np.maximum(self.residual - self.job_load, 0.0)
 
     def _balance_std(self) -> float:
         used = self.base_used + self.job_used
@@ -310,7 +313,7 @@ class PlacementEpisode:
         zone = self._zone(free_now)
         fits = (demand[None, :] <= free_now + EPS).all(axis=1) & zone & (name is not None)
         fits &= self._room_for_the_rest(free_now, demand, fits, zone)
-        effective = np.maximum(self.residual - self.job_load, 0.0)
+        effective = self._effective()
 
         peers = self._peer_flows(name) if name else []
         hop_sum = np.zeros(nv)
@@ -457,7 +460,7 @@ class PlacementEpisode:
 
     def _options(self, node: int) -> FlowOptions:
         k = self.cfg.k_paths
-        effective = np.maximum(self.residual - self.job_load, 0.0)
+        effective = self._effective()
         here = self.compute[node]
         flows, paths, fx, peer, px, pm = [], [], [], [], [], []
         for f, p, outward in self._peer_flows(self.task):

@@ -195,6 +195,14 @@ class Agent(nn.Module):
         return self.critic(torch.cat([ctx, b.job_x], dim=1)).squeeze(1)  # (B,)
 
 
+def forward(agent: Agent, obs: list[Observation]) -> tuple[Batch, Tensor, Tensor, Tensor]:
+    """The batch of `obs`, the encoder's vertex states (V, H) and context (B, 2H), and the
+    masked placement logits (B, N)."""
+    b = collate(obs)
+    h, ctx = agent.encode(b)
+    return b, h, ctx, agent.placement_logits(h, ctx, b)
+
+
 @dataclass
 class Step:
     """One placement as the agent took it (what PPO stores and replays)."""
@@ -215,9 +223,7 @@ def act(agent: Agent, ep: PlacementEpisode, greedy: bool, node: int | None = Non
     with log-probability and value) or greedy (inference: argmax only, nothing else computed).
     `node` forces the node (a start of multi-start decoding); paths and rates are still chosen."""
     obs = ep.observe()
-    b = collate([obs])
-    h, ctx = agent.encode(b)
-    node_logits = agent.placement_logits(h, ctx, b)  # (1, N)
+    b, h, ctx, node_logits = forward(agent, [obs])  # node_logits: (1, N)
     if node is not None:
         node = torch.tensor([node])
     else:
@@ -243,20 +249,16 @@ def act(agent: Agent, ep: PlacementEpisode, greedy: bool, node: int | None = Non
 @torch.inference_mode()
 def first_nodes(agent: Agent, ep: PlacementEpisode, m: int) -> list[int]:
     """The m feasible nodes the policy rates highest for the episode's first task, best first."""
-    b = collate([ep.observe()])
-    h, ctx = agent.encode(b)
-    logits = agent.placement_logits(h, ctx, b)[0]  # (N,)
+    b, _, _, logits = forward(agent, [ep.observe()])
     feasible = int(b.node_mask.sum())
-    return [int(i) for i in torch.argsort(logits, descending=True)[:min(m, feasible)]]
+    return [int(i) for i in torch.argsort(logits[0], descending=True)[:min(m, feasible)]]
 
 
 def evaluate(agent: Agent, steps: list[Step]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
                                                        Tensor]:
     """Log-probability, entropy and value of stored steps under the current weights, and for
     the imitation term the placement logits (B, N), rate logits (B, F, L) and flow mask (B, F)."""
-    b = collate([s.obs for s in steps])
-    h, ctx = agent.encode(b)
-    logits = agent.placement_logits(h, ctx, b)
+    b, h, ctx, logits = forward(agent, [s.obs for s in steps])
     node_dist = Categorical(logits=logits)
     nodes = torch.tensor([s.node for s in steps])
     fb = collate_flows([s.opts for s in steps], [s.node for s in steps], b, agent.k)
