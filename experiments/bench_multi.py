@@ -38,9 +38,9 @@ from pathlib import Path
 import yaml
 
 from scheduler.arrivals import ArrivalError, parse_arrivals
-from scheduler.evaluate import machine_info
+from scheduler.evaluate import evaluate_multi, machine_info, multi_table, run_policy
 from scheduler.model import Cluster
-from scheduler.multi import MultiConfig, default_algorithm, evaluate_multi, multi_table, run_policy
+from scheduler.multi import MultiConfig, default_algorithm
 from topologies import TopologyError, load_topology
 
 TOPOS = "campus,fattree,topozoo/Abilene"

@@ -3,12 +3,12 @@
 
     python experiments/bench_ppo.py --seeds 5     # → results/ppo/bench.{json,png}, tradeoff.png
 
-CES-PPO trains only on random graphs (`scheduler.env.random_topology`); every topology here is
+CES-PPO trains only on random graphs (`scheduler.instances.random_topology`); every topology here is
 unseen: our `campus` and the topohub networks `topozoo/Abilene`, `sndlib/polska` and
 `gabriel/100/0`.
 1. Comparison: per topology, `scheduler.evaluate.evaluate` with every baseline and `ces-ppo` (the
    committed checkpoint, its default decoding) over --seeds instances (background load 0.5); the
-   jobs are the examples in workloads/jobs plus --random-jobs jobs from `jobs.random_job` (seeded),
+   jobs are the examples in workloads/jobs plus --random-jobs jobs from `instances.random_job` (seeded),
    placed one after another. Mean ± std over seeds of predicted iteration time, bandwidth
    satisfaction, load-balance std, placed fraction; and, because a mean over each algorithm's own
    placed jobs favours one that fails on the slow jobs, the mean iteration time over the jobs
@@ -20,7 +20,7 @@ unseen: our `campus` and the topohub networks `topozoo/Abilene`, `sndlib/polska`
    time over network-aware's and its balance std over k8s-spread's (`balance_tradeoff`: what meeting
    the spreader's balance costs); and the balance at equal work: CES-PPO's std when it places only
    the jobs k8s-spread placed (`balance_on_k8s_spread_jobs`).
-2. Gap to exact: on --instances random small instances (`evaluate.random_instance`, ≤ 5 switches,
+2. Gap to exact: on --instances random small instances (`instances.random_instance`, ≤ 5 switches,
    ≤ 6 nodes, ≤ 5 workers, as bench_scheduler.py), CES-PPO's (both encoders; and the graph
    encoder at each of --budgets, 0 being plain greedy decoding) and, for context,
    network-aware's predicted iteration time / the exact reference's.
@@ -48,9 +48,9 @@ from typing import Callable
 import numpy as np
 
 from scheduler.baselines import Algorithm, make_algorithm
-from scheduler.evaluate import evaluate, machine_info, make_instance, random_instance, \
-    run_sequence
-from scheduler.jobs import load_jobs, random_job, ring_job
+from scheduler.evaluate import evaluate, machine_info, mean_std, run_sequence
+from scheduler.instances import make_instance, random_instance, random_job
+from scheduler.jobs import load_jobs, ring_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Resources
 from scheduler.multi import BalancedChoice
@@ -92,14 +92,14 @@ def compare(topo: str, jobs: list, seeds: int) -> dict:
     base = Cluster.from_topology(load_topology(topo))
     for name, factory in variants().items():
         runs = [run_sequence(make_instance(base, s, 0.5), jobs, factory(s)) for s in range(seeds)]
-        rows[name] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+        rows[name] = {k: mean_std([r[k] for r in runs]) for k in FIGURES}
         factories[name] = factory
     times = job_times(topo, jobs, seeds, factories)
     for name in rows:
-        rows[name]["iteration_time_s_common_jobs"] = _stats(
+        rows[name]["iteration_time_s_common_jobs"] = mean_std(
             [_mean_over(t[name], set.intersection(*(set(x) for x in t.values()))) for t in times])
         # CES-PPO / this algorithm on the jobs both placed, per seed.
-        rows[name]["ces_ppo_ratio_pairwise"] = _stats(
+        rows[name]["ces_ppo_ratio_pairwise"] = mean_std(
             [_pairwise(t, "ces-ppo", name) for t in times])
     heuristics = [n for n in rows if n in BASELINES]
     ours = rows["ces-ppo"]
@@ -158,12 +158,6 @@ def _pairwise(times: dict[str, dict[str, float]], a: str, b: str) -> float:
 
 def _mean_over(times: dict[str, float], names: set[str]) -> float:
     return statistics.fmean(times[j] for j in names) if names else math.nan
-
-
-def _stats(values: list[float]) -> dict:
-    finite = [v for v in values if not math.isnan(v)]
-    return {"mean": statistics.fmean(finite) if finite else None,
-            "std": statistics.pstdev(finite) if finite else None}
 
 
 def _ratio(a: dict, b: dict, key: str) -> float | None:

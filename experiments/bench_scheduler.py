@@ -8,7 +8,7 @@
    routers, one compute node each, 4 cores) with background load 0.5 (`scheduler.evaluate`);
    p50/p99 over --reps placements per algorithm (one warm-up call first). The exact reference
    runs where it applies by size (≤ 16 nodes, here with max_tasks raised to 8), with fewer reps.
-2. Gap to optimal: on --instances random small instances (`evaluate.random_instance`: ≤ 5
+2. Gap to optimal: on --instances random small instances (`instances.random_instance`: ≤ 5
    switches, ≤ 6 nodes, ≤ 5 workers, background 0.5) where a placement exists, each baseline's
    predicted iteration time / the exact reference's (exact with enough candidate paths to cover
    every loop-free path, proven optimal). A baseline that cannot place is counted, not averaged.
@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from scheduler.baselines import algorithm_names, make_algorithm
-from scheduler.evaluate import machine_info, make_instance, random_instance
+from scheduler.evaluate import machine_info
+from scheduler.instances import make_instance, random_instance
 from scheduler.jobs import ring_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Resources

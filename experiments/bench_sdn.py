@@ -8,7 +8,7 @@ Runs the controller (`python -m sdn_app`) as its own process and the emulated ne
 
 (a) Rate fidelity: TCP goodput (iperf3, receiver side) of one flow granted R ∈ {5, 20, 50, 100}
     Mbit/s, enforced by the flow's OpenFlow meter alone, by sender-side tc alone (an HTB class
-    per destination in the sender's container, testbed.tc; the flow then follows the default
+    per destination in the sender's container, edge.tc; the flow then follows the default
     path), and by both. The seed picks the node pair among those whose default path has a
     bottleneck ≥ 2 × max(R), so that only the grant limits the flow. Target 0.85·R … 1.05·R.
     The same path with no enforcement is measured right before each R: the userspace datapath
@@ -42,11 +42,13 @@ from pathlib import Path
 
 import networkx as nx
 
-from bench_testbed import machine
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from sdn_app.flows import default_path
-from testbed import Emulation, tc
+from edge import tc
+from testbed import Emulation
 from topologies import Topology, TopologyError, load_topology
+
+from machine import machine
 
 RATES = (5.0, 20.0, 50.0, 100.0)
 METHODS = ("meter", "tc", "both")
@@ -307,12 +309,11 @@ def main(argv: list[str] | None = None) -> int:
             fidelity = rate_fidelity(net, ctl.client, rng, args.seconds, args.repeats)
             print("(b) install latency", flush=True)
             latency = install_latency(net, ctl.client, rng)
-            datapath = net.datapath
     finally:
         ctl.stop()
     # Other processes share the machine: the load says how much CPU the figures had.
     result = {"topology": args.topo, "seed": args.seed,
-              "machine": machine(datapath) | {"loadavg_1m_before": load_before[0],
+              "machine": machine() | {"loadavg_1m_before": load_before[0],
                                               "loadavg_1m_after": os.getloadavg()[0]},
               "controller": "os-ken 4.2.2 via python -m sdn_app",
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

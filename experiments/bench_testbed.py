@@ -21,10 +21,8 @@ import _venv  # noqa: F401  (re-exec under .venv)
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,20 +31,10 @@ from topologies import TopologyError, load_topology
 
 from testbed import Emulation
 
+from machine import machine
+
 RATES = (10.0, 50.0, 200.0)
 FAST_LINK_MBPS = 500.0
-
-
-def machine(datapath: str) -> dict:
-    def out(cmd: list[str]) -> str:
-        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
-
-    return {"cpus": os.cpu_count(), "kernel": platform.release(), "datapath": datapath,
-            "ovs": out(["ovs-vsctl", "--version"]).splitlines()[0],
-            "docker": out(["docker", "version", "--format", "{{.Server.Version}}"]),
-            "python": platform.python_version(), "host": platform.node(),
-            # Other processes share the machine; the load says how much CPU the run competed for.
-            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def bring_up_down(topo_spec: str, repeats: int) -> list[dict]:
@@ -98,7 +86,7 @@ def shaping(topo_spec: str, seed: int, repeats: int, seconds: float) -> dict:
             # machine (the userspace datapath's CPU), not the shaper, limits the figure.
             net.set_link(u, v, 1000.0)
             ceiling = [net.iperf(src, dst, seconds=seconds, omit_s=1) for _ in range(repeats)]
-            print(f"    ceiling (1 Gbit/s link): " + ", ".join(f"{g:.1f}" for g in ceiling),
+            print("    ceiling (1 Gbit/s link): " + ", ".join(f"{g:.1f}" for g in ceiling),
                   flush=True)
             rows = []
             for rate in RATES:
@@ -142,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     print("shaping fidelity (iperf3 TCP, receiver side)", flush=True)
     fidelity = shaping(args.topo, args.seed, args.repeats, args.seconds)
     result = {"topology": args.topo, "seed": args.seed, "repeats": args.repeats,
-              "machine": machine(fidelity["datapath"]), "bring_up_teardown": runs,
+              "machine": machine(), "bring_up_teardown": runs,
               "loadavg_before": load_before,
               "shaping": fidelity, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
 
     up = [r["up_s"] for r in runs]
     down = [r["down_s"] for r in runs]
-    print(f"\n{args.topo} on {result['machine']['cpus']} cpus, kernel {result['machine']['kernel']},"
-          f" {result['machine']['datapath']} datapath; load average {load_before[0]:.1f} before, "
-          f"{result['machine']['loadavg_1_5_15'][0]:.1f} after")
+    print(f"\n{args.topo} on {result['machine']['cores']} cores, kernel "
+          f"{result['machine']['kernel']}, {result['machine']['datapath']} datapath; load average "
+          f"{load_before[0]:.1f} before, {result['machine']['load_average_1m']:.1f} after")
     print(f"{'metric':<28}{'median':>10}{'max':>10}{'target':>12}")
     print(f"{'bring-up (s)':<28}{statistics.median(up):>10.1f}{max(up):>10.1f}{'≤ 30':>12}")
     print(f"{'teardown (s)':<28}{statistics.median(down):>10.1f}{max(down):>10.1f}{'≤ 10':>12}")

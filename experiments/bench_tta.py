@@ -28,13 +28,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from calibrate_perfmodel import (bottleneck_topology, machine, mbps_list, measured_run, names_of,
+from calibrate_perfmodel import (bottleneck_topology, mbps_list, measured_run, names_of,
                                  set_bottleneck)
-from testbed import Emulation, EmulationError, detect_datapath
+from testbed import Emulation, EmulationError
 from workloads.collectives import COLLECTIVES
 from workloads.data import DATASETS
 from workloads.job import TestbedJobError
 from workloads.models import MODELS
+
+from machine import machine
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     console = Console(width=None if sys.stdout.isatty() else 130)
-    info = machine(detect_datapath())
+    info = machine()
     runs: list[dict] = []
     t0 = time.monotonic()
 

@@ -39,14 +39,15 @@ from scipy.optimize import least_squares
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.evaluate import machine_info
 from scheduler.perfmodel import IterationModel, collective_steps, flow_bytes, ring_lower_bound_s
-from testbed import Emulation, EmulationError, detect_datapath
+from testbed import Emulation, EmulationError
 from topologies import Topology, parse_topology
 from workloads.job import TestbedJobError, run_job
 from workloads.data import DATASET_SHAPES
 from workloads.models import MODELS, build_model, gradient_bytes
 from workloads.results import JobSummary, read_job
+
+from machine import machine
 
 REPO = Path(__file__).resolve().parent.parent
 SWITCH = "s1"
@@ -109,11 +110,6 @@ class HostLoad:
         load = HostLoad()
         time.sleep(seconds)
         return load.busy()
-
-
-def machine(datapath: str) -> dict:
-    return {**machine_info(), "datapath": datapath, "loadavg_at_start": list(os.getloadavg()),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
 
 
 def measured_run(net: Emulation, out_root: Path, name: str, cpu: float, mem_mb: int,
@@ -326,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     console = Console(width=None if sys.stdout.isatty() else 130)
-    datapath = detect_datapath()
-    info = machine(datapath)
+    info = machine()
     rates = (s.reference_mbps, *s.fit_mbps, *s.check_mbps)
     runs: list[dict] = []
     t0 = time.monotonic()

@@ -15,8 +15,6 @@ from __future__ import annotations
 import _venv  # noqa: F401  (re-exec under .venv)
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -27,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from report import RATE_BAND, read_results, rows  # noqa: E402
+from report import RATE_BAND, mean_std, read_results, rows  # noqa: E402
 
 
 def _jobs(results: dict) -> list[str]:
@@ -54,8 +52,8 @@ def tta(results: dict, path: Path) -> Path:
             rs = [r for r in rows(results) if r["job"] == job and r["scheduler"] == s]
             reached = [r["tta_s"] for r in rs if r["reached_target"]]
             if reached:
-                sd = statistics.stdev(reached) if len(reached) > 1 else 0.0
-                ax.bar(x, statistics.fmean(reached), yerr=sd, color="0.85", capsize=3)
+                mean, sd = mean_std(reached)
+                ax.bar(x, mean, yerr=sd, color="0.85", capsize=3)
             for r in rs:
                 jitter = rng.uniform(-0.15, 0.15)
                 if r["reached_target"]:

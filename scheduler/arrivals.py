@@ -45,7 +45,8 @@ import numpy as np
 from .jobs import BUILDERS, BYTES_PER_PARAM
 from .model import Cluster, Job, Resources
 from .perfmodel import compute_time_s, flow_bytes
-from .simulator import BackgroundFlow, NodeJoin, NodeLeave, ScenarioEvent, estimated_iteration_s
+from .rounds import estimated_iteration_s
+from .simulator import BackgroundFlow, NodeJoin, NodeLeave, ScenarioEvent
 
 DAY_S = 86400.0
 

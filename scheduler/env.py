@@ -18,26 +18,24 @@ masks, the flow options of a chosen node, rewards, and the final `Decision`. It 
 cluster: the job's own use is kept in arrays, and the decision is checked with `check_decision`.
 `PlacementEnv` is the `gymnasium.Env` around it, drawing a random topology (router graphs through
 `topologies.from_graph`, and campus-like tiered networks), random capacities, random background
-load (random jobs, or `scheduler.evaluate.background_load`) and a random job
-(`scheduler.jobs.random_job`) on every `reset`.
+load (random jobs, or `scheduler.instances.background_load`) and a random job
+(`scheduler.instances.random_job`) on every `reset`.
 """
 from __future__ import annotations
 
 import heapq
 import math
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import networkx as nx
 import numpy as np
 from gymnasium import spaces
 
-from topologies import ComputeNode, GraphDefaults, Topology, from_graph, parse_topology
-
 from .baselines import make_algorithm, placement_order
-from .evaluate import background_load
-from .jobs import JobDistribution, random_job
+from .instances import JobDistribution, background_load, load_background, random_job, \
+    random_topology
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
 from .model import EPS, CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow
 from .paths import NoPath, candidate_paths, fair_rates, widest_path
@@ -603,91 +601,6 @@ class PlacementEpisode:
         flows = [FlowAssignment(s, d, path, rates[(s, d)])
                  for (s, d), (path, _) in self.routed.items()]
         return Decision(self.job.name, placement, flows)
-
-
-# --- random instances ----------------------------------------------------------------------------
-def random_topology(rng: np.random.Generator, sites: tuple[int, int]) -> Topology:
-    """A random network for training: a router graph (Internet-AS-like, Waxman, Barabási–Albert;
-    one edge site per router) or a campus-like tiered network with several nodes per access
-    switch; random node sizes and speeds, link capacities and delays."""
-    n = int(rng.integers(sites[0], sites[1] + 1))
-    kind = rng.choice(["internet", "waxman", "ba", "tiered", "tiered"])
-    seed = int(rng.integers(2**31))
-    if kind == "tiered":
-        topo = _tiered(rng, n)
-    else:
-        if kind == "internet":
-            g = nx.random_internet_as_graph(max(n, 6), seed=seed)
-        elif kind == "waxman":
-            g = nx.waxman_graph(n, beta=0.6, alpha=0.4, seed=seed)
-        else:
-            g = nx.barabasi_albert_graph(n, int(rng.integers(1, min(3, n))), seed=seed)
-        for u, v in g.edges:
-            g.edges[u, v]["bw_mbps"] = _bandwidth(rng)
-            g.edges[u, v]["delay_ms"] = round(float(rng.uniform(0.1, 5.0)), 3)
-        topo = from_graph(g, f"random:{kind}", f"{kind}{n}", GraphDefaults())
-    return _resize(rng, topo)
-
-
-def _bandwidth(rng: np.random.Generator) -> float:
-    return float(rng.choice([10, 20, 50, 100, 200, 500, 1000, 1000]))
-
-
-def _tiered(rng: np.random.Generator, n: int) -> Topology:
-    cores = int(rng.integers(1, 3))
-    access = max(1, int(math.ceil(n / rng.integers(1, 5))))
-    aggs = max(1, int(math.ceil(access / rng.integers(1, 4))))
-    sw = [f"c{i}" for i in range(cores)] + [f"g{i}" for i in range(aggs)] + \
-        [f"a{i}" for i in range(access)]
-    links = [{"ends": [f"c{i}", f"c{i + 1}"], "bw_mbps": 1000} for i in range(cores - 1)]
-    for i in range(aggs):
-        for c in rng.choice(cores, size=int(rng.integers(1, cores + 1)), replace=False):
-            links.append({"ends": [f"c{c}", f"g{i}"], "bw_mbps": _bandwidth(rng)})
-    for i in range(access):
-        for a in rng.choice(aggs, size=int(rng.integers(1, min(aggs, 2) + 1)), replace=False):
-            links.append({"ends": [f"g{a}", f"a{i}"], "bw_mbps": _bandwidth(rng),
-                          "delay_ms": round(float(rng.uniform(0.1, 2.0)), 3)})
-    nodes = []
-    for i in range(n):
-        nodes.append({"name": f"n{i}", "cpu": 1, "mem_mb": 1024})
-        links.append({"ends": [f"n{i}", f"a{i % access}"], "bw_mbps": _bandwidth(rng)})
-    doc = {"name": f"tiered{n}", "defaults": {"delay_ms": 0.2},
-           "switches": [{"name": s} for s in sw], "nodes": nodes, "links": links}
-    return parse_topology(doc, "random:tiered")
-
-
-def _resize(rng: np.random.Generator, topo: Topology) -> Topology:
-    """Random node capacities: a scale for the whole network (edge boxes to servers) and a
-    per-node spread, so that relative size and speed matter."""
-    scale = float(rng.choice([0.5, 1.0, 4.0, 16.0]))
-    nodes: list[ComputeNode] = []
-    for nd in topo.nodes:
-        cpu = round(scale * float(rng.choice([0.25, 0.5, 1.0, 1.5, 2.0])), 2)
-        mem = int(cpu * float(rng.choice([1024, 2048, 4096])))
-        gpu = int(rng.choice([0, 0, 0, 1, 2])) if scale >= 4 else 0
-        nodes.append(replace(nd, cpu=cpu, mem_mb=max(mem, 256), gpu=gpu,
-                             speed=round(float(rng.uniform(0.5, 1.5)), 2)))
-    names = {nd.name for nd in topo.nodes}
-    links = [replace(lk, bw_mbps=_bandwidth(rng)) if (lk.a in names or lk.b in names) else lk
-             for lk in topo.links]
-    return Topology(topo.name, nodes, topo.switches, links, topo.source, topo.description)
-
-
-def load_background(rng: np.random.Generator, cluster: Cluster, share: float,
-                    jobs: JobDistribution = JobDistribution()) -> None:
-    """Put the cluster in a busy state: random jobs placed by the `random` baseline until about
-    `share` of the compute capacity is in use (jobs that do not fit are skipped)."""
-    algo = make_algorithm("random", seed=int(rng.integers(2**31)))
-    total = sum(cluster.capacity(n).cpu for n in cluster.compute_nodes())
-    for i in range(50):
-        used = sum(cluster.used[n].cpu for n in cluster.compute_nodes())
-        if used >= share * total:
-            break
-        job = random_job(rng, name=f"bg{i}", dist=jobs)
-        try:
-            cluster.allocate(job, algo.place(cluster, job))
-        except CannotPlace:
-            continue
 
 
 class PlacementEnv(gym.Env):

@@ -1,15 +1,21 @@
-"""Compare scheduling algorithms on one topology and a set of jobs, over several seeds.
+"""The benchmark harness: compare scheduling algorithms on one topology over several seeds.
 
     python -m scheduler.evaluate --topo campus --jobs workloads/jobs --algos all --seeds 5 \
         --out results/eval_campus.json [--machines pai_machine_spec.csv] [--background 0.5]
+    python -m scheduler.evaluate --mode multi --topo campus --arrivals poisson:n=500,load=0.8
+
+Single mode (below); multi mode runs every queue policy of `multi.py` on arrivals of
+`arrivals.py` in the simulator (`evaluate_multi`). Both report mean and std over seeds
+(`mean_std`) and the machine measured on (`machine_info`), as every benchmark does.
+
 
 An *instance* is the topology, made non-trivial per seed s (rng = numpy default_rng(s)):
   1. with --machines, node capacities sampled from the Alibaba machine table
-     (`jobs.apply_machine_spec`);
+     (`trace.apply_machine_spec`);
   2. background load at level L (--background, default 0.5): every online node gets a
      pre-placed background task using U(0, L) of its cpu and of its memory, and as many
      background flows as there are compute nodes, each between two random nodes on the shortest
-     path, reserving U(0, L) of that path's residual (`background_load`).
+     path, reserving U(0, L) of that path's residual (`instances.background_load`).
 Every algorithm then places the jobs one after another, in file order, on its own copy of the same
 instance: a placed job is allocated, so later jobs see earlier ones; a job that does not fit is a
 "cannot place" and is skipped. Per seed: the per-job metrics (`metrics.DecisionMetrics`) averaged
@@ -21,6 +27,7 @@ Exit code 2 with a one-line message on bad input.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -28,19 +35,21 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from topologies import TopologyError, load_topology
 
-from topologies import TopologyError, load_topology, parse_topology
-
+from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import algorithm_names, make_algorithm
-from .jobs import JobDistribution, JobError, apply_machine_spec, load_jobs, load_machine_spec, \
-    random_job
+from .instances import make_instance
+from .jobs import JobError, load_jobs
 from .metrics import cluster_metrics, decision_metrics, deployed_count, packable
-from .model import CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
-from .paths import NoPath, shortest_path
+from .model import CannotPlace, Cluster, Job
+from .multi import POLICIES, MultiConfig, default_algorithm, make_policy
+from .simulator import SimResult, Simulator
+from .trace import load_machine_spec
 
 JOB_METRICS = ("iteration_time_s", "job_completion_s", "bw_satisfaction", "flows_satisfied",
                "network_cost", "decision_ms")
@@ -68,71 +77,16 @@ def machine_info() -> dict[str, Any]:
             "load_average_1m": round(os.getloadavg()[0], 2)}  # other work sharing the cores
 
 
-def background_load(cluster: Cluster, rng: np.random.Generator, level: float) -> Cluster:
-    """A copy of `cluster` with background tasks and flows (see module doc), allocated as
-    ordinary jobs named bg-*, so every algorithm sees them through the usual residuals."""
-    out = cluster.copy()
-    if level <= 0:
-        return out
-    nodes = out.compute_nodes(online_only=True)
-    for n in nodes:
-        free = out.free(n)
-        demand = Resources(free.cpu * rng.uniform(0, level), free.mem_mb * rng.uniform(0, level))
-        job = Job(f"bg-node-{n}", [Task("t", demand)], [], collective="custom")
-        out.allocate(job, Decision(job.name, {"t": n}, []))
-    for i in range(len(nodes) if len(nodes) > 1 else 0):
-        a, b = (nodes[int(j)] for j in rng.choice(len(nodes), size=2, replace=False))
-        try:
-            path = shortest_path(out, a, b)
-        except NoPath:
-            continue
-        rate = out.path_residual(path) * rng.uniform(0, level)
-        if rate <= 0:
-            continue
-        job = Job(f"bg-flow-{i}", [Task("a", Resources()), Task("b", Resources())],
-                  [LogicalFlow("a", "b", rate, 0.0)], collective="custom")
-        out.allocate(job, Decision(job.name, {"a": a, "b": b},
-                                   [FlowAssignment("a", "b", path, rate)]))
-    return out
+def mean_std(values: list) -> dict[str, float | None]:
+    """Mean and population std over seeds of the values that are numbers (None and NaN left
+    out); both None when there are none. The one summary every benchmark reports."""
+    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not xs:
+        return {"mean": None, "std": None}
+    return {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs)}
 
 
-def make_instance(base: Cluster, seed: int, background: float,
-                  machines: list | None = None) -> Cluster:
-    rng = np.random.default_rng(seed)
-    cluster = apply_machine_spec(base, machines, rng) if machines else base
-    return background_load(cluster, rng, background)
-
-
-def random_instance(rng: np.random.Generator, max_switches: int = 4, max_nodes: int = 5,
-                    max_workers: int = 4, background: float = 0.5) -> tuple[Cluster, Job]:
-    """A small random instance (the exact reference's playground, also used by the tests):
-    2..max_switches switches joined by a random tree plus each other pair with probability 0.3
-    (parallel paths), 2..max_nodes compute nodes on random switches (cpu 0.5-2, mem 1-2 GB,
-    speed 0.5-1.5), switch links of 10-1000 Mbit/s and 0-2 ms, access links of 100 or 1000
-    Mbit/s; background load at `background`; and one `jobs.random_job` of up to `max_workers`
-    workers with tasks of 0.25-1 cpu."""
-    n_sw = int(rng.integers(2, max_switches + 1))
-    n_nodes = int(rng.integers(2, max_nodes + 1))
-    switches = [{"name": f"s{i}"} for i in range(n_sw)]
-    pairs = {(int(rng.integers(i)), i) for i in range(1, n_sw)}
-    pairs |= {(i, j) for i in range(n_sw) for j in range(i + 1, n_sw) if rng.random() < 0.3}
-    links = [{"ends": [f"s{i}", f"s{j}"], "bw_mbps": float(rng.choice([10, 50, 100, 200, 1000])),
-              "delay_ms": round(float(rng.uniform(0, 2)), 2)} for i, j in sorted(pairs)]
-    nodes = []
-    for i in range(n_nodes):
-        nodes.append({"name": f"h{i}", "cpu": float(rng.choice([0.5, 1.0, 1.5, 2.0])),
-                      "mem_mb": int(rng.choice([1024, 2048])),
-                      "speed": float(rng.choice([0.5, 1.0, 1.5]))})
-        links.append({"ends": [f"h{i}", f"s{int(rng.integers(n_sw))}"],
-                      "bw_mbps": float(rng.choice([100, 1000]))})
-    topo = parse_topology({"name": "random", "switches": switches, "nodes": nodes,
-                           "links": links}, "<random instance>")
-    cluster = background_load(Cluster.from_topology(topo), rng, background)
-    dist = JobDistribution(max_workers=max_workers, cpu_choices=(0.25, 0.5, 1.0),
-                           mem_choices=(256.0, 512.0))
-    return cluster, random_job(rng, "job", dist)
-
-
+# --- single mode: jobs placed one after another ----------------------------------------------------
 def _finite_mean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return statistics.fmean(finite) if finite else math.nan
@@ -167,13 +121,6 @@ def run_sequence(cluster: Cluster, jobs: list[Job], algo) -> dict[str, float]:
     return row
 
 
-def _stats(values: list[float]) -> dict[str, float | None]:
-    finite = [v for v in values if not math.isnan(v)]
-    if not finite:
-        return {"mean": None, "std": None}
-    return {"mean": statistics.fmean(finite), "std": statistics.pstdev(finite)}
-
-
 def evaluate(topo: str, jobs: list[Job], algos: list[str], seeds: int, background: float = 0.5,
              machines: list | None = None, explicit: bool = False) -> dict[str, Any]:
     """The comparison as the JSON document `main` writes. Algorithms that do not apply to the
@@ -202,7 +149,7 @@ def evaluate(topo: str, jobs: list[Job], algos: list[str], seeds: int, backgroun
         rows = [run_sequence(inst, jobs, make_algorithm(name, seed=s))
                 for s, inst in enumerate(instances)]
         keys = JOB_METRICS + CLUSTER_METRICS + RUN_METRICS
-        results[name] = {k: _stats([r[k] for r in rows]) for k in keys}
+        results[name] = {k: mean_std([r[k] for r in rows]) for k in keys}
     return {"algorithms": results, "skipped": skipped,
             "instance": {"topology": topo, "nodes": len(topology.nodes),
                          "switches": len(topology.switches), "links": len(topology.links),
@@ -236,6 +183,78 @@ def print_table(doc: dict[str, Any]) -> None:
         console.print(f"skipped {name}: {why}")
 
 
+# --- multi mode: queue policies in the simulator ---------------------------------------------------
+MULTI_METRICS = ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction",
+                 "balance_std", "balance_std_arrivals", "fairness", "deadline_hit_rate",
+                 "utilisation", "finished", "unfinished", "preemptions", "decision_ms",
+                 "events_per_s")
+
+
+def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,
+               algorithm: str | None = None, config: MultiConfig = MultiConfig()) -> dict:
+    """One simulated run of a queue policy on a scenario; its `SimResult.summary()` and the
+    schedule's digest."""
+    scenario = make_scenario(spec, cluster, seed)
+    policy = make_policy(name, algorithm, seed, config)
+    result = Simulator(cluster.copy(), policy).run(scenario.jobs, scenario.events)
+    return result.summary() | {"schedule_digest": schedule_digest(result)}
+
+
+def schedule_digest(result: SimResult) -> str:
+    """A fingerprint of the schedule (who started when, where): equal runs give equal digests."""
+    return hashlib.sha256(repr(result.starts).encode()).hexdigest()[:16]
+
+
+def evaluate_multi(args: argparse.Namespace) -> dict:
+    """The `--mode multi` evaluation: every policy in `args.algos` ("all" or comma-separated) on
+    `args.topo` (any spec the topology loader takes) under `args.arrivals` (a spec string of
+    `arrivals.parse_arrivals`) for seeds 0..args.seeds-1; metrics as mean and std over seeds.
+    Optional: `args.single` (the single-job algorithm of every policy; default CES-Multi's),
+    `args.config` (CES-Multi's `MultiConfig`; default the defaults).
+    Raises ValueError (incl. TopologyError, ArrivalError) on bad input."""
+    topo = load_topology(args.topo)
+    cluster = Cluster.from_topology(topo)
+    spec = parse_arrivals(args.arrivals)
+    names = list(POLICIES) if args.algos == "all" else [a.strip() for a in args.algos.split(",")]
+    for name in names:
+        if name not in POLICIES:
+            raise ValueError(f"--algos: unknown queue policy '{name}' (known: "
+                             f"{', '.join(POLICIES)}, or all)")
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be ≥ 1, got {args.seeds}")
+    single = getattr(args, "single", None) or default_algorithm()
+    config = getattr(args, "config", None) or MultiConfig()
+    out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
+                 "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
+                 "ces_multi_config": asdict(config), "machine": machine_info(), "algorithms": {}}
+    for name in names:
+        runs = [run_policy(name, cluster, spec, seed, single, config)
+                for seed in range(args.seeds)]
+        out["algorithms"][name] = {m: mean_std([r[m] for r in runs]) for m in MULTI_METRICS}
+    return out
+
+
+def multi_table(result: dict) -> str:
+    """A readable table of `evaluate_multi`'s result."""
+    cols = [("avg_wait_s", "avg wait s"), ("p95_wait_s", "p95 wait s"), ("max_wait_s", "max wait s"),
+            ("jct_s", "JCT s"), ("bw_satisfaction", "bw sat"), ("balance_std", "util std"),
+            ("balance_std_arrivals", "std arriving"), ("fairness", "Jain"),
+            ("deadline_hit_rate", "deadline hit")]
+    head = f"{'policy':<14}" + "".join(f"{h:>14}" for _, h in cols)
+    lines = [f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "
+             f"{result['seeds']} seeds, single-job algorithm {result['single_job_algorithm']}",
+             head, "-" * len(head)]
+    for name, m in result["algorithms"].items():
+        cells = []
+        for key, _ in cols:
+            v = m[key]["mean"]
+            cells.append(f"{'-':>14}" if v is None else
+                         f"{v:>14.0f}" if key.endswith("_s") else f"{v:>14.3f}")
+        lines.append(f"{name:<14}" + "".join(cells))
+    return "\n".join(lines)
+
+
+# --- the command line ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scheduler.evaluate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -243,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                     "topohub key or gen:internet:N")
     ap.add_argument("--mode", choices=("single", "multi"), default="single",
                     help="single: place --jobs one after another; multi: queue scheduling of "
-                    "--arrivals in the simulator (scheduler.multi.evaluate_multi)")
+                    "--arrivals in the simulator (evaluate_multi)")
     ap.add_argument("--jobs", help="job YAML file or folder (single mode)")
     ap.add_argument("--arrivals", default="poisson:n=500,load=0.8",
                     help="multi mode: PROCESS[:key=value,...] (scheduler.arrivals)")
@@ -287,7 +306,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_multi(args: argparse.Namespace) -> int:
-    from .multi import evaluate_multi, multi_table
     try:
         doc = evaluate_multi(args)
         if args.out:

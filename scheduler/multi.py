@@ -1,6 +1,6 @@
 """Scheduling a queue of concurrent training jobs: CES-Multi (DESIGN.md §4) and queue baselines.
 
-Every policy implements `simulator.QueuePolicy`: it is handed a `Round` (the queue in arrival
+Every policy implements `rounds.QueuePolicy`: it is handed a `Round` (the queue in arrival
 order, the running jobs, the cluster) on each arrival, completion and node change, and starts
 jobs through one single-job algorithm of the registry (`baselines.make_algorithm`), the same
 for every policy in a comparison.
@@ -62,25 +62,19 @@ Baselines (all backfill past jobs that do not fit, except strict FIFO):
 """
 from __future__ import annotations
 
-import argparse
 import bisect
 import functools
-import hashlib
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
 import numpy as np
 
-from topologies import load_topology
-
-from .arrivals import ArrivalSpec, make_scenario, parse_arrivals
 from .baselines import Algorithm, algorithm_names, make_algorithm
-from .evaluate import machine_info
 from .metrics import load_balance, node_utilisation, predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job
-from .simulator import FreeSpace, JobState, Round, SimResult, Simulator
+from .rounds import FreeSpace, JobState, Round
 
 # The single-job scheduler CES-Multi uses until CES-PPO is registered (bench_scheduler's best
 # heuristic on bandwidth satisfaction and iteration time).
@@ -455,15 +449,12 @@ def fit(job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray],
     return float(d @ f / norm) if norm > 0 else 0.0
 
 
-# --- the registry of queue policies and the multi-job evaluation -----------------------------------
+# --- the registry of queue policies -----------------------------------------------------------------
 
 POLICIES: dict[str, Callable[..., object]] = {
     "ces-multi": CesMulti, "fifo": Fifo, "fifo-backfill": FifoBackfill, "sjf": Sjf, "las": Las,
     "edf": Edf,
 }
-METRICS = ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction", "balance_std",
-           "balance_std_arrivals", "fairness", "deadline_hit_rate", "utilisation", "finished",
-           "unfinished", "preemptions", "decision_ms", "events_per_s")
 
 
 def make_policy(name: str, algorithm: str | None = None, seed: int = 0,
@@ -475,78 +466,6 @@ def make_policy(name: str, algorithm: str | None = None, seed: int = 0,
     return CesMulti(algo, config, seed) if name == "ces-multi" else POLICIES[name](algo)
 
 
-def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,
-               algorithm: str | None = None, config: MultiConfig = MultiConfig()) -> dict:
-    """One simulated run of a queue policy on a scenario; its `SimResult.summary()` and the
-    schedule's digest."""
-    scenario = make_scenario(spec, cluster, seed)
-    policy = make_policy(name, algorithm, seed, config)
-    result = Simulator(cluster.copy(), policy).run(scenario.jobs, scenario.events)
-    return result.summary() | {"schedule_digest": schedule_digest(result)}
-
-
-def schedule_digest(result: SimResult) -> str:
-    """A fingerprint of the schedule (who started when, where): equal runs give equal digests."""
-    return hashlib.sha256(repr(result.starts).encode()).hexdigest()[:16]
-
-
-def evaluate_multi(args: argparse.Namespace) -> dict:
-    """The `--mode multi` evaluation: every policy in `args.algos` ("all" or comma-separated) on
-    `args.topo` (any spec the topology loader takes) under `args.arrivals` (a spec string of
-    `arrivals.parse_arrivals`) for seeds 0..args.seeds-1; metrics as mean and std over seeds.
-    Optional: `args.single` (the single-job algorithm of every policy; default CES-Multi's),
-    `args.config` (CES-Multi's `MultiConfig`; default the defaults).
-    Raises ValueError (incl. TopologyError, ArrivalError) on bad input."""
-    topo = load_topology(args.topo)
-    cluster = Cluster.from_topology(topo)
-    spec = parse_arrivals(args.arrivals)
-    names = list(POLICIES) if args.algos == "all" else [a.strip() for a in args.algos.split(",")]
-    for name in names:
-        if name not in POLICIES:
-            raise ValueError(f"--algos: unknown queue policy '{name}' (known: "
-                             f"{', '.join(POLICIES)}, or all)")
-    if args.seeds < 1:
-        raise ValueError(f"--seeds must be ≥ 1, got {args.seeds}")
-    single = getattr(args, "single", None) or default_algorithm()
-    config = getattr(args, "config", None) or MultiConfig()
-    out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
-                 "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
-                 "ces_multi_config": asdict(config), "machine": machine_info(), "algorithms": {}}
-    for name in names:
-        runs = [run_policy(name, cluster, spec, seed, single, config)
-                for seed in range(args.seeds)]
-        out["algorithms"][name] = {m: _mean_std([r[m] for r in runs]) for m in METRICS}
-    return out
-
-
-def _mean_std(values: list) -> dict[str, float | None]:
-    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    if not xs:
-        return {"mean": None, "std": None}
-    return {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs)}
-
-
-def multi_table(result: dict) -> str:
-    """A readable table of `evaluate_multi`'s result."""
-    cols = [("avg_wait_s", "avg wait s"), ("p95_wait_s", "p95 wait s"), ("max_wait_s", "max wait s"),
-            ("jct_s", "JCT s"), ("bw_satisfaction", "bw sat"), ("balance_std", "util std"),
-            ("balance_std_arrivals", "std arriving"), ("fairness", "Jain"),
-            ("deadline_hit_rate", "deadline hit")]
-    head = f"{'policy':<14}" + "".join(f"{h:>14}" for _, h in cols)
-    lines = [f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "
-             f"{result['seeds']} seeds, single-job algorithm {result['single_job_algorithm']}",
-             head, "-" * len(head)]
-    for name, m in result["algorithms"].items():
-        cells = []
-        for key, _ in cols:
-            v = m[key]["mean"]
-            cells.append(f"{'-':>14}" if v is None else
-                         f"{v:>14.0f}" if key.endswith("_s") else f"{v:>14.3f}")
-        lines.append(f"{name:<14}" + "".join(cells))
-    return "\n".join(lines)
-
-
 __all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "MultiConfig",
-           "POLICIES", "Sjf", "default_algorithm", "evaluate_multi", "fit", "free_vector",
-           "make_policy", "multi_table", "preempt_until_fits", "run_policy", "shadow_decision",
-           "shortness"]
+           "POLICIES", "Sjf", "default_algorithm", "fit", "free_vector", "make_policy",
+           "preempt_until_fits", "shadow_decision", "shortness"]

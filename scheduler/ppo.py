@@ -27,7 +27,7 @@ from .baselines import register
 from .env import (EDGE_FEATURES, FLOW_FEATURES, JOB_FEATURES, NODE_FEATURES, PATH_FEATURES,
                   EnvConfig, FlowOptions, Observation, PlacementEnv, PlacementEpisode,
                   RewardConfig)
-from .jobs import JobDistribution
+from .instances import JobDistribution
 from .metrics import predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job
 

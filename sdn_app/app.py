@@ -21,7 +21,7 @@ from .flows import (MAX_METER_ID, Meter, Plan, RequestError, Rule, job_cookie, l
                     parse_flows, parse_job_id, plan_change)
 from .jobs import Job, JobTable
 from .monitor import NetworkMonitor
-from .rest import RestApi
+from .rest import rest_api
 from .settings import settings
 
 
@@ -56,7 +56,7 @@ class CesSdnApp(BaseApp):
 
     def start(self) -> Any:
         thread = super().start()
-        self.rest = WsgiServer(RestApi(self), self.settings.rest_host, self.settings.rest_port)
+        self.rest = WsgiServer(rest_api(self), self.settings.rest_host, self.settings.rest_port)
         self.logger.info("OpenFlow 1.3 app on %s: topology '%s' (%d switches), %d job(s) from "
                          "state, REST on http://%s:%d", FRAMEWORK, self.topo.name,
                          len(self.topo.switches), len(self.table.jobs), self.settings.rest_host,

@@ -1,4 +1,4 @@
-"""Typed client of the SDN app's REST API (stdlib only), for the Network Controller.
+"""Typed client of the SDN app's REST API (`protocol.http`), for the Network Controller.
 
     from sdn_app.client import FlowRequest, SdnClient
     sdn = SdnClient("http://127.0.0.1:8080")
@@ -9,13 +9,12 @@
 """
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
+
+from protocol.http import ApiError, Unreachable, call
 
 
 class SdnError(RuntimeError):
@@ -62,9 +61,10 @@ class LinkUsage:
 
 
 class SdnClient:
-    def __init__(self, url: str = "http://127.0.0.1:8080", timeout_s: float = 10.0):
+    def __init__(self, url: str = "http://127.0.0.1:8080", timeout_s: float = 10.0,
+                 token: str | None = None):
         self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
+        self.timeout_s, self.token = timeout_s, token
 
     def put_job_flows(self, job_id: str, flows: Iterable[FlowRequest | dict[str, Any]]) \
             -> dict[str, Any]:
@@ -109,21 +109,12 @@ class SdnClient:
         raise SdnError(0, f"not ready after {timeout_s:g} s (last: {last})")
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                doc = json.loads(e.read())
-                raise SdnError(e.code, doc.get("error", ""), doc.get("field", "")) from None
-            except ValueError:
-                raise SdnError(e.code, e.reason) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise SdnError(0, f"cannot reach the SDN app at {self.url}: {reason}") from None
+            return call(method, self.url + path, body, timeout=self.timeout_s, token=self.token)
+        except ApiError as e:
+            raise SdnError(e.status, e.message, e.field) from None
+        except Unreachable as e:
+            raise SdnError(0, f"cannot reach the SDN app at {self.url}: {e}") from None
 
 
 def _quote(job_id: str) -> str:

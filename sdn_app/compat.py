@@ -11,6 +11,8 @@ import sys
 import threading
 from typing import Any, Callable
 
+from protocol.http import Server
+
 if "ryu.base.app_manager" in sys.modules or importlib.util.find_spec("os_ken") is None:
     FRAMEWORK = "ryu"
 else:
@@ -67,32 +69,21 @@ def new_lock() -> Any:
 
 
 class WsgiServer:
-    """A WSGI server in the framework's own threading model, stoppable with `stop()`."""
+    """A WSGI server in the framework's own threading model, stoppable with `stop()`: Ryu's
+    eventlet server under eventlet, else the project's threaded one (`protocol.http.Server`)."""
 
     def __init__(self, app: Callable, host: str, port: int):
         if GREEN:
             self._server = hub.WSGIServer((host, port), app)
             self.port = self._server.server.getsockname()[1]
+            self._thread = hub.spawn(self._server.serve_forever)
         else:
-            from socketserver import ThreadingMixIn
-            from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-            class Server(ThreadingMixIn, WSGIServer):
-                daemon_threads = True
-
-            class QuietHandler(WSGIRequestHandler):
-                def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                    pass  # the app logs what matters; one stderr line per request is noise
-
-            self._server = make_server(host, port, app, server_class=Server,
-                                       handler_class=QuietHandler)
-            self.port = self._server.server_port
-        self._thread = hub.spawn(self._server.serve_forever)
+            self._server = Server(app, host, port).start()
+            self.port = self._server.port
 
     def stop(self) -> None:
         if GREEN:
             hub.kill(self._thread)
             self._server.server.close()
         else:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 import networkx as nx
 
+from protocol.http import ApiError
 from topologies import Topology
 
 ETH_IPV4 = 0x0800
@@ -43,14 +44,11 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 FLOW_KEYS = ("src", "dst", "path", "rate_mbps", "tcp_src", "tcp_dst", "name")
 
 
-class RequestError(ValueError):
+class RequestError(ApiError, ValueError):
     """A request the app refuses; nothing was changed. `status` is the HTTP status to answer."""
 
     def __init__(self, message: str, field: str = "", status: int = 400):
-        super().__init__(f"{field}: {message}" if field else message)
-        self.message = message
-        self.field = field
-        self.status = status
+        super().__init__(status, message, field)
 
 
 FlowKey = tuple[str, str, "int | None", "int | None"]  # src, dst, tcp_src, tcp_dst

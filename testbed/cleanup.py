@@ -22,7 +22,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from . import cgroups
+from edge import cgroups
+
 from .names import FAMILY_RE, check_prefix
 
 

@@ -19,16 +19,19 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
 import docker
-import networkx as nx
 import docker.errors
+import networkx as nx
 from docker.models.containers import Container
 from mininet.link import Intf
 from mininet.node import RemoteController
 
 from topologies import ComputeNode, Link, Topology
 
-from . import cgroups, ovs_sockets, tc, workers
+from edge import cgroups, tc, workers
+
+from . import ovs_sockets
 from .cleanup import PID_LABEL, cleanup
 from .names import Names, new_prefix
 from .node import DockerNet, DockerNode, EdgeSwitch, allow_congestion_control

@@ -5,7 +5,7 @@
     python -m testbed.image tag      # print the tag the current inputs give
 
 Inputs = testbed/image/Dockerfile, testbed/image/packages.txt, the pins of the image's Python
-packages in requirements.txt and the files of workloads/. The tag `ces-worker:<hash>` changes
+packages in requirements.txt and the files of workloads/ and protocol/ (the worker contract). The tag `ces-worker:<hash>` changes
 exactly when one of them does. Layers are ordered system packages → Python wheels → workloads, so
 editing workloads/ rebuilds only the last layer.
 
@@ -34,7 +34,7 @@ import docker.errors
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_DIR = REPO / "testbed" / "image"
-WORKLOADS = REPO / "workloads"
+PACKAGES = (REPO / "workloads", REPO / "protocol")  # the project's code in the image
 BUILD_DIR = REPO / "build"
 WORKER_REPO = "ces-worker"
 BASE_REPO = "ces-base"
@@ -68,7 +68,7 @@ def pins() -> dict[str, str]:
 
 
 def _workload_files() -> list[Path]:
-    return sorted(p for p in WORKLOADS.rglob("*")
+    return sorted(p for pkg in PACKAGES for p in pkg.rglob("*")
                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
 
 
@@ -246,7 +246,6 @@ def _assemble_context(ctx: Path, wheelhouse: Path) -> None:
         dest = ctx / f.relative_to(REPO)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(f, dest)
-    (ctx / "workloads").mkdir(exist_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

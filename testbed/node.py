@@ -22,9 +22,8 @@ import docker.errors
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch
 
-from . import cgroups
+from edge import cgroups
 
-CPU_PERIOD_US = cgroups.PERIOD_US
 log = logging.getLogger(__name__)
 _ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
 _AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
@@ -58,7 +57,7 @@ class DockerNode(Host):
         self.container = client.containers.run(
             dimage, ["sleep", "infinity"], name=name, hostname=hostname, detach=True, init=True,
             network_mode="none", cgroup_parent=cgroup_parent, labels=labels,
-            cpu_period=CPU_PERIOD_US, cpu_quota=int(cpu * CPU_PERIOD_US),
+            cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(cpu),
             mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m",
             sysctls={"net.ipv4.tcp_congestion_control": tcp_cc})
         self.container.reload()
@@ -92,7 +91,7 @@ class DockerNode(Host):
         # narrow it last.
         if cpu >= old_cpu:
             cgroups.set_limits(self.cgroup_parent, cpu, max(mem_mb, old_mem))
-        self.container.update(cpu_period=CPU_PERIOD_US, cpu_quota=int(cpu * CPU_PERIOD_US),
+        self.container.update(cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(cpu),
                               mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
         cgroups.set_limits(self.cgroup_parent, cpu, mem_mb)
 
@@ -133,7 +132,7 @@ class EdgeSwitch(OVSSwitch):
         if intf.params.get("edge"):
             port_opts.append("other_config:rstp-port-admin-edge=true")
         # OVS replaces an interface's root qdisc unless its QoS is "linux-noop"; the links are
-        # shaped with our own HTB (testbed.tc), which must survive the port being added.
+        # shaped with our own HTB (edge.tc), which must survive the port being added.
         qos = f"qos{str(intf).replace('-', '_')}"
         port_opts.append(f"qos=@{qos} -- --id=@{qos} create QoS type=linux-noop")
         return opts + f" -- set Port {intf} " + " ".join(port_opts)

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+from protocol.worker import METRICS_OUT, RENDEZVOUS_PORT, START_ENV
+
 from .launch import train_argv
-from .metrics import CONTAINER_START_ENV
 
 WORKER_PYTHON = "python3"  # the worker image's interpreter (workloads/ is on its PYTHONPATH)
-MASTER_PORT = 29500
 
 
 class TestbedJobError(RuntimeError):
@@ -41,13 +41,13 @@ def run_job(net: EmulatedNetwork, placement: Sequence[str], out_dir: str | Path,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     k = len(placement)
-    options = {"master_addr": net.nodes[placement[0]].ip, "master_port": MASTER_PORT,
-               "iface": "eth0", **options, "out": "-"}
+    options = {"master_addr": net.nodes[placement[0]].ip, "master_port": RENDEZVOUS_PORT,
+               "iface": "eth0", **options, "out": METRICS_OUT}
     containers = []
     try:
         for rank, node in enumerate(placement):
             argv = train_argv(rank, k, python=WORKER_PYTHON, **options)
-            env = {CONTAINER_START_ENV: repr(time.time())}
+            env = {START_ENV: repr(time.time())}
             containers.append(net.start_worker(node, f"{job}-r{rank}", argv, cpu, mem_mb, env))
         codes = _wait(containers, deadline_s)
         paths = []

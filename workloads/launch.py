@@ -14,23 +14,24 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from protocol.worker import option_flags
+
 from .train import TrainConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # where `workloads` is importable from
-_FLAGS = {f.name: "--timeout" if f.name == "timeout_s" else "--" + f.name.replace("_", "-")
-          for f in fields(TrainConfig)}
+_FIELDS = {f.name for f in fields(TrainConfig)}
 
 
 def train_argv(rank: int, world_size: int, python: str = sys.executable, **options: Any
                ) -> list[str]:
     """argv of `python -m workloads.train` for one task; `options` are TrainConfig fields."""
-    unknown = set(options) - set(_FLAGS)
+    unknown = set(options) - _FIELDS
     if unknown:
         raise ValueError(f"unknown training option(s): {', '.join(sorted(unknown))}")
-    argv = [python, "-m", "workloads.train", "--rank", str(rank), "--world-size", str(world_size)]
-    for name, value in options.items():
-        argv += [_FLAGS[name], str(value)]
-    return argv
+    # TrainConfig.timeout_s is the program's --timeout
+    flags = {"timeout" if k == "timeout_s" else k: v for k, v in options.items()}
+    return [python, "-m", "workloads.train",
+            *option_flags({"rank": rank, "world_size": world_size, **flags})]
 
 
 def free_port() -> int:

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-# Set by the launcher (testbed) to the epoch second the worker's container was started, so that
-# container start → first iteration can be measured from inside.
-CONTAINER_START_ENV = "CES_CONTAINER_START"
+from protocol.worker import START_ENV
+
 
 
 def process_start_time() -> float:
@@ -27,7 +26,7 @@ def process_start_time() -> float:
 
 
 def container_start_time() -> float | None:
-    value = os.environ.get(CONTAINER_START_ENV)
+    value = os.environ.get(START_ENV)
     try:
         return float(value) if value else None
     except ValueError:

@@ -40,6 +40,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from protocol.worker import METRICS_OUT, RENDEZVOUS_PORT
+
 from .collectives import COLLECTIVES, make_collective
 from .data import DATASET_SHAPES, DATASETS, DEFAULT_DATA_DIR, DatasetError, check_available, \
     load_dataset
@@ -53,7 +55,7 @@ class TrainConfig:
     rank: int
     world_size: int
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500
+    master_port: int = RENDEZVOUS_PORT
     iface: str = "lo"
     model: str = "mlp-small"
     dataset: str = "digits"
@@ -69,7 +71,7 @@ class TrainConfig:
     threads: int = 0  # 0: one per core of the CPU quota
     timeout_s: float = 300.0  # rendezvous and per-collective timeout
     data_dir: str = DEFAULT_DATA_DIR
-    out: str = "-"
+    out: str = METRICS_OUT
 
 
 class JobError(Exception):
@@ -100,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=_bounded(int, 0, what="rank"), required=True)
     p.add_argument("--world-size", type=_bounded(int, 1, what="world size"), required=True)
     p.add_argument("--master-addr", default="127.0.0.1", help="rank 0's testbed address")
-    p.add_argument("--master-port", type=_bounded(int, 1, 65535, what="port"), default=29500)
+    p.add_argument("--master-port", type=_bounded(int, 1, 65535, what="port"), default=RENDEZVOUS_PORT)
     p.add_argument("--iface", default="lo", help="interface gloo binds to (testbed: eth0)")
     p.add_argument("--model", choices=sorted(MODELS), default="mlp-small")
     p.add_argument("--dataset", choices=DATASETS, default="digits")
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_bounded(float, 0, low_open=True, what="timeout"))
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
                    help="where optional local datasets (torchvision MNIST raw files) live")
-    p.add_argument("--out", default="-", help="JSON-lines output file ('-': stdout)")
+    p.add_argument("--out", default=METRICS_OUT, help="JSON-lines output file ('-': stdout)")
     return p
 
 

@@ -21,10 +21,10 @@ import docker
 import pytest
 import yaml
 
-from scheduler.service import Master, MasterConfig
-from scheduler.service.client import MasterClient
+from edge.compute import ComputeManager
+from master import Master, MasterConfig
+from master.client import MasterClient
 from testbed import Emulation, leftovers
-from testbed.agent_compute import ComputeManager
 from topologies import load_topology
 
 pytestmark = pytest.mark.integration
@@ -176,7 +176,7 @@ def test_worker_death_and_heartbeat_loss_are_handled(tmp_path: Path, prefix: str
         try:
             for n in topo.nodes:
                 agents[n.name] = subprocess.Popen(
-                    [sys.executable, "-m", "testbed.agent", "--node", n.name,
+                    [sys.executable, "-m", "edge", "--node", n.name,
                      "--master", master.url, "--node-container", net.node_container_name(n.name),
                      "--workdir", str(tmp_path / n.name), "--heartbeat", "2"],
                     cwd=REPO, stdout=(tmp_path / f"agent-{n.name}.log").open("w"),

@@ -1,4 +1,4 @@
-"""Per-destination sender-side shaping (testbed.tc) inside a network namespace of our own."""
+"""Per-destination sender-side shaping (edge.tc) inside a network namespace of our own."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from testbed import tc
+from edge import tc
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import Emulation, cgroups, cleanup, leftovers, new_prefix, tc
+from edge import cgroups, tc
+from testbed import Emulation, cleanup, leftovers, new_prefix
 from testbed.ovs_sockets import RX_BUFFER_BYTES
 from topologies import ComputeNode, Link, load_topology
 

@@ -13,10 +13,11 @@ from scheduler.arrivals import parse_arrivals
 from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
+from scheduler.evaluate import evaluate_multi, multi_table, run_policy
 from scheduler.multi import (BEST_HEURISTIC, BalancedChoice, CesMulti, Edf, FifoBackfill, Las,
-                             MultiConfig, Sjf, default_algorithm, evaluate_multi, multi_table,
-                             run_policy, shortness)
-from scheduler.simulator import JobState, Round, Simulator
+                             MultiConfig, Sjf, default_algorithm, shortness)
+from scheduler.rounds import JobState, Round
+from scheduler.simulator import Simulator
 from topologies import load_topology, parse_topology
 
 

@@ -13,7 +13,8 @@ import torch
 
 from scheduler.baselines import make_algorithm
 from scheduler.env import EnvConfig, PlacementEnv, PlacementEpisode
-from scheduler.jobs import JobDistribution, load_jobs, random_job
+from scheduler.instances import JobDistribution, random_job
+from scheduler.jobs import load_jobs
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, check_decision
 from scheduler.ppo import CHECKPOINT, Agent, PPOConfig, act, greedy_eval, load, save, train

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.baselines import ALGORITHMS, algorithm_names, make_algorithm, placement_order
-from scheduler.evaluate import random_instance
+from scheduler.instances import random_instance
 from scheduler.jobs import ring_job, star_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Decision, Job, Resources, Task, check_decision

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import yaml
 
-from scheduler.evaluate import background_load, evaluate, main, make_instance
-from scheduler.jobs import load_machine_spec, ring_job
+from scheduler.evaluate import evaluate, main
+from scheduler.instances import background_load, make_instance
+from scheduler.jobs import ring_job
+from scheduler.trace import load_machine_spec
 from scheduler.model import Cluster, Resources
 from topologies import load_topology
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.baselines import make_algorithm
-from scheduler.evaluate import random_instance
+from scheduler.instances import random_instance
 from scheduler.jobs import ring_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Decision, FlowAssignment, Job, Resources, \

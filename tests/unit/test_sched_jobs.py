@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import yaml
 
-from scheduler.jobs import JobDistribution, JobError, all_to_all_job, apply_machine_spec, \
-    load_alibaba_tasks, load_jobs, load_machine_spec, parse_job, random_job, ring_job, star_job, \
+from scheduler.instances import JobDistribution, random_job
+from scheduler.jobs import JobError, all_to_all_job, load_jobs, parse_job, ring_job, star_job, \
     tree_job
+from scheduler.trace import apply_machine_spec, load_alibaba_tasks, load_machine_spec
 from scheduler.model import Cluster, Resources
 from topologies import load_topology
 

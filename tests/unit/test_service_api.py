@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.service import Master, MasterConfig
-from scheduler.service.client import MasterClient
-from scheduler.service.http import ApiError, Unreachable, call
-from scheduler.service.protocol import Heartbeat, Registration, Usage, WorkerState, from_json, \
-    to_json
+from master import Master, MasterConfig
+from master.client import MasterClient
+from protocol.http import ApiError, Unreachable, call
+from protocol.messages import Heartbeat, Registration, Usage, WorkerState, from_json, to_json
 from topologies import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +127,7 @@ def test_unreachable_master():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scheduler.service", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "master", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -7,9 +7,9 @@ import pytest
 
 from scheduler.jobs import ring_job, star_job
 from scheduler.model import Decision, Resources
-from scheduler.service.compute import ComputeController, worker_command, worker_image
-from scheduler.service.manager import JobState, Manager, ManagerError
-from scheduler.service.protocol import Heartbeat, Registration, Usage, WorkerState
+from master.compute import ComputeController, worker_command, worker_image
+from master.manager import Manager, ManagerError, Phase
+from protocol.messages import Heartbeat, Registration, Usage, WorkerState
 
 
 class Clock:
@@ -38,15 +38,15 @@ def test_life_cycle_to_finished():
     clock = Clock()
     m = Manager(clock=clock)
     rec = m.submit(job(), "k8s-spread")
-    assert rec.state == JobState.QUEUED and m.queued() == [rec]
+    assert rec.state == Phase.QUEUED and m.queued() == [rec]
     start(m, rec, ["a", "b"])
-    assert rec.state == JobState.SCHEDULED and m.expected_workers("a") == ["j1-w0-a1"]
+    assert rec.state == Phase.SCHEDULED and m.expected_workers("a") == ["j1-w0-a1"]
     assert m.on_node("b") == [rec] and m.on_node("c") == []
     assert m.worker_owner("j1-w1-a1") == (rec, "w1")
     m.mark_running(rec)
     clock.t += 5
     m.finish(rec)
-    assert rec.state == JobState.FINISHED and rec.finished_at == 1005.0
+    assert rec.state == Phase.FINISHED and rec.finished_at == 1005.0
     assert rec.attempts[0].outcome == "finished"
     assert m.expected_workers("a") == [] and m.worker_owner("j1-w1-a1") is None
     assert [e for _, e in rec.events][-1] == "finished"
@@ -56,11 +56,11 @@ def test_retry_then_fail_after_max_attempts():
     m = Manager(max_attempts=2, clock=Clock())
     rec = m.submit(job(), "random")
     start(m, rec, ["a", "b"])
-    assert m.end_attempt(rec, "node b stopped heartbeating") == JobState.QUEUED
+    assert m.end_attempt(rec, "node b stopped heartbeating") == Phase.QUEUED
     assert "rescheduling" in rec.reason and m.queued() == [rec]
     start(m, rec, ["a", "c"])
     assert rec.current.workers["w0"] == "j1-w0-a2"
-    assert m.end_attempt(rec, "worker w1 on c exited with code 137") == JobState.FAILED
+    assert m.end_attempt(rec, "worker w1 on c exited with code 137") == Phase.FAILED
     assert "exited with code 137" in rec.reason and "2 attempts" in rec.reason
     assert m.queued() == [] and m.active() == []
 
@@ -69,7 +69,7 @@ def test_non_retryable_failure_fails_at_once():
     m = Manager(max_attempts=5, clock=Clock())
     rec = m.submit(job(), "random")
     start(m, rec, ["a", "b"])
-    assert m.end_attempt(rec, "worker w0 exited with code 2", retryable=False) == JobState.FAILED
+    assert m.end_attempt(rec, "worker w0 exited with code 2", retryable=False) == Phase.FAILED
     assert "not retryable" in rec.reason
 
 
@@ -92,15 +92,15 @@ def test_cancel_and_reject():
     rec = m.submit(job(), "random")
     start(m, rec, ["a", "b"])
     m.cancel(rec)
-    assert rec.state == JobState.CANCELLED and rec.attempts[0].outcome == "cancelled"
+    assert rec.state == Phase.CANCELLED and rec.attempts[0].outcome == "cancelled"
     with pytest.raises(ManagerError):
         m.cancel(rec)
     other = m.submit(job("j2"), "ces-ppo")
     m.reject(other, "scheduler ces-ppo failed: no checkpoint")
-    assert other.state == JobState.FAILED and "no checkpoint" in other.reason
+    assert other.state == Phase.FAILED and "no checkpoint" in other.reason
     # a finished name can be submitted again (a new record)
     again = m.submit(job(), "random")
-    assert again.state == JobState.QUEUED and m.get("j1") is again
+    assert again.state == Phase.QUEUED and m.get("j1") is again
 
 
 # --- Compute Controller ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The Network Controller's view and its per-node-pair enforcement (pure logic, no SDN app and
-no agents: what it would send is read from `sdn_flows()` and `shaping()`)."""
+no agents: what it would send is read from `desired()`)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -8,8 +8,8 @@ import pytest
 
 from scheduler.jobs import ring_job
 from scheduler.model import Cluster, Decision, FlowAssignment, Resources, check_decision
-from scheduler.service.compute import ComputeController
-from scheduler.service.network import NetworkController
+from master.compute import ComputeController
+from master.network import NetworkController
 from topologies import parse_topology
 
 TOPO = {
@@ -30,6 +30,19 @@ def nc() -> NetworkController:
     return NetworkController(topo, Cluster.from_topology(topo), ComputeController())
 
 
+def install(nc: NetworkController, job, decision: Decision) -> None:
+    """What the Master does for a job it launches: allocate, add the flows, push."""
+    nc.cluster.allocate(job, decision)
+    nc.add(job, decision)
+    nc.push(nc.desired())
+
+
+def remove(nc: NetworkController, name: str) -> None:
+    nc.cluster.release(name)
+    nc.forget(name)
+    nc.push(nc.desired())
+
+
 def two_task_job(name: str, mbps: float = 40):
     return ring_job(name, 2, Resources(0.5, 256), 4e5, mbps, iterations=10)
 
@@ -42,21 +55,21 @@ def place(job, path_ab, path_ba, rate: float) -> Decision:
 
 def test_install_aggregates_per_node_pair_and_remove_undoes(nc):
     j1, j2 = two_task_job("j1"), two_task_job("j2")
-    nc.install(j1, place(j1, DIRECT, DIRECT[::-1], 40))
+    install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
     pinned = nc.pin(place(j2, AROUND, AROUND[::-1], 30))
     assert all(f.path in (DIRECT, DIRECT[::-1]) for f in pinned.flows)  # follows j1's path
     assert check_decision(nc.cluster, j2, pinned) == []
-    nc.install(j2, pinned)
-    flows = {(f["src"], f["dst"]): f for f in nc.sdn_flows()}
+    install(nc, j2, pinned)
+    flows = {(f["src"], f["dst"]): f for f in nc.desired().sdn_flows}
     assert flows[("a", "b")] == {"src": "a", "dst": "b", "path": ["s1", "s2"], "rate_mbps": 70.0,
                                  "name": "j1,j2"}
     assert nc.cluster.residual("s1", "s2") == pytest.approx(30.0)
-    shaping = nc.shaping()
+    shaping = nc.desired().shaping
     assert [(r.dst_ip, r.rate_mbps) for r in shaping["a"]] == [("10.0.0.2", 70.0)]
-    nc.remove("j1")
-    assert [f["rate_mbps"] for f in nc.sdn_flows()] == [30.0, 30.0]
-    nc.remove("j2")
-    assert nc.sdn_flows() == [] and nc.shaping() == {}
+    remove(nc, "j1")
+    assert [f["rate_mbps"] for f in nc.desired().sdn_flows] == [30.0, 30.0]
+    remove(nc, "j2")
+    assert nc.desired().sdn_flows == () and nc.desired().shaping == {}
     assert nc.cluster.residual("s1", "s2") == pytest.approx(100.0)
     # agents were not registered: their shaping waits for them
     assert nc.dirty_shaping == {"a", "b"}
@@ -64,7 +77,7 @@ def test_install_aggregates_per_node_pair_and_remove_undoes(nc):
 
 def test_pin_makes_a_decision_infeasible_when_the_shared_path_is_full(nc):
     j1, j2 = two_task_job("j1"), two_task_job("j2")
-    nc.install(j1, place(j1, DIRECT, DIRECT[::-1], 80))
+    install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 80))
     pinned = nc.pin(place(j2, AROUND, AROUND[::-1], 30))
     problems = check_decision(nc.cluster, j2, pinned)
     assert problems and "over capacity" in problems[0]
@@ -84,7 +97,7 @@ def test_pin_within_one_decision():
 
 def test_view_reserves_measured_background_and_marks_unschedulable(nc):
     j1 = two_task_job("j1")
-    nc.install(j1, place(j1, DIRECT, DIRECT[::-1], 40))
+    install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
     link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps)  # noqa: E731
     nc.observe([link("s1", "s2", 75.0),  # 40 ours + 35 unscheduled
                 link("s2", "s1", 20.0),  # below our grant: no background

@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "experiments"))
 
 import plots  # noqa: E402
 import report  # noqa: E402
-import run  # noqa: E402
+from e2e import rows  # noqa: E402
 
 
 def it(i: int, payload: int, comm_s: float) -> dict:
@@ -27,9 +27,9 @@ def test_measured_mbps_is_the_median_collective_goodput_per_outgoing_flow():
     recs = [it(i, 1_000_000, 0.8) for i in range(2)] + \
            [it(i, 1_000_000, t) for i, t in enumerate([0.1, 0.2, 0.4, 0.2, 0.2], start=2)]
     # warm-up dropped; median of 8 Mbit over {0.1, 0.2, 0.4, 0.2, 0.2} s = 40 Mbit/s
-    assert run.measured_mbps(recs, 1) == pytest.approx(40.0)
-    assert run.measured_mbps(recs, 2) == pytest.approx(20.0)
-    assert run.measured_mbps([{"type": "eval"}], 1) is None
+    assert rows.measured_mbps(recs, 1) == pytest.approx(40.0)
+    assert rows.measured_mbps(recs, 2) == pytest.approx(20.0)
+    assert rows.measured_mbps([{"type": "eval"}], 1) is None
 
 
 def view(reached: bool) -> dict:
@@ -62,7 +62,7 @@ def view(reached: bool) -> dict:
 
 
 def test_job_row():
-    row = run.job_row("k8s-spread", 2, "heavy", view(True), timed_out=False)
+    row = rows.job_row("k8s-spread", 2, "heavy", view(True), timed_out=False)
     assert row["job"] == "heavy" and row["seed"] == 2 and row["state"] == "finished"
     assert row["reached_target"] and row["tta_s"] == 3.0 and row["final_accuracy"] == 0.92
     assert row["placement"] == {"w0": "a", "w1": "b"} and row["jct_s"] == 20.0
@@ -78,14 +78,14 @@ def test_job_row():
     assert w0_w1["tcp_rwnd_limited_share"] == pytest.approx(0.1)
     assert row["curve"] == [[1.5, 0.5], [3.0, 0.92]]
     assert row["decision_ms"] == 2.0 and row["median_iter_s"] == pytest.approx(0.11)
-    late = run.job_row("k8s-spread", 2, "heavy", view(False), timed_out=True)
+    late = rows.job_row("k8s-spread", 2, "heavy", view(False), timed_out=True)
     assert late["state"] == "timeout" and not late["reached_target"]
     assert late["tta_s"] is None and late["jct_s"] is None
 
 
 def results() -> dict:
     def run_(scheduler: str, seed: int, tta: float | None) -> dict:
-        row = run.job_row(scheduler, seed, "heavy", view(tta is not None), timed_out=False)
+        row = rows.job_row(scheduler, seed, "heavy", view(tta is not None), timed_out=False)
         row["tta_s"] = tta
         light = {**row, "job": "light", "flows": [], "tta_s": 1.0, "reached_target": True}
         return {"scheduler": scheduler, "seed": seed, "wall_s": 30.0, "jobs": [row, light],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scheduler.jobs import custom_job
 from scheduler.model import Cluster, Decision, Resources, Task
-from scheduler.service.scheduling import Scheduler
+from master.scheduling import Scheduler
 from topologies import parse_topology
 
 

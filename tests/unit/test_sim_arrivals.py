@@ -8,7 +8,8 @@ from scheduler.arrivals import (ArrivalError, ArrivalSpec, JobMix, background_tr
                                 bursty_times, make_scenario, parse_arrivals, poisson_times,
                                 tidal_availability)
 from scheduler.model import Cluster
-from scheduler.simulator import NodeJoin, NodeLeave, estimated_iteration_s
+from scheduler.rounds import estimated_iteration_s
+from scheduler.simulator import NodeJoin, NodeLeave
 from topologies import load_topology
 
 

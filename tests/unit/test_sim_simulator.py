@@ -11,10 +11,12 @@ from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
-from scheduler.multi import Fifo, FifoBackfill, run_policy
+from scheduler.evaluate import run_policy
+from scheduler.multi import Fifo, FifoBackfill
 from scheduler.arrivals import parse_arrivals
-from scheduler.simulator import (BackgroundFlow, LinkChange, NodeJoin, NodeLeave, Round,
-                                 SimConfig, Simulator, estimated_iteration_s)
+from scheduler.rounds import Round, estimated_iteration_s
+from scheduler.simulator import BackgroundFlow, LinkChange, NodeJoin, NodeLeave, SimConfig, \
+    Simulator
 from topologies import load_topology, parse_topology
 
 FOREVER = 1e9
@@ -214,7 +216,7 @@ def test_iterations_are_required():
 
 
 def test_round_holds_keep_resources_for_their_owner():
-    from scheduler.simulator import JobState
+    from scheduler.rounds import JobState
     cluster = one_switch([1.0, 1.0])
     owner, other = JobState(solo_job("owner"), 0, "queued"), JobState(solo_job("other"), 1, "queued")
     rnd = Round(0.0, cluster, make_algorithm("first-fit"), [owner, other], [])
@@ -276,7 +278,7 @@ def test_balance_while_jobs_arrive_stops_at_the_last_arrival():
 
 
 def test_a_hold_lets_jobs_done_before_its_owner_starts_backfill():
-    from scheduler.simulator import JobState
+    from scheduler.rounds import JobState
     cluster = one_switch([1.0])
     owner = JobState(solo_job("owner"), 0, "queued")
     short, long = JobState(solo_job("short", iterations=50), 1, "queued"), \

@@ -1,6 +1,6 @@
 """The edge agent's Compute Manager: worker containers on the local Docker engine.
 
-Workers are started with `testbed.workers` (quota, the node's network namespace and cgroup
+Workers are started with `edge.workers` (quota, the node's network namespace and cgroup
 parent). A worker writes its metric lines as JSON to stdout; a thread per worker follows the
 container's log stream, keeps every line in `workdir/<worker>.jsonl` and queues it for the next
 heartbeat, and when the stream ends (the container stopped) records the exit code and wakes the
@@ -20,14 +20,15 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-from scheduler.service.protocol import WorkerSpec, WorkerState
-from testbed import workers
+from protocol.messages import WorkerSpec, WorkerState
+from protocol.worker import START_ENV
+
+from . import workers
 
 log = logging.getLogger(__name__)
 
 LABEL_NODE = "ces.agent.node"  # marks the containers an agent owns
 LABEL_WORKER = "ces.worker"
-START_ENV = "CES_CONTAINER_START"  # workloads.metrics reads it: container start -> first iter
 
 
 @dataclass

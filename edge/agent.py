@@ -1,12 +1,12 @@
 """The edge agent: one per compute node. Messenger + Compute Manager + Network Manager.
 
-    python -m testbed.agent --node lab1 --master http://127.0.0.1:7070 \\
+    python -m edge --node lab1 --master http://127.0.0.1:7070 \\
         [--node-container ces1a2b-lab1] [--iface eth0] [--listen 127.0.0.1:0] [--heartbeat 2]
 
-The Messenger registers with the Master, sends a heartbeat every `--heartbeat` seconds (CPU,
-memory and network usage, the state of every worker, new metric lines) and at once when a worker
-ends, and serves the Master's commands over HTTP (`scheduler.service.protocol`). The agent talks
-only to its local Docker engine, its local `tc` and the Master, so the same program runs on a real
+The Messenger (`edge.messenger`) registers with the Master, sends a heartbeat every `--heartbeat`
+seconds (CPU, memory and network usage, the state of every worker, new metric lines) and at once
+when a worker ends, and serves the Master's commands over HTTP (`protocol.messages`). The agent
+talks only to its local Docker engine, its local `tc` and the Master, so the same program runs on a real
 host (workers on the host's network, `--iface` the data interface, `--line-mbps` its rate) and
 beside an emulated node (`--node-container`: workers join that container's network namespace and
 cgroup parent; tc runs in its namespace).
@@ -23,22 +23,21 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker
 import docker.errors
 
-from scheduler.service.http import ApiError, JsonApp, Server, Unreachable, call, json_body
-from scheduler.service.protocol import Heartbeat, Registration, ShapingRule, WorkerSpec, \
-    from_json, to_json
-from testbed import cgroups
-from testbed.agent_compute import ComputeManager
-from testbed.agent_network import NetworkManager, ShapingError, UsageMeter
+from protocol.http import JsonApp, Server
+from protocol.messages import Registration
 
-log = logging.getLogger("testbed.agent")
+from . import cgroups
+from .compute import ComputeManager
+from .messenger import Messenger
+from .network import NetworkManager, ShapingError, UsageMeter
+
+log = logging.getLogger("edge.agent")
 
 
 @dataclass
@@ -57,96 +56,6 @@ class AgentConfig:
     heartbeat_s: float = 2.0
     cpu: float = 0.0  # capacity reported (default: the cgroup parent's limits / the host)
     mem_mb: float = 0.0
-
-
-class Messenger:
-    """Registration, heartbeats and the command channel."""
-
-    def __init__(self, cfg: AgentConfig, reg: Registration, compute: ComputeManager,
-                 network: NetworkManager, usage: UsageMeter, wake: threading.Event):
-        self.cfg, self.reg = cfg, reg
-        self.compute, self.network, self.usage = compute, network, usage
-        self.wake = wake  # set by the Compute Manager when a worker ends: heartbeat at once
-        self.stopping = threading.Event()
-        self.seq = 0
-        self.registered = False
-        self._unsent: list[dict] = []
-
-    def routes(self, app: JsonApp) -> None:
-        app.route("GET", "/health", lambda req: {"node": self.cfg.node, "ok": True,
-                                                  "workers": len(self.compute.workers)})
-        app.route("GET", "/workers", lambda req: [to_json(w) for w in self.compute.states()])
-        app.route("POST", "/workers", self._start)
-        app.route("DELETE", "/workers/(?P<name>[^/]+)",
-                  lambda req, name: {"removed": self.compute.stop(name)})
-        app.route("PUT", "/shaping", self._shape)
-
-    def _start(self, req) -> tuple[int, dict]:
-        try:
-            spec = from_json(WorkerSpec, json_body(req))
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
-        try:
-            return 201, to_json(self.compute.start(spec))
-        except docker.errors.ImageNotFound as e:
-            raise ApiError(400, f"image {spec.image!r} not on {self.cfg.node}: {e.explanation}")
-        except docker.errors.APIError as e:
-            status = 409 if e.status_code == 409 else 500
-            raise ApiError(status, f"docker refused {spec.name}: {e.explanation or e}") from None
-
-    def _shape(self, req) -> dict:
-        body = json_body(req)
-        try:
-            if not isinstance(body, dict) or not isinstance(body.get("rules"), list):
-                raise ValueError('expected {"rules": [{"dst_ip": ..., "rate_mbps": ...}]}')
-            rules = [from_json(ShapingRule, r) for r in body["rules"]]
-            return self.network.apply(rules)
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
-        except ShapingError as e:
-            raise ApiError(500, f"tc on {self.cfg.node}: {e}") from None
-
-    # --- talking to the Master ------------------------------------------------------------------
-    def register(self) -> None:
-        reply = call("POST", f"{self.cfg.master}/agents", to_json(self.reg), timeout=10)
-        self.compute.reconcile(reply.get("expected_workers", []))
-        self.registered = True
-        log.info("registered with %s as %s", self.cfg.master, self.cfg.node)
-
-    def heartbeat(self) -> None:
-        states = self.compute.states()  # before the records: an exit comes with its last lines
-        self._unsent += self.compute.take_records()
-        self.seq += 1
-        hb = Heartbeat(self.cfg.node, self.seq, time.time(), self.usage.sample(), states,
-                       self._unsent)
-        reply = call("POST", f"{self.cfg.master}/agents/{self.cfg.node}/heartbeat", to_json(hb),
-                     timeout=5)
-        self._unsent = []
-        for name in reply.get("stop", []):
-            log.info("the Master no longer wants %s: stopping it", name)
-            self.compute.stop(name)
-
-    def run(self) -> None:
-        silent_since = None
-        while not self.stopping.is_set():
-            try:
-                if not self.registered:
-                    self.register()
-                self.heartbeat()
-                silent_since = None
-            except ApiError as e:
-                if e.status == 409:  # the Master restarted and forgot us
-                    self.registered = False
-                else:
-                    log.warning("master answered %s: %s", e.status, e.message)
-            except Unreachable as e:
-                if silent_since is None:
-                    log.warning("master unreachable (%s); retrying", e)
-                    silent_since = time.time()
-            except Exception:  # e.g. the Docker engine refused a stop: keep heartbeating
-                log.exception("heartbeat round failed")
-            self.wake.wait(timeout=self.cfg.heartbeat_s)
-            self.wake.clear()
 
 
 def _node_pid(client: docker.DockerClient, name: str) -> tuple[int, str]:
@@ -193,18 +102,13 @@ def serve(cfg: AgentConfig) -> int:
     server = Server(app, host or "127.0.0.1", int(port or 0))
     reg = Registration(cfg.node, cfg.advertise or server.url, cfg.ip or _iface_ip(cfg.iface, pid),
                        cfg.iface, cpu, mem)
-    wake = threading.Event()
     compute = ComputeManager(client, cfg.node, prefix, workdir, cfg.node_container or None,
-                             parent or None, on_change=wake.set)
-    messenger = Messenger(cfg, reg, compute, network, UsageMeter(network, parent), wake)
+                             parent or None)
+    messenger = Messenger(reg, cfg.master, compute, network, UsageMeter(network, parent),
+                          cfg.heartbeat_s)
     messenger.routes(app)
-
-    def leave(signum: int, _frame) -> None:
-        messenger.stopping.set()
-        messenger.wake.set()
-
-    signal.signal(signal.SIGTERM, leave)
-    signal.signal(signal.SIGINT, leave)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: messenger.leave())
     server.start()
     log.info("agent %s listening on %s (ip %s, iface %s, netns pid %s)", cfg.node, server.url,
              reg.ip, cfg.iface, pid)
@@ -222,7 +126,7 @@ def serve(cfg: AgentConfig) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
-    p = argparse.ArgumentParser(prog="python -m testbed.agent", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m edge", description=__doc__.split("\n")[0])
     p.add_argument("--node", required=True, help="the topology's name of this compute node")
     p.add_argument("--master", required=True, help="the Master's URL, e.g. http://10.0.0.254:7070")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT of the command channel")

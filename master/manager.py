@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-from ..model import Decision, Job
+from scheduler.model import Decision, Job
 
 log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # also a container-name fragment
 EXIT_BAD_PARAMETERS = 2  # workloads.train's exit code for a job that can never run
 
 
-class JobState(str, Enum):
+class Phase(str, Enum):
     QUEUED = "queued"
     SCHEDULED = "scheduled"
     RUNNING = "running"
@@ -35,8 +35,8 @@ class JobState(str, Enum):
     CANCELLED = "cancelled"
 
 
-TERMINAL = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
-ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
+TERMINAL = (Phase.FINISHED, Phase.FAILED, Phase.CANCELLED)
+ACTIVE = (Phase.SCHEDULED, Phase.RUNNING)
 
 
 class ManagerError(ValueError):
@@ -64,7 +64,7 @@ class JobRecord:
     job: Job
     algorithm: str
     submitted_at: float
-    state: JobState = JobState.QUEUED
+    state: Phase = Phase.QUEUED
     reason: str = ""  # why it waits / failed
     attempts: list[Attempt] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
@@ -114,7 +114,7 @@ class Manager:
         return self.jobs[name]
 
     def queued(self) -> list[JobRecord]:
-        return sorted((r for r in self.jobs.values() if r.state == JobState.QUEUED),
+        return sorted((r for r in self.jobs.values() if r.state == Phase.QUEUED),
                       key=lambda r: r.submitted_at)
 
     def active(self) -> list[JobRecord]:
@@ -164,32 +164,32 @@ class Manager:
         now = self.clock()
         attempt = Attempt(len(rec.attempts) + 1, decision, workers, master_port, now)
         rec.attempts.append(attempt)
-        rec.state, rec.reason = JobState.SCHEDULED, ""
+        rec.state, rec.reason = Phase.SCHEDULED, ""
         where = ", ".join(f"{t}@{n}" for t, n in decision.placement.items())
         rec.log(now, f"attempt {attempt.number} scheduled: {where}")
         return attempt
 
     def mark_running(self, rec: JobRecord) -> None:
-        if rec.state == JobState.SCHEDULED:
-            rec.state = JobState.RUNNING
+        if rec.state == Phase.SCHEDULED:
+            rec.state = Phase.RUNNING
             rec.log(self.clock(), "running")
 
     def finish(self, rec: JobRecord) -> None:
         now = self.clock()
         rec.current.ended_at, rec.current.outcome = now, "finished"
-        rec.state, rec.finished_at, rec.reason = JobState.FINISHED, now, ""
+        rec.state, rec.finished_at, rec.reason = Phase.FINISHED, now, ""
         rec.log(now, "finished")
 
-    def end_attempt(self, rec: JobRecord, reason: str, retryable: bool = True) -> JobState:
+    def end_attempt(self, rec: JobRecord, reason: str, retryable: bool = True) -> Phase:
         """The current attempt failed: queue the job again or fail it. Returns the new state."""
         now = self.clock()
         attempt = rec.current
         attempt.ended_at, attempt.outcome = now, reason
         if retryable and len(rec.attempts) < self.max_attempts:
-            rec.state, rec.reason = JobState.QUEUED, f"rescheduling: {reason}"
+            rec.state, rec.reason = Phase.QUEUED, f"rescheduling: {reason}"
             rec.log(now, f"attempt {attempt.number} ended ({reason}); rescheduling")
         else:
-            rec.state, rec.finished_at = JobState.FAILED, now
+            rec.state, rec.finished_at = Phase.FAILED, now
             left = "" if retryable else " (not retryable)"
             rec.reason = f"{reason}{left}" if len(rec.attempts) == 1 or not retryable else \
                 f"{reason} (after {len(rec.attempts)} attempts)"
@@ -199,7 +199,7 @@ class Manager:
     def reject(self, rec: JobRecord, reason: str) -> None:
         """A queued job that can never be scheduled (its algorithm fails): failed, with why."""
         now = self.clock()
-        rec.state, rec.finished_at, rec.reason = JobState.FAILED, now, reason
+        rec.state, rec.finished_at, rec.reason = Phase.FAILED, now, reason
         rec.log(now, f"failed: {reason}")
 
     def cancel(self, rec: JobRecord) -> None:
@@ -208,5 +208,5 @@ class Manager:
         now = self.clock()
         if rec.current:
             rec.current.ended_at, rec.current.outcome = now, "cancelled"
-        rec.state, rec.finished_at, rec.reason = JobState.CANCELLED, now, "cancelled by the user"
+        rec.state, rec.finished_at, rec.reason = Phase.CANCELLED, now, "cancelled by the user"
         rec.log(now, "cancelled")

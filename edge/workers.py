@@ -11,7 +11,7 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-CPU_PERIOD_US = 100_000
+from . import cgroups
 
 
 def start_worker(client: docker.DockerClient, image: str, name: str, command: str | list[str],
@@ -28,7 +28,7 @@ def start_worker(client: docker.DockerClient, image: str, name: str, command: st
         image, command, name=name, detach=True, init=True, environment=env or {},
         network_mode=f"container:{node_container}" if node_container else "host",
         cgroup_parent=cgroup_parent, labels=labels or {},
-        cpu_period=CPU_PERIOD_US, cpu_quota=max(int(cpu * CPU_PERIOD_US), 1000),
+        cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(cpu),
         mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
 
 

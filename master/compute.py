@@ -13,17 +13,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..jobs import WORKLOAD_COLLECTIVE
-from ..model import Job
-from .http import ApiError, Unreachable, call
-from .protocol import Heartbeat, Registration, ShapingRule, Usage, WorkerSpec, WorkerState, \
-    from_json, to_json
-
-METRICS_OUT = "-"  # workers write their metric lines to stdout; the agent follows the log
+from protocol.http import ApiError, Unreachable, call
+from protocol.messages import Heartbeat, Registration, ShapingRule, Usage, WorkerSpec, \
+    WorkerState, from_json, to_json
+from protocol.worker import METRICS_OUT, option_flags
+from scheduler.jobs import WORKLOAD_COLLECTIVE
+from scheduler.model import Job
 
 
 class AgentError(RuntimeError):
     """An agent refused or did not answer a command."""
+
+
+class NotRegistered(LookupError):
+    """A heartbeat from a node the Master does not know (it restarted): register again."""
 
 
 class AgentClient:
@@ -172,21 +175,10 @@ def worker_command(job: Job, rank: int, master_addr: str, master_port: int, ifac
         options["max_iters"] = job.iterations
     options.update(job.workload)
     program = shlex.split(job.command) if job.command else ["python3", "-m", "workloads.train"]
-    args = [*program, "--rank", str(rank),
-            "--world-size", str(len(job.tasks)), "--master-addr", master_addr,
-            "--master-port", str(master_port), "--iface", iface, "--seed", str(seed),
-            "--out", METRICS_OUT]
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            args.append(flag)
-        elif isinstance(value, list):
-            args += [flag, *map(str, value)]
-        else:
-            args += [flag, str(value)]
-    return args
+    return [*program, *option_flags(
+        {"rank": rank, "world_size": len(job.tasks), "master_addr": master_addr,
+         "master_port": master_port, "iface": iface, "seed": seed, "out": METRICS_OUT}),
+        *option_flags(options)]
 
 
 def worker_image(job_image: str, default: str) -> str:

@@ -1,11 +1,11 @@
 """The Master's command line.
 
-    python -m scheduler.service serve --topo campus [--port 7070] [--sdn http://127.0.0.1:8080]
+    python -m master serve --topo campus [--port 7070] [--sdn http://127.0.0.1:8080]
                                       [--algorithm NAME] [--seed N] [--image TAG]
-    python -m scheduler.service submit JOB.yaml [--algorithm NAME]
-    python -m scheduler.service status [JOB]
-    python -m scheduler.service cancel JOB
-    python -m scheduler.service nodes
+    python -m master submit JOB.yaml [--algorithm NAME]
+    python -m master status [JOB]
+    python -m master cancel JOB
+    python -m master nodes
 
 `--master URL` (or $CES_MASTER) points the client commands at a Master (default
 http://127.0.0.1:7070). Bad input — a malformed job file, an unknown topology or scheduler — is
@@ -22,21 +22,19 @@ import threading
 from rich.console import Console
 from rich.table import Table
 
+from protocol.http import ApiError, Unreachable
+from scheduler.jobs import JobError
+from sdn_app.client import SdnClient
 from topologies import TopologyError, load_topology
 
-from ..jobs import JobError
 from .client import DEFAULT_URL, MasterClient
-from .http import ApiError, Unreachable
 from .master import Master, MasterConfig
 from .scheduling import UnknownAlgorithm
 
 
 def _serve(a: argparse.Namespace) -> int:
     topo = load_topology(a.topo)
-    sdn = None
-    if a.sdn:
-        from sdn_app.client import SdnClient  # the SDN app's own HTTP client
-        sdn = SdnClient(a.sdn)
+    sdn = SdnClient(a.sdn) if a.sdn else None
     cfg = MasterConfig(algorithm=a.algorithm, queue=a.queue, seed=a.seed, image=a.image,
                        heartbeat_timeout_s=a.heartbeat_timeout, max_attempts=a.max_attempts)
     master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id).start(a.host, a.port)
@@ -105,7 +103,7 @@ def _nodes(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m scheduler.service",
+    p = argparse.ArgumentParser(prog="python -m master",
                                 description="The CES Master (control plane) and its client.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the Master")

@@ -2,7 +2,7 @@
 
 Network Manager: the sender-side half of a flow decision. The Master sends the complete set of
 (destination address, granted Mbit/s) for this node; one HTB class per destination on the data
-interface (`testbed.tc`) enforces it. The interface must carry the HTB root at its line rate: the
+interface (`edge.tc`) enforces it. The interface must carry the HTB root at its line rate: the
 emulation puts it there; on a real host the agent does it once with `--line-mbps`.
 
 Usage: CPU and memory of the node's cgroup parent (all its workers together, cgroup v1 or v2), or
@@ -11,15 +11,14 @@ process inside the node's network namespace (PID 1 of the node container, or the
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import threading
 import time
 from pathlib import Path
 
-from scheduler.service.protocol import ShapingRule, Usage
-from testbed import cgroups, tc
-from topologies.model import DATA_NETWORK
+from protocol.messages import ShapingRule, Usage
+
+from . import cgroups, tc
 
 CG = Path("/sys/fs/cgroup")
 
@@ -40,18 +39,25 @@ class NetworkManager:
 
     def apply(self, rules: list[ShapingRule]) -> dict:
         """Make the per-destination classes exactly `rules` (add, change, remove)."""
-        for r in rules:
-            ipaddress.IPv4Address(r.dst_ip)  # ValueError on a bad address, before any change
+        wanted: dict[int, ShapingRule] = {}
+        for r in rules:  # every rule checked before anything changes
             if not r.rate_mbps > 0:
                 raise ValueError(f"{r.dst_ip}: rate must be > 0, got {r.rate_mbps}")
+            try:
+                minor = tc.class_minor(r.dst_ip)
+            except (ValueError, tc.TcError) as e:
+                raise ValueError(f"dst_ip {r.dst_ip!r}: {e}") from None
+            if minor in wanted:
+                raise ValueError(f"dst_ip {r.dst_ip!r}: shares its class with "
+                                 f"{wanted[minor].dst_ip} (one rule per destination)")
+            wanted[minor] = r
         errors = []
         with self.lock:
             current = tc.destinations(self.iface, self.pid)
-            wanted = {int(ipaddress.IPv4Address(r.dst_ip)) & 0xFFFF: r for r in rules}
             # Each destination on its own: one that tc refuses does not hold up the others.
             for minor in set(current) - set(wanted):
                 try:
-                    tc.remove_destination(self.iface, self._ip_of(minor), self.pid)
+                    tc.remove_class(self.iface, minor, self.pid)
                 except tc.TcError as e:
                     errors.append(str(e))
             for minor, r in wanted.items():
@@ -63,11 +69,6 @@ class NetworkManager:
         if errors:
             raise ShapingError("; ".join(errors))
         return {"classes": len(wanted)}
-
-    @staticmethod
-    def _ip_of(minor: int) -> str:
-        # The class minor is the host part of a data-network address (testbed.tc's layout).
-        return str(DATA_NETWORK.network_address + minor)
 
     def clear(self) -> None:
         self.apply([])

@@ -3,7 +3,7 @@ each, behind the Master.
 
 Two pluggable parts, the same objects the simulator runs:
   - a *queue policy* of `scheduler.multi` (`fifo-backfill` by default, `ces-multi`, `sjf`, `edf`,
-    `fifo`): given a `simulator.Round` over the Master's view of the cluster, it picks the jobs
+    `fifo`): given a `rounds.Round` over the Master's view of the cluster, it picks the jobs
     to start and places each through
   - a *single-job algorithm* of the registry (`scheduler.baselines`: the baselines, `exact`,
     `ces-ppo`, ...).
@@ -16,10 +16,10 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
-from ..baselines import algorithm_names
-from ..model import CannotPlace, Cluster, Decision, Job
-from ..multi import POLICIES, MultiConfig, make_policy
-from ..simulator import JobState, Round
+from scheduler.baselines import algorithm_names
+from scheduler.model import CannotPlace, Cluster, Decision, Job
+from scheduler.multi import POLICIES, MultiConfig, make_policy
+from scheduler.rounds import JobState, Round
 
 # The testbed does not checkpoint workers, so nothing on it may be preempted: no LAS, and
 # CES-Multi without its preemption (its reservations are held until they drain instead).

@@ -130,7 +130,7 @@ def _parse_time_ms(text: str) -> float:
     return float(text) * 1e-3  # tc prints plain numbers in microseconds
 
 
-def _minor(dst_ip: str) -> int:
+def class_minor(dst_ip: str) -> int:
     host = int(ipaddress.IPv4Address(dst_ip)) & 0xFFFF
     if not 0 < host < DEFAULT_CLASS:
         raise TcError(f"{dst_ip}: no per-destination class for this address (host part "
@@ -140,7 +140,7 @@ def _minor(dst_ip: str) -> int:
 
 def set_destination(dev: str, dst_ip: str, rate_mbps: float, pid: int | None = None) -> None:
     """Grant `rate_mbps` to traffic from `dev` to `dst_ip` (add or change the class)."""
-    minor = _minor(dst_ip)
+    minor = class_minor(dst_ip)
     classes = tc(pid, "class", "show", "dev", dev)
     if f"class htb 1:{LINK_CLASS:x} " not in classes:
         raise TcError(f"{dev}: not shaped yet (call shape() with the line rate first)")
@@ -155,7 +155,11 @@ def set_destination(dev: str, dst_ip: str, rate_mbps: float, pid: int | None = N
 
 def remove_destination(dev: str, dst_ip: str, pid: int | None = None) -> None:
     """Drop the grant to `dst_ip`: its traffic falls back to the default class."""
-    minor = _minor(dst_ip)
+    remove_class(dev, class_minor(dst_ip), pid)
+
+
+def remove_class(dev: str, minor: int, pid: int | None = None) -> None:
+    """Drop the per-destination class `minor` (as `destinations` lists it) and its filter."""
     for line in tc(pid, "filter", "show", "dev", dev, "parent", "1:").splitlines():
         words = line.split()
         if f"1:{minor:x}" in words and "fh" in words:  # "... fh 800::801 ... flowid 1:2"

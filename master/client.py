@@ -6,34 +6,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..jobs import JobError, load_jobs
-from .http import call
+from protocol.http import call
+from scheduler.jobs import load_job_documents
 
 DEFAULT_URL = os.environ.get("CES_MASTER", "http://127.0.0.1:7070")
 
 
-def job_documents(path: str | Path) -> list[tuple[str, dict]]:
-    """(source file, job mapping) for every job of a YAML file or folder, validated first with
-    `load_jobs` (a `JobError` names the file, job and field)."""
-    load_jobs(path)
-    path = Path(path)
-    files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")) \
-        if path.is_dir() else [path]
-    docs = []
-    for f in files:
-        doc = yaml.safe_load(f.read_text())
-        docs += [(str(f), d) for d in (doc["jobs"] if "jobs" in doc else [doc])]
-    return docs
-
-
 class MasterClient:
-    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 30.0):
-        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 30.0,
+                 token: str | None = None):
+        self.url, self.timeout_s, self.token = url.rstrip("/"), timeout_s, token
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return call(method, self.url + path, body, timeout=self.timeout_s)
+        return call(method, self.url + path, body, timeout=self.timeout_s, token=self.token)
 
     def health(self) -> dict:
         return self._call("GET", "/health")
@@ -61,7 +46,8 @@ class MasterClient:
         return self._call("POST", "/jobs", body)
 
     def submit_file(self, path: str | Path, algorithm: str | None = None) -> list[dict]:
-        return [self.submit(doc, algorithm, src) for src, doc in job_documents(path)]
+        """Every job of a file or folder (checked before any is sent: `JobError`)."""
+        return [self.submit(d.mapping, algorithm, d.source) for d in load_job_documents(path)]
 
     def jobs(self) -> list[dict]:
         return self._call("GET", "/jobs")
@@ -84,6 +70,3 @@ class MasterClient:
     def set_scheduler(self, algorithm: str, seed: int = 0, queue: str = "fifo-backfill") -> dict:
         return self._call("PUT", "/scheduler", {"algorithm": algorithm, "seed": seed,
                                                "queue": queue})
-
-
-__all__ = ["DEFAULT_URL", "JobError", "MasterClient", "job_documents"]

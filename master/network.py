@@ -1,6 +1,6 @@
 """The Network Controller: the network view and the enforcement of flow decisions.
 
-View: the cluster's link capacities, the bandwidth reserved by running jobs, and the measured
+View: the cluster's link capacities and reservations (the Master's `Cluster`), plus the measured
 utilisation of every directed link (from the SDN app's statistics). Traffic the Master did not
 schedule (other tenants, background) is estimated per directed link as measured minus granted and
 reserved in the view the Scheduler decides on, so a network-aware algorithm sees it.
@@ -12,6 +12,11 @@ scheduled path, and its rate is the sum of the rates granted to the job flows th
 Master keeps this true by *pinning*: a new flow between a pair that already carries one takes that
 path (and the decision is re-checked). Each pair becomes one SDN flow (exact path + one meter at
 its first switch) and one tc HTB class at the sender (per destination address).
+
+State and I/O are apart: `add`/`forget` change the pairs and `desired` takes a snapshot of what
+the network should hold (the Master calls them under its lock); `push` makes the SDN app and the
+agents match a snapshot, talking to them without any lock (only the Master's control loop pushes,
+so pushes never overlap).
 """
 from __future__ import annotations
 
@@ -19,11 +24,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from protocol.messages import ShapingRule
+from scheduler.model import Cluster, Decision, FlowAssignment, Job
 from topologies import Topology
 
-from ..model import Cluster, Decision, FlowAssignment, Job
 from .compute import AgentError, ComputeController
-from .protocol import ShapingRule
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +54,25 @@ class PairFlow:
         return sum(self.shares.values())
 
 
+@dataclass(frozen=True)
+class NetworkState:
+    """What the network should hold: the SDN app's flows and every sender's tc rules."""
+    sdn_flows: tuple[dict, ...]
+    shaping: dict[str, tuple[ShapingRule, ...]]  # node -> its rules (absent: none)
+
+
 class NetworkController:
     BACKGROUND_FLOOR_MBPS = 1.0  # below this, measured-minus-granted is counter noise
 
     def __init__(self, topo: Topology, cluster: Cluster, compute: ComputeController,
                  sdn: SdnApi | None = None, sdn_job_id: str = "ces"):
-        self.topo, self.cluster, self.compute, self.sdn = topo, cluster, compute, sdn
+        self.cluster, self.compute, self.sdn = cluster, compute, sdn
         self.sdn_job_id = sdn_job_id
         self.pairs: dict[Pair, PairFlow] = {}
         self.ip = {n.name: n.ip for n in topo.nodes}
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
-        self.shaped: dict[str, list[ShapingRule]] = {}  # node -> rules its agent applied
+        # What the network holds, as far as pushes know (the control loop's own state).
+        self.shaped: dict[str, tuple[ShapingRule, ...]] = {}  # node -> rules its agent applied
         self.dirty_shaping: set[str] = set()  # nodes whose agent missed an update
         self._sdn_has_job = False
 
@@ -91,7 +104,19 @@ class NetworkController:
         """Take the SDN app's link usage (src, dst, mbps per directed link)."""
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
 
-    # --- pinning --------------------------------------------------------------------------------
+    def report(self) -> list[dict]:
+        """Every directed link: capacity, granted by the Master, measured, background."""
+        bg = self.background()
+        out = []
+        for u, v, d in self.cluster.graph.edges(data=True):
+            for a, b in ((u, v), (v, u)):
+                out.append({"src": a, "dst": b, "capacity_mbps": d["bw_mbps"],
+                            "granted_mbps": round(self.granted(a, b), 3),
+                            "measured_mbps": self.measured.get((a, b)),
+                            "background_mbps": round(bg.get((a, b), 0.0), 3)})
+        return out
+
+    # --- the flows a job adds (state only) ------------------------------------------------------
     def pin(self, decision: Decision) -> Decision:
         """`decision` with every flow between an already-carried node pair (or a pair an earlier
         flow of the same decision uses) moved onto that pair's one path."""
@@ -104,31 +129,14 @@ class NetworkController:
                                                                    fa.rate_mbps))
         return Decision(decision.job, dict(decision.placement), flows, decision.decision_s)
 
-    # --- enforcement ----------------------------------------------------------------------------
-    def install(self, job: Job, decision: Decision) -> None:
-        """Reserve and enforce a (pinned, checked) decision: SDN paths + meters, then tc."""
-        self.cluster.allocate(job, decision)
+    def add(self, job: Job, decision: Decision) -> None:
+        """The flows of a (pinned, allocated) decision join their node pairs."""
         for fa in decision.flows:
             pair = (fa.path[0], fa.path[-1])
             self.pairs.setdefault(pair, PairFlow(fa.path)).shares[(job.name, fa.src, fa.dst)] = \
                 fa.rate_mbps
-        try:
-            self.push()
-        except Exception:
-            self._forget(job.name)
-            try:
-                self.push()
-            except Exception as e:  # the first error is the one to report
-                log.warning("undoing job %s in the network failed too: %s", job.name, e)
-            raise
 
-    def remove(self, job_name: str) -> None:
-        self._forget(job_name)
-        self.push()
-
-    def _forget(self, job_name: str) -> None:
-        if job_name in self.cluster.jobs:
-            self.cluster.release(job_name)
+    def forget(self, job_name: str) -> None:
         for pair in list(self.pairs):
             p = self.pairs[pair]
             for share in [s for s in p.shares if s[0] == job_name]:
@@ -136,63 +144,49 @@ class NetworkController:
             if not p.shares:
                 del self.pairs[pair]
 
-    def sdn_flows(self) -> list[dict]:
-        return [{"src": s, "dst": d, "path": list(p.path[1:-1]),
-                 "rate_mbps": round(p.rate_mbps, 3),
-                 "name": ",".join(sorted({j for j, _, _ in p.shares}))}
-                for (s, d), p in sorted(self.pairs.items())]
-
-    def shaping(self) -> dict[str, list[ShapingRule]]:
+    def desired(self) -> NetworkState:
+        """A snapshot of what the network should hold now."""
+        flows = tuple({"src": s, "dst": d, "path": list(p.path[1:-1]),
+                       "rate_mbps": round(p.rate_mbps, 3),
+                       "name": ",".join(sorted({j for j, _, _ in p.shares}))}
+                      for (s, d), p in sorted(self.pairs.items()))
         rules: dict[str, list[ShapingRule]] = {}
         for (s, d), p in sorted(self.pairs.items()):
             rules.setdefault(s, []).append(ShapingRule(self.ip[d], round(p.rate_mbps, 3)))
-        return rules
+        return NetworkState(flows, {n: tuple(r) for n, r in rules.items()})
 
-    def push(self) -> None:
-        """Make the SDN app and the senders' tc match `pairs`. The SDN app gets the whole set in
-        one request (it adds new entries before removing old ones); an agent that does not answer
-        is retried on `resync`. An SDN refusal raises (the caller undoes the job)."""
+    # --- enforcement (I/O, no lock) -------------------------------------------------------------
+    def push(self, state: NetworkState) -> None:
+        """Make the SDN app and the senders' tc match `state`. The SDN app gets the whole set in
+        one request (it adds new entries before removing old ones) and a refusal raises; an
+        agent that does not answer is retried on `resync`."""
         if self.sdn is not None:
-            flows = self.sdn_flows()
-            if flows:
-                self.sdn.put_job_flows(self.sdn_job_id, flows)
+            if state.sdn_flows:
+                self.sdn.put_job_flows(self.sdn_job_id, list(state.sdn_flows))
                 self._sdn_has_job = True
             elif self._sdn_has_job:
                 self.sdn.delete_job_flows(self.sdn_job_id)
                 self._sdn_has_job = False
-        wanted = self.shaping()
-        for node in sorted(set(wanted) | set(self.shaped) | self.dirty_shaping):
-            rules = wanted.get(node, [])
-            if rules == self.shaped.get(node, []) and node not in self.dirty_shaping:
+        for node in sorted(set(state.shaping) | set(self.shaped) | self.dirty_shaping):
+            rules = state.shaping.get(node, ())
+            if rules == self.shaped.get(node, ()) and node not in self.dirty_shaping:
                 continue
             self._shape(node, rules)
 
-    def _shape(self, node: str, rules: list[ShapingRule]) -> None:
+    def _shape(self, node: str, rules: tuple[ShapingRule, ...]) -> None:
         agent = self.compute.agents.get(node)
         if agent is None or not agent.online:
             self.dirty_shaping.add(node)
             return
         try:
-            agent.client.shape(rules)
+            agent.client.shape(list(rules))
             self.shaped[node] = rules
             self.dirty_shaping.discard(node)
         except AgentError as e:
             log.warning("shaping on %s deferred: %s", node, e)
             self.dirty_shaping.add(node)
 
-    def resync(self, node: str) -> None:
+    def resync(self, node: str, state: NetworkState) -> None:
         """An agent (re)registered: give it its complete rule set again."""
         self.dirty_shaping.add(node)
-        self._shape(node, self.shaping().get(node, []))
-
-    def report(self) -> list[dict]:
-        """Every directed link: capacity, granted by the Master, measured, background."""
-        bg = self.background()
-        out = []
-        for u, v, d in self.cluster.graph.edges(data=True):
-            for a, b in ((u, v), (v, u)):
-                out.append({"src": a, "dst": b, "capacity_mbps": d["bw_mbps"],
-                            "granted_mbps": round(self.granted(a, b), 3),
-                            "measured_mbps": self.measured.get((a, b)),
-                            "background_mbps": round(bg.get((a, b), 0.0), 3)})
-        return out
+        self._shape(node, state.shaping.get(node, ()))

@@ -32,9 +32,14 @@ def _dirs(parent: str) -> list[Path]:
     return [root / parent.strip("/") for root in _roots()]
 
 
+def quota_us(cpu: float) -> int:
+    """The CFS quota per `PERIOD_US` for `cpu` cores (the kernel's minimum is 1 ms)."""
+    return max(int(cpu * PERIOD_US), 1000)
+
+
 def set_limits(parent: str, cpu: float, mem_mb: int) -> None:
     """Cap everything under `parent` at `cpu` cores and `mem_mb` MiB (the parent must exist)."""
-    quota = max(int(cpu * PERIOD_US), 1000)
+    quota = quota_us(cpu)
     mem = int(mem_mb) * 1024 * 1024
     if version() == 2:
         (d,) = _dirs(parent)

@@ -1,0 +1,135 @@
+"""The Messenger: the agent's side of the Master <-> agent protocol (`protocol.messages`).
+
+It registers with the Master, sends a heartbeat every `heartbeat_s` (usage, the state of every
+worker, new metric lines) and at once when a worker ends, and serves the Master's commands on
+the agent's HTTP server. A Master that answers 409 to a heartbeat has forgotten the agent (it
+restarted): the Messenger registers again.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import docker.errors
+
+from protocol.http import ApiError, JsonApp, Unreachable, call
+from protocol.messages import Heartbeat, Registration, ShapingRule, WorkerSpec, from_json, \
+    to_json
+
+from .compute import ComputeManager
+from .network import NetworkManager, ShapingError, UsageMeter
+
+log = logging.getLogger(__name__)
+
+
+class Messenger:
+    """Registration, heartbeats and the command channel."""
+
+    def __init__(self, reg: Registration, master: str, compute: ComputeManager,
+                 network: NetworkManager, usage: UsageMeter, heartbeat_s: float = 2.0):
+        self.reg, self.master = reg, master.rstrip("/")
+        self.compute, self.network, self.usage = compute, network, usage
+        self.heartbeat_s = heartbeat_s
+        self.wake = threading.Event()  # a worker ended: heartbeat at once
+        compute.on_change = self.wake.set
+        self.stopping = threading.Event()
+        self.seq = 0
+        self.registered = False
+        self._unsent: list[dict] = []
+        self.round_trips: deque[float] = deque(maxlen=1000)  # heartbeat replies, seconds
+
+    @property
+    def node(self) -> str:
+        return self.reg.node
+
+    def routes(self, app: JsonApp) -> None:
+        app.route("GET", "/health", lambda req: {
+            "node": self.node, "ok": True, "registered": self.registered,
+            "workers": len(self.compute.workers),
+            "heartbeat_ms": {"last": _ms(self.round_trips[-1] if self.round_trips else None),
+                             "max": _ms(max(self.round_trips, default=None))}})
+        app.route("GET", "/workers", lambda req: [to_json(w) for w in self.compute.states()])
+        app.route("POST", "/workers", self._start)
+        app.route("DELETE", "/workers/(?P<name>[^/]+)",
+                  lambda req, name: {"removed": self.compute.stop(name)})
+        app.route("PUT", "/shaping", self._shape)
+
+    def _start(self, req) -> tuple[int, dict]:
+        try:
+            spec = from_json(WorkerSpec, req.json())
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        try:
+            return 201, to_json(self.compute.start(spec))
+        except docker.errors.ImageNotFound as e:
+            raise ApiError(400, f"image {spec.image!r} not on {self.node}: {e.explanation}")
+        except docker.errors.APIError as e:
+            status = 409 if e.status_code == 409 else 500
+            raise ApiError(status, f"docker refused {spec.name}: {e.explanation or e}") from None
+
+    def _shape(self, req) -> dict:
+        body = req.json()
+        try:
+            if not isinstance(body, dict) or not isinstance(body.get("rules"), list):
+                raise ValueError('expected {"rules": [{"dst_ip": ..., "rate_mbps": ...}]}')
+            rules = [from_json(ShapingRule, r) for r in body["rules"]]
+            return self.network.apply(rules)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        except ShapingError as e:
+            raise ApiError(500, f"tc on {self.node}: {e}") from None
+
+    # --- talking to the Master ------------------------------------------------------------------
+    def register(self) -> None:
+        reply = call("POST", f"{self.master}/agents", to_json(self.reg), timeout=10)
+        self.compute.reconcile(reply.get("expected_workers", []))
+        self.registered = True
+        log.info("registered with %s as %s", self.master, self.node)
+
+    def heartbeat(self) -> None:
+        states = self.compute.states()  # before the records: an exit comes with its last lines
+        self._unsent += self.compute.take_records()
+        self.seq += 1
+        hb = Heartbeat(self.node, self.seq, time.time(), self.usage.sample(), states,
+                       self._unsent)
+        t0 = time.perf_counter()
+        reply = call("POST", f"{self.master}/agents/{self.node}/heartbeat", to_json(hb),
+                     timeout=5)
+        self.round_trips.append(time.perf_counter() - t0)
+        self._unsent = []
+        for name in reply.get("stop", []):
+            log.info("the Master no longer wants %s: stopping it", name)
+            self.compute.stop(name)
+
+    def run(self) -> None:
+        silent_since = None
+        while not self.stopping.is_set():
+            try:
+                if not self.registered:
+                    self.register()
+                self.heartbeat()
+                silent_since = None
+            except ApiError as e:
+                if e.status == 409:  # the Master restarted and forgot us
+                    self.registered = False
+                else:
+                    log.warning("master answered %s: %s", e.status, e.message)
+            except Unreachable as e:
+                if silent_since is None:
+                    log.warning("master unreachable (%s); retrying", e)
+                    silent_since = time.time()
+            except Exception:  # e.g. the Docker engine refused a stop: keep heartbeating
+                log.exception("heartbeat round failed")
+            self.wake.wait(timeout=self.heartbeat_s)
+            self.wake.clear()
+
+    def leave(self) -> None:
+        """Stop the loop (signal handlers call this): `run` returns at once."""
+        self.stopping.set()
+        self.wake.set()
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)

@@ -1,0 +1,73 @@
+"""One results row per job and run (docs/e2e.md "results.json"), from the Master's view of the
+job and the metric lines its workers wrote."""
+from __future__ import annotations
+
+import statistics
+
+from workloads.metrics import busy_rate_mbps, wire_rate_mbps
+
+
+# --- one run: one scheduler, one seed ----------------------------------------------------------
+def measured_mbps(records: list[dict], outgoing: int) -> float | None:
+    """Goodput of a sender's inter-node flow while its collective runs: the median over
+    iterations of payload bytes sent / collective time, split evenly over its `outgoing`
+    inter-node flows. Application payload only (no TCP/IP headers), and the collective's waits
+    for its slowest flow count as time: a lower bound of what the network delivered."""
+    rates = [r["payload_tx_bytes"] * 8 / r["comm_s"] / 1e6 for r in records
+             if r.get("type") == "iter" and r.get("comm_s", 0) > 0 and r.get("payload_tx_bytes")]
+    rates = rates[2:] if len(rates) > 4 else rates  # the first iterations include warm-up
+    return round(statistics.median(rates) / max(outgoing, 1), 3) if rates else None
+
+
+def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
+    """The network's view of one flow, from the kernel counters the sender's last record (its
+    end, or its last evaluation if it was stopped) has of its connection to the receiver's
+    address (`workloads.metrics.tcp_send_counters`):
+    `tcp_mbps` (goodput while the socket had data to send: what the shaping and the switches
+    delivered, application pauses excluded), `wire_mbps` (the same time's bytes on the wire,
+    headers and retransmissions included: what the grant limits), the retransmitted share and
+    the share of busy time the receiver's window held it back."""
+    def last(records: list[dict]) -> dict:  # end, or the last evaluation of a stopped task
+        return next((r["tcp"] for r in reversed(records) if "tcp" in r), {})
+    c = last(sender).get("peers", {}).get(last(receiver).get("address"))
+    if not c or not c.get("busy_us"):
+        return {"tcp_mbps": None, "wire_mbps": None}
+    return {"tcp_mbps": busy_rate_mbps(c), "wire_mbps": wire_rate_mbps(c),
+            "tcp_retrans_share": round(c.get("bytes_retrans", 0) / max(c["bytes_acked"], 1), 5),
+            "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4)}
+
+
+def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
+    """One results row (see docs/e2e.md "results.json") from the Master's view of a job."""
+    att = view["attempts"][-1] if view["attempts"] else None
+    records = view.get("records", {})
+    rank0 = records.get(att["workers"][view["tasks"][0]], []) if att else []
+    evals = [r for r in rank0 if r.get("type") == "eval"]
+    end = next((r for r in rank0 if r.get("type") == "end"), None)
+    iters = [r["iter_s"] for r in rank0 if r.get("type") == "iter"]
+    reached = bool(end and end.get("reached_target"))
+    flows = []
+    if att:
+        out_count: dict[str, int] = {}
+        for f in att["flows"]:
+            out_count[f["src"]] = out_count.get(f["src"], 0) + 1
+        for f in att["flows"]:
+            sender = records.get(att["workers"][f["src"]], [])
+            receiver = records.get(att["workers"][f["dst"]], [])
+            flows.append({**f, "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
+                          **tcp_view(sender, receiver)})
+    state = "timeout" if timed_out else view["state"]
+    return {
+        "scheduler": scheduler, "seed": seed, "job": base, "collective": view["collective"],
+        "model": view["workload"].get("model", ""), "state": state, "reason": view["reason"],
+        "reached_target": reached, "tta_s": end.get("tta_s") if reached else None,
+        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "jct_s": view["jct_s"] if state == "finished" else None,
+        "startup_s": end.get("startup_s") if end else None,
+        "iterations": end.get("iters") if end else (len(iters) or None),
+        "median_iter_s": round(statistics.median(iters), 4) if iters else None,
+        "predicted_iter_s": att.get("predicted_iteration_s") if att else None,
+        "decision_ms": round(att["decision_s"] * 1000, 3) if att else None,
+        "attempts": len(view["attempts"]), "placement": att["placement"] if att else {},
+        "flows": flows, "curve": [[round(e["elapsed_s"], 3), e["accuracy"]] for e in evals],
+        "events": view["events"]}

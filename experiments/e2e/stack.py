@@ -1,0 +1,168 @@
+"""The live system of an end-to-end run, brought up once and torn down in reverse on exit,
+exception, Ctrl-C or SIGTERM: the SDN app, the emulated network, the Master, one edge agent per
+node, and the scenario's background traffic."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+
+from master.client import MasterClient
+from sdn_app.client import FlowRequest, SdnClient, SdnError
+from testbed import Emulation
+from testbed.image import worker_image_tag
+from topologies import Topology
+
+from .scenario import REPO, Background
+
+log = logging.getLogger("run")
+
+
+# --- the testbed stack -------------------------------------------------------------------------
+class RunError(RuntimeError):
+    """The testbed broke (a component did not start, the network does not connect)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """SDN app + emulated network + Master + one agent per node + background traffic, brought up
+    in that order and torn down in reverse on exit, exception, Ctrl-C or SIGTERM."""
+
+    def __init__(self, topo: Topology, prefix: str, out: Path, console: Console):
+        self.topo, self.prefix, self.out, self.console = topo, prefix, out, console
+        self.logs = out / "logs"
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.net: Emulation | None = None
+        self.sdn: SdnClient | None = None
+        self.master: MasterClient | None = None
+        self.timings: dict[str, float] = {}
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        logf = (self.logs / f"{name}.log").open("w")
+        # A session of its own: Ctrl-C reaches only us, and we stop children in order.
+        p = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=logf,
+                             stderr=subprocess.STDOUT, start_new_session=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.procs.append((name, p))
+        return p
+
+    def _check_alive(self) -> None:
+        for name, p in self.procs:
+            if p.poll() is not None:
+                raise RunError(f"{name} exited with code {p.returncode} (see "
+                               f"{self.logs / (name + '.log')})")
+
+    def __enter__(self) -> Stack:
+        try:
+            self._up()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _up(self) -> None:
+        t0 = time.monotonic()
+        image = worker_image_tag()
+        topo_arg = self.topo.source or self.topo.name
+        of_port, rest_port, master_port = free_port(), free_port(), free_port()
+        self.console.print(f"[bold]bring-up[/] {self.topo.name} (prefix {self.prefix})")
+        self._spawn("sdn_app", ["-m", "sdn_app", "--topo", topo_arg, "--of-port", str(of_port),
+                                "--of-host", "127.0.0.1", "--rest", f"127.0.0.1:{rest_port}"])
+        self.sdn = SdnClient(f"http://127.0.0.1:{rest_port}")
+        self.net = Emulation(self.topo, prefix=self.prefix, controller=("127.0.0.1", of_port),
+                             image=image)
+        self.net.__enter__()
+        try:
+            self.sdn.wait_ready(timeout_s=60)
+        except SdnError as e:
+            self._check_alive()
+            raise RunError(f"the SDN app did not get every switch: {e.message}") from None
+        loss = self.net.ping_all(timeout_s=1.0)
+        if loss > 0:
+            raise RunError(f"{loss:.0%} of pings lost with no job scheduled")
+        self._spawn("master", ["-m", "master", "serve", "--topo", topo_arg,
+                               "--port", str(master_port), "--sdn", self.sdn.url,
+                               "--sdn-job-id", f"{self.prefix}-jobs", "--image", image])
+        self.master = MasterClient(f"http://127.0.0.1:{master_port}")
+        for n in self.topo.nodes:
+            self._spawn(f"agent-{n.name}", [
+                "-m", "edge", "--node", n.name, "--master", self.master.url,
+                "--node-container", self.net.node_container_name(n.name),
+                "--workdir", str(self.out / "agents" / n.name)])
+        try:
+            self.master.wait_ready(len(self.topo.nodes), timeout_s=60)
+        except TimeoutError as e:
+            self._check_alive()
+            raise RunError(str(e)) from None
+        self.timings["up_s"] = time.monotonic() - t0
+        self.console.print(f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
+                           f"switches on the SDN app, {len(self.topo.nodes)} agents on the Master")
+
+    def start_background(self, flows: list[Background]) -> list[dict]:
+        """Cordon each flow's endpoints (another tenant's machines), pin its path if given, and
+        start a paced iperf3 TCP transfer (server and client as containers in the nodes'
+        namespaces) that runs until teardown; return once the switches see it flowing."""
+        started = []
+        for i, b in enumerate(flows):
+            dst = self.topo.node(b.dst)
+            for node in (b.src, b.dst):
+                self.master.set_schedulable(node, False)
+            if b.path:
+                # The tenant's own route; its meter only guards against a runaway sender.
+                self.sdn.put_job_flows(f"{self.prefix}-bg{i}", [
+                    FlowRequest(b.src, b.dst, list(b.path), round(b.mbps * 1.2, 3))])
+            port = 5201 + i
+            self.net.start_worker(b.dst, f"bg{i}-server", ["iperf3", "-s", "-p", str(port)],
+                                  cpu=0.5, mem_mb=64)
+            _poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
+                  f"background: the iperf3 server on {b.dst} does not listen")
+            self.net.start_worker(b.src, f"bg{i}-client",
+                                  ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400",
+                                   "-b", f"{b.mbps:g}M"], cpu=0.5, mem_mb=64)
+            first_hop = b.path[0] if b.path else self.topo.access_link(b.src).other(b.src)
+            _poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
+                              (lk.mbps or 0) >= 0.5 * b.mbps for lk in self.sdn.links()), 20,
+                  f"background {b.src}->{b.dst}: no traffic seen on {b.src}->{first_hop}")
+            started.append({**asdict(b), "path": list(b.path)})
+        return started
+
+    def __exit__(self, *exc: object) -> None:
+        t0 = time.monotonic()
+        for name, p in reversed(self.procs):  # agents, then the Master, then the SDN app
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, p in reversed(self.procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop: killing it", name)
+                p.kill()
+                p.wait()
+        self.procs.clear()
+        if self.net is not None:
+            self.net.__exit__(None, None, None)
+            self.net = None
+        self.timings["down_s"] = time.monotonic() - t0
+
+
+def _poll(ok: Callable[[], bool], timeout_s: float, error: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if time.monotonic() > deadline:
+            raise RunError(error)
+        time.sleep(0.3)

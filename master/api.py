@@ -1,0 +1,198 @@
+"""The Master's HTTP face: the API users, run.py and the agents call, as JSON over HTTP.
+
+  GET  /health                      the Master is up; scheduler; nodes online
+  POST /agents                      Registration  -> {"expected_workers": [...]}
+  POST /agents/{node}/heartbeat     Heartbeat     -> {"stop": [...]}
+  GET  /nodes                       per node: capacity, allocated, online, usage, cordoned
+  PUT  /nodes/{node}                {"schedulable": bool}   (cordon / uncordon)
+  GET  /links                       per directed link: capacity, granted, measured, background
+  GET  /scheduler   PUT /scheduler  {"algorithm": name, "seed": n, "queue": policy}
+  POST /jobs                        {"job": mapping as in a job YAML, "algorithm": optional}
+  GET  /jobs                        summaries
+  GET  /jobs/{name}[?records=1]     details (+ every metric line of every worker)
+  DELETE /jobs/{name}               cancel
+
+Handlers validate, read or record under the Master's lock and wake its control loop; they never
+talk to an agent or the SDN app. A refused request is a 4xx with {"error": ...} and changes
+nothing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from protocol.http import ApiError, JsonApp, Request
+from protocol.messages import Heartbeat, Registration, from_json
+from scheduler.jobs import JobError, parse_job
+
+from .compute import NotRegistered
+from .manager import TERMINAL, JobRecord, ManagerError
+from .scheduling import UnknownAlgorithm
+
+
+class MasterApi:
+    """The routes of a `master.Master` (`master`), with `token` required when given."""
+
+    def __init__(self, master, token: str | None = None):
+        self.m = master
+        app = self.app = JsonApp(token=token)
+        app.route("GET", "/health", lambda req: self.health())
+        app.route("POST", "/agents", self._post_agent)
+        app.route("POST", "/agents/(?P<node>[^/]+)/heartbeat", self._post_heartbeat)
+        app.route("GET", "/nodes", lambda req: self.nodes_view())
+        app.route("PUT", "/nodes/(?P<node>[^/]+)", self._put_node)
+        app.route("GET", "/links", lambda req: self._locked(self.m.network.report))
+        app.route("GET", "/scheduler", lambda req: self._scheduler_view())
+        app.route("PUT", "/scheduler", self._put_scheduler)
+        app.route("POST", "/jobs", self._post_job)
+        app.route("GET", "/jobs", lambda req: self._locked(
+            lambda: [self.job_view(r) for r in self.m.manager.jobs.values()]))
+        app.route("GET", "/jobs/(?P<name>[^/]+)", lambda req, name: self._locked(
+            lambda: self.job_view(self._job(name), records=req.query.get("records") == "1")))
+        app.route("DELETE", "/jobs/(?P<name>[^/]+)", self._delete_job)
+
+    def _locked(self, fn: Callable[[], Any]) -> Any:
+        with self.m.lock:
+            return fn()
+
+    # --- the agents -----------------------------------------------------------------------------
+    def _post_agent(self, req: Request) -> dict:
+        reg = _msg(Registration, req)
+        if reg.node not in self.m.cluster.compute_nodes():
+            raise ApiError(400, f"node '{reg.node}' is not a compute node of topology "
+                                f"'{self.m.topo.name}'", "node")
+        return {"expected_workers": self.m.register(reg)}
+
+    def _post_heartbeat(self, req: Request, node: str) -> dict:
+        hb = _msg(Heartbeat, req, node=node)
+        try:
+            return {"stop": self.m.heartbeat(hb)}
+        except NotRegistered:
+            raise ApiError(409, f"node '{hb.node}' has not registered") from None
+
+    # --- views ----------------------------------------------------------------------------------
+    def health(self) -> dict:
+        s = self.m.scheduler
+        return {"ok": True, "topology": self.m.topo.name, "scheduler": s.default,
+                "queue": s.queue, "seed": s.seed, "nodes_online": len(self.m.compute.online())}
+
+    def job_view(self, rec: JobRecord, records: bool = False) -> dict:
+        job = rec.job
+        end = rec.finished_at if rec.finished_at is not None else time.time()
+        out: dict[str, Any] = {
+            "name": rec.name, "state": rec.state.value, "reason": rec.reason,
+            "algorithm": rec.algorithm, "collective": job.collective,
+            "tasks": [t.name for t in job.tasks], "workload": job.workload,
+            "submitted_at": rec.submitted_at, "finished_at": rec.finished_at,
+            "jct_s": round(end - rec.submitted_at, 3) if rec.state in TERMINAL else None,
+            "progress": rec.progress(),
+            "events": [{"t": round(t - rec.submitted_at, 3), "event": e} for t, e in rec.events],
+            "attempts": [], "result": _result(rec)}
+        for a in rec.attempts:
+            out["attempts"].append({
+                "number": a.number, "placement": dict(a.decision.placement),
+                "workers": dict(a.workers), "master_port": a.master_port, "outcome": a.outcome,
+                "started_at": a.started_at, "ended_at": a.ended_at, **a.info,
+                "flows": [{"src": f.src, "dst": f.dst, "src_node": f.path[0],
+                           "dst_node": f.path[-1], "path": list(f.path),
+                           "rate_mbps": f.rate_mbps} for f in a.decision.flows]})
+        if records:
+            out["records"] = {w: list(lines) for w, lines in rec.records.items()}
+        return out
+
+    def nodes_view(self) -> list[dict]:
+        m = self.m
+        with m.lock:
+            out = []
+            for n in m.cluster.compute_nodes():
+                cap, used = m.cluster.capacity(n), m.cluster.used[n]
+                out.append({"node": n, "capacity": {"cpu": cap.cpu, "mem_mb": cap.mem_mb},
+                            "allocated": {"cpu": round(used.cpu, 3), "mem_mb": used.mem_mb},
+                            "cordoned": n in m.cordoned, **m.compute.node_view(n)})
+            return out
+
+    def _scheduler_view(self) -> dict:
+        s = self.m.scheduler
+        return {"algorithm": s.default, "seed": s.seed, "queue": s.queue}
+
+    def _job(self, name: str) -> JobRecord:
+        try:
+            return self.m.manager.get(name)
+        except ManagerError as e:
+            raise ApiError(e.status, str(e)) from None
+
+    # --- changes --------------------------------------------------------------------------------
+    def _put_node(self, req: Request, node: str) -> dict:
+        body = req.json()
+        if node not in self.m.cluster.compute_nodes():
+            raise ApiError(404, f"no compute node named '{node}'")
+        if not isinstance(body, dict) or not isinstance(body.get("schedulable"), bool):
+            raise ApiError(400, 'expected {"schedulable": true|false}')
+        with self.m.lock:
+            (self.m.cordoned.discard if body["schedulable"] else self.m.cordoned.add)(node)
+        self.m.wake()
+        return {"node": node, "schedulable": body["schedulable"]}
+
+    def _put_scheduler(self, req: Request) -> dict:
+        body = req.json()
+        if not isinstance(body, dict) or not isinstance(body.get("algorithm"), str) \
+                or not isinstance(body.get("seed", 0), int) \
+                or not isinstance(body.get("queue", ""), str):
+            raise ApiError(400, 'expected {"algorithm": name, "seed": integer, '
+                                '"queue": policy (optional)}')
+        with self.m.lock:
+            try:
+                self.m.scheduler.configure(body["algorithm"], body.get("seed", 0),
+                                           body.get("queue") or "fifo-backfill")
+            except UnknownAlgorithm as e:
+                raise ApiError(400, str(e)) from None
+            return self._scheduler_view()
+
+    def _post_job(self, req: Request) -> tuple[int, dict]:
+        body = req.json()
+        if not isinstance(body, dict) or "job" not in body:
+            raise ApiError(400, 'expected {"job": {...job mapping...}, "algorithm": optional}')
+        try:
+            job = parse_job(body["job"], str(body.get("source", "<request>")))
+        except JobError as e:
+            raise ApiError(400, str(e)) from None
+        m = self.m
+        with m.lock:
+            try:
+                algorithm = m.scheduler.resolve(body.get("algorithm"))
+                rec = m.manager.submit(job, algorithm)
+                m.scheduler.submitted(job, rec.submitted_at)
+            except UnknownAlgorithm as e:
+                raise ApiError(400, str(e)) from None
+            except ManagerError as e:
+                raise ApiError(e.status, str(e)) from None
+            view = self.job_view(rec)
+        m.wake()
+        return 201, view
+
+    def _delete_job(self, req: Request, name: str) -> dict:
+        try:
+            self.m.cancel(name)
+        except ManagerError as e:
+            raise ApiError(e.status, str(e)) from None
+        return self._locked(lambda: self.job_view(self.m.manager.get(name)))
+
+
+def _result(rec: JobRecord) -> dict | None:
+    """Rank 0's end-of-training line of the last attempt (the workload's own figures)."""
+    end = rec.last_of("end", rec.job.tasks[0].name)
+    return {k: end.get(k) for k in ("reached_target", "tta_s", "tta_iter", "stop_reason",
+                                    "iters", "train_s", "startup_s", "jct_s")} if end else None
+
+
+def _msg(cls: type, req: Request, **must: str):
+    """A protocol message from the request body; 400 when malformed or inconsistent."""
+    try:
+        msg = from_json(cls, req.json())
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    for k, v in must.items():
+        if getattr(msg, k) != v:
+            raise ApiError(400, f"{cls.__name__}: field '{k}' is '{getattr(msg, k)}', the URL "
+                                f"says '{v}'", k)
+    return msg

@@ -1,0 +1,361 @@
+"""The Master: Manager + Scheduler + Compute Controller + Network Controller, and its control loop.
+
+Threads and the lock: the HTTP server (`api.py`, one thread per request) records registrations,
+heartbeats, metric lines and new jobs under `lock` and wakes the *control loop*. The control loop
+is the only place that changes a job's life cycle (schedule, launch, tear down, retry, finish,
+cancel) and the only one that talks to agents and the SDN app. It decides under the lock and
+talks without it: a slow `docker run`, a slow SDN app or a silent agent delays the control loop,
+never a heartbeat (which would take healthy nodes offline).
+
+The Master holds the cluster view (`cluster`: nodes, links, what every running job uses) and
+allocates from it; the Network Controller holds the flows and enforces them.
+
+Closed loop: an agent reports a worker's exit at once (its next heartbeat is sent immediately);
+a node whose heartbeats stop for `heartbeat_timeout_s` is taken offline. Either ends the job's
+attempt: it is scheduled again on what is left, or fails with the reason.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from protocol.http import Server
+from protocol.messages import Heartbeat, Registration, WorkerSpec, WorkerState
+from protocol.worker import RENDEZVOUS_PORT
+from scheduler.metrics import predicted_iteration_s
+from scheduler.model import Cluster, Decision, check_decision
+from topologies import Topology
+
+from .api import MasterApi
+from .compute import AgentError, ComputeController, NotRegistered, worker_command, worker_image
+from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, Manager, ManagerError
+from .network import NetworkController, NetworkState, SdnApi
+from .scheduling import Scheduler, expected_end
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MasterConfig:
+    algorithm: str = "network-aware"  # the default single-job scheduler
+    queue: str = "fifo-backfill"  # the queue policy (scheduler.multi)
+    seed: int = 0
+    image: str = ""  # worker image for jobs that name none
+    heartbeat_timeout_s: float = 6.0  # silence after which a node is offline
+    max_attempts: int = 2  # placements per job before it fails
+    tick_s: float = 0.5  # control loop period
+    links_poll_s: float = 2.0  # how often the SDN app's link statistics are read
+    first_port: int = RENDEZVOUS_PORT  # rendezvous ports: one per attempt, counting up
+
+
+class Master:
+    def __init__(self, topo: Topology, config: MasterConfig = MasterConfig(),
+                 sdn: SdnApi | None = None, sdn_job_id: str = "ces"):
+        self.topo, self.cfg, self.sdn = topo, config, sdn
+        self.lock = threading.RLock()
+        self.cluster = Cluster.from_topology(topo)
+        self.manager = Manager(config.max_attempts)
+        self.compute = ComputeController(config.heartbeat_timeout_s)
+        self.network = NetworkController(topo, self.cluster, self.compute, sdn, sdn_job_id)
+        self.scheduler = Scheduler(config.algorithm, config.seed, config.queue)
+        self.cordoned: set[str] = set()
+        self.worker_job: dict[str, str] = {}  # every worker ever started -> its job
+        self._ports = itertools.count(config.first_port)
+        self._events: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._dirty = True
+        self._thread: threading.Thread | None = None
+        self.server: Server | None = None
+
+    # --- life ----------------------------------------------------------------------------------
+    def start(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> Master:
+        self.server = Server(MasterApi(self, token).app, host, port).start()
+        self._thread = threading.Thread(target=self._loop, name="control", daemon=True)
+        self._thread.start()
+        log.info("master on %s (scheduler %s)", self.server.url, self.scheduler.default)
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._events.put(("wake",))
+        if self._thread:
+            self._thread.join(timeout=10)
+        if self.server:
+            self.server.stop()
+
+    def wake(self) -> None:
+        self._dirty = True
+        self._events.put(("wake",))
+
+    def unschedulable(self) -> set[str]:
+        nodes = set(self.cluster.compute_nodes())
+        return (nodes - self.compute.online()) | self.cordoned
+
+    # --- the control loop ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        next_poll = 0.0
+        while not self._stop.is_set():
+            events = []
+            try:
+                events.append(self._events.get(timeout=self.cfg.tick_s))
+                while True:
+                    events.append(self._events.get_nowait())
+            except queue.Empty:
+                pass
+            for ev in events:
+                self._guarded(self._handle, ev)
+            self._guarded(self._check_heartbeats)
+            if self.sdn is not None and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + self.cfg.links_poll_s
+                self._guarded(self._poll_links)
+            if self._dirty:
+                self._dirty = False
+                self._guarded(self._schedule)
+
+    def _guarded(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # the control loop must survive any single failure
+            log.exception("control loop: %s failed", getattr(fn, "__name__", fn))
+
+    def _handle(self, ev: tuple) -> None:
+        kind = ev[0]
+        if kind == "ended":
+            self._worker_ended(ev[1], ev[2])
+        elif kind == "node_up":
+            with self.lock:
+                state = self.network.desired()
+            self.network.resync(ev[1], state)
+            self._dirty = True
+        elif kind == "cancel":
+            self._cancel(ev[1], ev[2])
+
+    def _check_heartbeats(self) -> None:
+        with self.lock:
+            stale = self.compute.stale()
+            for node, _ in stale:
+                self.compute.mark_offline(node)
+                self.cluster.offline.add(node)
+        for node, silent in stale:
+            log.warning("node %s stopped heartbeating (%.1f s)", node, silent)
+            with self.lock:
+                affected = self.manager.on_node(node)
+            for rec in affected:
+                self._fail_attempt(rec, f"node {node} stopped heartbeating "
+                                        f"(silent for {silent:.1f} s)", retryable=True)
+            self._dirty = True
+
+    def _poll_links(self) -> None:
+        links = self.sdn.links()
+        with self.lock:
+            self.network.observe(links)
+
+    # --- scheduling ----------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        """One round of the queue policy per single-job algorithm in use (jobs may name their
+        own), in submit order; each job it starts is pinned to the node pairs' paths, checked
+        again, and launched; the others wait with the reason. The algorithms decide on a copy of
+        the view, outside the lock."""
+        with self.lock:  # the HTTP threads add jobs meanwhile
+            queued = self.manager.queued()
+        for algorithm in dict.fromkeys(r.algorithm for r in queued):
+            recs = {r.name: r for r in queued if r.algorithm == algorithm}
+            with self.lock:
+                view = self.network.view(self.unschedulable())
+                running = [(r.job, r.current.decision,
+                            expected_end(r.current.started_at, r.job,
+                                         r.current.info.get("predicted_iteration_s", math.inf)))
+                           for r in self.manager.active()]
+            try:
+                placed, reasons = self.scheduler.round(view, algorithm,
+                                                       [r.job for r in recs.values()], running,
+                                                       time.time())
+            except Exception as e:  # the algorithm itself broke: say so, do not retry forever
+                log.exception("scheduler %s failed", algorithm)
+                with self.lock:
+                    for rec in recs.values():
+                        self.manager.reject(rec, f"scheduler {algorithm} failed: "
+                                                 f"{type(e).__name__}: {e}")
+                        self.scheduler.finished(rec.name)
+                continue
+            for p in placed:
+                self._launch(recs[p.job], p.decision)
+            with self.lock:
+                for name, why in reasons.items():
+                    self.manager.wait(recs[name], why)
+
+    def _launch(self, rec: JobRecord, decision: Decision) -> None:
+        """Pin, check and allocate under the lock; then enforce the network and start the
+        workers outside it."""
+        job = rec.job
+        with self.lock:
+            view = self.network.view(self.unschedulable())
+            decision = self.network.pin(decision)
+            problems = check_decision(view, job, decision)
+            if problems:
+                self.manager.wait(rec, f"sharing a node pair's path: {problems[0]}")
+                return
+            names = {t.name: f"{job.name}-{t.name}-a{len(rec.attempts) + 1}" for t in job.tasks}
+            port = next(self._ports)
+            attempt = self.manager.start_attempt(rec, decision, names, port)
+            attempt.info.update(predicted_iteration_s=predicted_iteration_s(view, job, decision),
+                                decision_s=decision.decision_s)
+            self.worker_job.update({n: job.name for n in names.values()})
+            self.cluster.allocate(job, decision)
+            self.network.add(job, decision)
+            state = self.network.desired()
+            agents = {t.name: self.compute.agents[decision.placement[t.name]].reg
+                      for t in job.tasks}
+        try:
+            self.network.push(state)
+        except Exception as e:
+            with self.lock:
+                self._release(job.name)
+                self.manager.end_attempt(rec, f"the network refused the flows: {e}",
+                                         retryable=False)
+                self.scheduler.finished(rec.name)
+                state = self.network.desired()
+            self._push_quietly(state)
+            return
+        rank0 = agents[job.tasks[0].name]
+        for rank, task in enumerate(job.tasks):
+            agent = agents[task.name]
+            try:
+                command = worker_command(job, rank, rank0.ip, port, agent.iface,
+                                         self.scheduler.seed)
+            except ValueError as e:
+                self._fail_attempt(rec, str(e), retryable=False)
+                return
+            spec = WorkerSpec(names[task.name], job.name, task.name,
+                              worker_image(job.image, self.cfg.image), command, task.demand.cpu,
+                              task.demand.mem_mb)
+            try:
+                self.compute.start_worker(agent.node, spec)
+            except AgentError as e:
+                self._fail_attempt(rec, f"could not start {task.name} on {agent.node}: {e}",
+                                   retryable=True)
+                return
+        with self.lock:
+            self.manager.mark_running(rec)
+
+    def _release(self, job_name: str) -> None:
+        """Free a job's resources and flows in the view (under the lock)."""
+        if job_name in self.cluster.jobs:
+            self.cluster.release(job_name)
+        self.network.forget(job_name)
+
+    def _push_quietly(self, state: NetworkState) -> None:
+        try:
+            self.network.push(state)
+        except Exception as e:  # the SDN app refused a removal: its next push retries
+            log.warning("the network did not take the change: %s", e)
+
+    def _teardown(self, rec: JobRecord, attempt: Attempt) -> None:
+        """Stop an ended attempt's workers (those on silent nodes are stopped when their agent
+        answers again) and free its network share and resources."""
+        for task, name in attempt.workers.items():
+            self.compute.stop_worker(attempt.decision.placement[task], name)
+        with self.lock:
+            self._release(rec.name)
+            state = self.network.desired()
+        self._push_quietly(state)
+
+    def _fail_attempt(self, rec: JobRecord, reason: str, retryable: bool) -> None:
+        with self.lock:  # recorded first: the time of the event is when it was noticed
+            attempt = rec.current
+            if attempt is None:
+                return
+            if self.manager.end_attempt(rec, reason, retryable) in TERMINAL:
+                self.scheduler.finished(rec.name)
+        self._teardown(rec, attempt)
+        self._dirty = True
+
+    def _worker_ended(self, node: str, w: WorkerState) -> None:
+        with self.lock:
+            owner = self.manager.worker_owner(w.name)
+            if owner is None:
+                return  # an earlier attempt's worker, already dealt with
+            rec, task = owner
+            attempt = rec.current
+            done = w.state == "exited" and w.exit_code == 0 and all(
+                self._exited_ok(attempt.decision.placement[t], n)
+                for t, n in attempt.workers.items())
+            if done:
+                self.manager.finish(rec)
+                self.scheduler.finished(rec.name)
+        if w.state == "exited" and w.exit_code == 0:
+            if done:
+                self._teardown(rec, attempt)
+                self._dirty = True
+            return
+        what = f"exited with code {w.exit_code}" if w.state == "exited" else "disappeared"
+        detail = f" ({w.detail})" if w.detail else ""
+        self._fail_attempt(rec, f"worker {task} on {node} {what}{detail}",
+                           retryable=w.exit_code != EXIT_BAD_PARAMETERS)
+
+    def _exited_ok(self, node: str, worker: str) -> bool:
+        st = self.compute.agents[node].workers.get(worker)
+        return st is not None and st.state == "exited" and st.exit_code == 0
+
+    def _cancel(self, name: str, done: Future) -> None:
+        try:
+            with self.lock:
+                rec = self.manager.get(name)
+                attempt = rec.current
+                self.manager.cancel(rec)
+                self.scheduler.finished(rec.name)
+            if attempt is not None:
+                self._teardown(rec, attempt)
+            done.set_result(name)
+        except ManagerError as e:
+            done.set_exception(e)
+        self._dirty = True
+
+    def cancel(self, name: str, timeout_s: float = 60.0) -> None:
+        """Cancel a job through the control loop (it owns the life cycle); ManagerError if the
+        job is unknown or already over."""
+        done: Future = Future()
+        self._events.put(("cancel", name, done))
+        done.result(timeout=timeout_s)
+
+    # --- the agents' side (called by the HTTP threads: record and wake, nothing else) -----------
+    def register(self, reg: Registration) -> list[str]:
+        """Record an agent; the workers the Master expects it to run."""
+        with self.lock:
+            self.compute.register(reg)
+            self.cluster.offline.discard(reg.node)
+            expected = self.manager.expected_workers(reg.node)
+        log.info("agent %s registered from %s", reg.node, reg.url)
+        self._events.put(("node_up", reg.node))
+        return expected
+
+    def heartbeat(self, hb: Heartbeat) -> list[str]:
+        """Record a heartbeat; the workers the agent should stop."""
+        with self.lock:
+            if hb.node not in self.compute.agents:
+                raise NotRegistered(hb.node)
+            expected = set(self.manager.expected_workers(hb.node))
+            came_back, ended = self.compute.heartbeat(hb, expected)
+            if came_back:
+                self.cluster.offline.discard(hb.node)
+            for line in hb.records:
+                job = self.worker_job.get(line.get("worker", ""))
+                if job in self.manager.jobs:
+                    self.manager.jobs[job].records.setdefault(line["worker"], []).append(line)
+            stop = self.compute.unwanted(hb.node, expected)
+        for w in ended:
+            self._events.put(("ended", hb.node, w))
+        if came_back:
+            log.info("node %s is back", hb.node)
+            self._events.put(("node_up", hb.node))
+        return stop

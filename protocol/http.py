@@ -1,0 +1,234 @@
+"""HTTP/JSON: one WSGI router, one threaded server and one client call, used by every CES API.
+
+    app = JsonApp(token=None)                       # token: every request must carry it
+    app.route("GET", "/jobs/(?P<name>[^/]+)", lambda req, name: {...})
+    server = Server(app, "127.0.0.1", 0).start()   # or any WSGI server (Ryu's eventlet one)
+    call("GET", server.url + "/jobs/a", timeout=5, token=None)
+
+A handler gets a `Request` and the route's named groups; it returns the response body (any JSON
+value) or a (status, body) pair, and raises `ApiError` for a 4xx answer. Errors travel as
+`{"error": message, "field": name?}`. The app refuses bodies over `max_body` (413) before
+reading them, requests without the bearer token when one is set (401, nothing else runs), and
+answers an unexpected exception with a 500 whose details stay in the log. The server drops a
+client that sends nothing for `REQUEST_TIMEOUT_S`.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any, Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 16 * 1024 * 1024
+REQUEST_TIMEOUT_S = 30.0
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized",
+            404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error",
+            502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+class ApiError(Exception):
+    """An HTTP error answer: raised by handlers (4xx) and by `call` for any error status."""
+
+    def __init__(self, status: int, message: str, field: str = ""):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.status, self.message, self.field = status, message, field
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.message} | ({"field": self.field} if self.field else {})
+
+
+class Unreachable(ConnectionError):
+    """The peer did not answer (connection refused, timeout, DNS)."""
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+    def json(self) -> Any:
+        """The body as JSON (an empty body is null); a 400 naming the problem otherwise."""
+        try:
+            return json.loads(self.body or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"request body is not valid JSON: {e}") from None
+
+
+Handler = Callable[..., Any]
+
+
+class JsonApp:
+    """WSGI app: routes (method, path regex) to handlers; see the module doc."""
+
+    def __init__(self, token: str | None = None, max_body: int = MAX_BODY):
+        self.routes: list[tuple[str, re.Pattern, Handler]] = []
+        self.token, self.max_body = token, max_body
+
+    def route(self, method: str, pattern: str, handler: Handler) -> None:
+        self.routes.append((method, re.compile(f"^{pattern}/?$"), handler))
+
+    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
+        method, path = environ.get("REQUEST_METHOD", "GET"), _path(environ)
+        try:
+            status, body = self._answer(environ, method, path)
+        except ApiError as e:
+            status, body = e.status, e.body()
+        except Exception:  # a bug in a handler: answer, log, keep serving
+            log.exception("%s %s failed", method, path)
+            status, body = 500, {"error": "internal error (see the server's log)"}
+        data = json.dumps(body).encode()
+        headers = [("Content-Type", "application/json; charset=utf-8"),
+                   ("Content-Length", str(len(data)))]
+        if status == 401:
+            headers.append(("WWW-Authenticate", "Bearer"))
+        start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
+        return [data]
+
+    def _answer(self, environ: dict, method: str, path: str) -> tuple[int, Any]:
+        if self.token is not None and not _authorised(environ, self.token):
+            raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+        handler, groups = self._match(method, path)
+        req = Request(method, path, _query(environ), _headers(environ), _body(environ,
+                                                                              self.max_body))
+        out = handler(req, **groups)
+        return out if isinstance(out, tuple) else (200, out)
+
+    def _match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        allowed = []
+        for m, rx, handler in self.routes:
+            found = rx.match(path)
+            if found:
+                if m == method:
+                    return handler, found.groupdict()
+                allowed.append(m)
+        if allowed:
+            raise ApiError(405, f"method {method} not allowed on {path} (allowed: "
+                                f"{', '.join(sorted(set(allowed)))})")
+        raise ApiError(404, f"no such resource: {path}")
+
+
+def _path(environ: dict) -> str:
+    # PEP 3333: PATH_INFO is the decoded path as latin-1 text; names may be UTF-8.
+    raw = environ.get("PATH_INFO", "") or "/"
+    return raw.encode("latin-1", "replace").decode("utf-8", "replace")
+
+
+def _query(environ: dict) -> dict[str, str]:
+    return {k: v[-1] for k, v in urllib.parse.parse_qs(environ.get("QUERY_STRING", "")).items()}
+
+
+def _headers(environ: dict) -> dict[str, str]:
+    out = {k[5:].replace("_", "-").lower(): v for k, v in environ.items()
+           if k.startswith("HTTP_")}
+    if environ.get("CONTENT_TYPE"):
+        out["content-type"] = environ["CONTENT_TYPE"]
+    return out
+
+
+def _authorised(environ: dict, token: str) -> bool:
+    given = environ.get("HTTP_AUTHORIZATION", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+def _body(environ: dict, limit: int) -> bytes:
+    text = environ.get("CONTENT_LENGTH") or "0"
+    try:
+        length = int(text)
+    except ValueError:
+        raise ApiError(400, f"Content-Length is not a number: {text!r}") from None
+    if length < 0:
+        raise ApiError(400, f"Content-Length is negative: {length}")
+    if length > limit:
+        raise ApiError(413, f"request body of {length} bytes is larger than the limit of "
+                            f"{limit} bytes")
+    try:
+        data = environ["wsgi.input"].read(length) if length else b""
+    except (OSError, socket.timeout):
+        raise ApiError(408, "the request body did not arrive in time") from None
+    if len(data) < length:
+        raise ApiError(400, f"request body ended after {len(data)} of {length} bytes")
+    return data
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S  # the connection's socket timeout: a silent client is dropped
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # heartbeats would flood the log
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+
+class Server:
+    """A threaded HTTP server for a WSGI app on (host, port); port 0 picks a free one."""
+
+    def __init__(self, app: Callable, host: str = "127.0.0.1", port: int = 0):
+        cls = _ThreadingServer6 if ":" in host else _ThreadingServer
+        self.httpd = make_server(host, port, app, server_class=cls, handler_class=_QuietHandler)
+        self.host, self.port = host, self.httpd.server_address[1]
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
+
+    def start(self) -> Server:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:  # shutdown() waits for a serve loop that must be running
+            self.httpd.shutdown()
+            self._thread = None
+        self.httpd.server_close()
+
+
+def call(method: str, url: str, body: Any = None, timeout: float = 5.0,
+         token: str | None = None) -> Any:
+    """One JSON request. Raises `ApiError` for an error answer, `Unreachable` when there is no
+    answer at all."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            doc = json.loads(raw)
+            raise ApiError(e.code, str(doc["error"]), str(doc.get("field", ""))) from None
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(e.code, raw.decode(errors="replace") or str(e.reason)) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise Unreachable(f"{method} {url}: {getattr(e, 'reason', e)}") from None
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        raise ApiError(502, f"{method} {url}: the answer is not JSON") from None

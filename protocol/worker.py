@@ -1,0 +1,35 @@
+"""The contract between whoever starts a training worker (an edge agent, a local launcher) and
+the training program (`workloads.train`, or a job's own command).
+
+- The worker writes its metric lines to stdout (`METRICS_OUT`), one JSON object per line with a
+  "type"; the agent follows the container's log.
+- `START_ENV` holds the epoch second at which the worker's container was started, so the worker
+  can measure its own start-up (container start -> first iteration).
+- Rank 0 listens for the rendezvous on `RENDEZVOUS_PORT` unless told otherwise (the Master gives
+  every attempt a port of its own, counting up from here).
+- Options travel as command-line flags built by `option_flags`.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+METRICS_OUT = "-"
+START_ENV = "CES_CONTAINER_START"
+RENDEZVOUS_PORT = 29500
+
+
+def option_flags(options: Mapping[str, Any]) -> list[str]:
+    """Flags from a mapping: `max_iters: 5` -> `--max-iters 5`, a true boolean -> the bare flag,
+    false or None -> nothing, a list -> the flag followed by each value."""
+    args: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, (list, tuple)):
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, str(value)]
+    return args

@@ -1,0 +1,230 @@
+"""The queue-round protocol: how a queue policy sees and changes the world, in the simulator and
+on the live Master alike.
+
+A policy (`multi.py`: CES-Multi, FIFO, SJF, ...) is handed a `Round` on each arrival,
+completion and node change: the queued jobs in arrival order, the running ones and the cluster,
+with `try_place` / `commit` / `preempt` / `hold`. A `Round` needs nothing but a `Cluster`, so
+the simulator's engine and the Master's Scheduler drive the same policies. Every decision passes
+`check_decision`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol, Sequence
+
+from .baselines import Algorithm
+from .model import CannotPlace, Cluster, Decision, Job, Resources, check_decision
+from .perfmodel import IterationModel, collective_steps, compute_time_s
+
+
+State = Literal["pending", "queued", "running", "finished", "failed", "rejected"]
+
+
+@dataclass(eq=False)
+class JobState:
+    job: Job
+    seq: int  # arrival order: the queue's FIFO order
+    state: State = "pending"
+    waited_s: float = 0.0  # time spent queued, up to `queued_since`
+    queued_since: float = 0.0
+    first_start: float | None = None
+    finish: float | None = None
+    done_iters: float = 0.0
+    attained: float = 0.0  # service received: workers × seconds run (Tiresias' measure)
+    preemptions: int = 0
+    decision: Decision | None = None
+    iter_s: float = math.inf  # iteration time at the rates the job gets now
+    last_update: float = 0.0
+    ready_at: float = 0.0  # after a restart: no progress before this (checkpoint reload)
+    expected_end: float = math.inf
+    version: int = 0  # invalidates stale completion events
+    failed_at: tuple | None = None  # (release epoch, holds) of the last failed placement
+    bw_satisfaction: float = 1.0  # granted/demanded of its last placement
+    decision_s: list[float] = field(default_factory=list)
+    admitted: bool | None = None  # queue-policy scratch (EDF's admission verdict)
+    _nominal_iter_s: float | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def submit(self) -> float:
+        return self.job.submit_time
+
+    @property
+    def workers(self) -> int:
+        return len(self.job.tasks)
+
+    def wait(self, now: float) -> float:
+        return self.waited_s + (now - self.queued_since if self.state == "queued" else 0.0)
+
+    def service(self, now: float) -> float:
+        """Attained service up to `now`."""
+        return self.attained + (self.workers * (now - self.last_update)
+                                if self.state == "running" else 0.0)
+
+    def remaining_iters(self) -> float:
+        return max((self.job.iterations or 0) - self.done_iters, 0.0)
+
+    def estimated_remaining_s(self) -> float:
+        """Remaining run time as known before placement (`estimated_iteration_s`)."""
+        if self._nominal_iter_s is None:
+            self._nominal_iter_s = estimated_iteration_s(self.job)
+        return self.remaining_iters() * self._nominal_iter_s
+
+    def observed_remaining_s(self, now: float) -> float:
+        """Remaining run time at the pace a running job gets now (contention and slow nodes
+        included: its expected end); the nominal estimate for a job that is not running."""
+        if self.state == "running" and self.expected_end < math.inf:
+            return max(self.expected_end - now, 0.0)
+        return self.estimated_remaining_s()
+
+
+def estimated_iteration_s(job: Job, model: IterationModel = IterationModel()) -> float:
+    """The iteration time on reference nodes (speed 1.0) with every flow at its demanded rate:
+    what a queue policy can know about a job before it is placed."""
+    compute = [compute_time_s(job.compute_s, 1.0, t.demand.cpu) for t in job.tasks]
+    flows = [(f.bytes_per_iter, f.demand_mbps) for f in job.flows]
+    return model.iteration_s(compute, flows, collective_steps(job.collective, len(job.tasks)))
+
+
+class QueuePolicy(Protocol):
+    name: str
+    algorithm: Algorithm  # places each job the policy starts
+    period_s: float | None  # also run a round every period_s while jobs run (None: on events only)
+
+    def schedule(self, rnd: Round) -> None: ...
+
+
+class Round:
+    """One scheduling round at time `now`: what a queue policy may look at and do.
+
+    `queue` holds the waiting jobs in arrival order, `running` the running ones. Placements go
+    straight into `cluster` (later choices in the round see them); the caller starts the jobs in
+    `placed` and re-queues those in `preempted` afterwards. `epoch` must change whenever resources
+    were released since the last round (it lets `try_place` skip retrying hopeless jobs).
+    """
+
+    def __init__(self, now: float, cluster: Cluster, algorithm: Algorithm,
+                 queue: Sequence[JobState], running: Sequence[JobState], epoch: int = 0):
+        self.now, self.cluster, self.algorithm, self.epoch = now, cluster, algorithm, epoch
+        self.queue, self.running = list(queue), list(running)
+        self.placed: list[JobState] = []
+        self.preempted: list[JobState] = []
+        self.holds: dict[JobState, tuple[Decision, float]] = {}  # owner -> (decision, until)
+        self._views: dict[frozenset, tuple[Cluster, FreeSpace]] = {}  # by holds applied
+
+    def hold(self, owner: JobState, decision: Decision, until: float = -math.inf) -> None:
+        """Keep the resources of `decision` (a placement computed for `owner`) for the rest of
+        this round from every other job — except jobs expected to be done by `until` (when
+        `owner` is expected to start; EASY backfilling). By default nobody may use them."""
+        self.holds[owner] = (decision, until)
+        self._views.clear()
+
+    def _holds_against(self, js: JobState | None) -> frozenset:
+        """The owners of the holds that bind `js`."""
+        done_by = self.now + js.estimated_remaining_s() if js else math.inf
+        return frozenset(o.name for o, (_, until) in self.holds.items()
+                         if o is not js and done_by > until)
+
+    def view(self, js: JobState | None = None) -> Cluster:
+        """The cluster as `js` may use it: without the resources held for other jobs."""
+        return self._view(js)[0]
+
+    def free_space(self, js: JobState | None = None) -> FreeSpace:
+        return self._view(js)[1]
+
+    def _view(self, js: JobState | None) -> tuple[Cluster, FreeSpace]:
+        key = self._holds_against(js)
+        if key not in self._views:
+            view = self.cluster
+            if key:
+                view = self.cluster.copy(share_graph=True)
+                for owner, (d, _) in self.holds.items():
+                    if owner.name not in key:
+                        continue
+                    for task, node in d.placement.items():
+                        view.used[node] = view.used[node] + owner.job.task(task).demand
+                    for f in d.flows:
+                        for link in f.directed_links():
+                            view.reserved[link] = view.reserved.get(link, 0.0) + f.rate_mbps
+            self._views[key] = (view, FreeSpace.of(view))
+        return self._views[key]
+
+    def try_place(self, js: JobState, accept: Callable[[Decision], bool] | None = None,
+                  avoid: Callable[[Cluster], set[str]] | None = None) -> Decision | None:
+        """Place `js` with the policy's algorithm and commit it; None if it does not fit now
+        (or the policy does not `accept` the decision the algorithm found). With `avoid`, the
+        algorithm first places it without the nodes `avoid(view)` names, then, if that fails,
+        on every node.
+
+        A job that failed is not retried until resources are released or the holds change: in
+        between the cluster only fills up (Kubernetes parks unschedulable pods the same way).
+        """
+        key = (self.epoch, self._holds_against(js))
+        if js.failed_at == key:
+            return None
+        view, free = self._view(js)
+        if free.may_fit(js.job):
+            start = time.perf_counter()
+            targets = [view]
+            spared = avoid(view) if avoid else set()
+            if spared:  # first off those nodes
+                targets.insert(0, view.copy(share_graph=True))
+                targets[0].offline |= spared
+            placed = None
+            for target in targets:
+                try:
+                    decision = self.algorithm.place(target, js.job)
+                except CannotPlace:
+                    continue
+                if (accept is None or accept(decision)) and self.commit(js, decision):
+                    placed = decision
+                    break
+            js.decision_s.append(time.perf_counter() - start)
+            if placed is not None:
+                return placed
+        js.failed_at = key
+        return None
+
+    def commit(self, js: JobState, decision: Decision) -> bool:
+        """Start `js` with `decision` if it is feasible on what `js` may use."""
+        if check_decision(self.view(js), js.job, decision):
+            return False
+        self.cluster.allocate(js.job, decision)
+        js.decision = decision
+        self.holds.pop(js, None)
+        self.queue.remove(js)
+        self.placed.append(js)
+        self._views.clear()
+        return True
+
+    def preempt(self, js: JobState) -> None:
+        """Stop a running job (it keeps its progress) and put it back in the queue."""
+        self.cluster.release(js.name)
+        self.running.remove(js)
+        self.preempted.append(js)
+        self.epoch += 1
+        self._views.clear()
+
+
+@dataclass(frozen=True)
+class FreeSpace:
+    """The free resources of a cluster's online nodes, for cheap necessary fit checks."""
+    nodes: tuple[Resources, ...]
+    total: Resources
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> FreeSpace:
+        free = tuple(cluster.free(n) for n in cluster.compute_nodes(online_only=True))
+        return cls(free, sum(free, Resources()))
+
+    def may_fit(self, job: Job) -> bool:
+        """Every task fits some node and the job's total fits the total: spares calling an
+        algorithm that must fail."""
+        if not job.total_demand().fits_in(self.total):
+            return False
+        return all(any(d.fits_in(f) for f in self.nodes) for d in {t.demand for t in job.tasks})

@@ -1,0 +1,239 @@
+"""The edge agent on its own: it starts where neither the scheduler nor Mininet can be imported,
+and its Messenger and Network Manager behave (against a small fake Master over real HTTP).
+
+These tests import only `edge` and `protocol`: `test_the_agent_stands_alone` runs the rest of
+this file again in a subprocess where the project's other packages cannot be imported."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edge import network as edge_network
+from edge.simulated import SimulatedAgent
+from protocol.http import ApiError, JsonApp, Server, call
+from protocol.messages import ShapingRule, WorkerSpec
+
+REPO = Path(__file__).resolve().parents[2]
+# What an edge host does not have: the rest of the project and its heavy dependencies.
+ABSENT = ("mininet", "scheduler", "testbed", "master", "sdn_app", "topologies", "workloads",
+          "networkx", "torch")
+BLOCK = f"""
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {ABSENT!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (absent on an edge host)")
+sys.meta_path.insert(0, Absent())
+"""
+
+
+def run_isolated(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK + code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_the_agent_stands_alone():
+    done = run_isolated("import runpy; sys.argv = ['edge', '--help']; "
+                        "runpy.run_module('edge', run_name='__main__')")
+    assert done.returncode == 0, done.stderr
+    assert "--node" in done.stdout and "--master" in done.stdout
+    loaded = run_isolated("import edge.agent, json; print(json.dumps(sorted(sys.modules)))")
+    assert loaded.returncode == 0, loaded.stderr
+    modules = json.loads(loaded.stdout)
+    assert not [m for m in modules if m.split(".")[0] in ABSENT]
+    tests = run_isolated(f"import pytest; sys.exit(pytest.main([{__file__!r}, '-q', '-p', "
+                         "'no:cacheprovider', '-k', 'not stands_alone']))")
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+
+
+class FakeMaster:
+    """Registrations and heartbeats as the Master receives them; it can forget agents (409)."""
+
+    def __init__(self, expected: list[str] | None = None, port: int = 0):
+        self.registrations, self.heartbeats = [], []
+        self.expected = expected or []
+        self.stop: list[str] = []
+        self.forget = False
+        app = JsonApp()
+        app.route("POST", "/agents", self._register)
+        app.route("POST", "/agents/(?P<node>[^/]+)/heartbeat", self._heartbeat)
+        self.server = Server(app, "127.0.0.1", port)
+
+    def _register(self, req) -> dict:
+        self.registrations.append(req.json())
+        self.forget = False
+        return {"expected_workers": self.expected}
+
+    def _heartbeat(self, req, node: str) -> dict:
+        if self.forget:
+            raise ApiError(409, f"node '{node}' has not registered")
+        self.heartbeats.append(req.json())
+        stop, self.stop = self.stop, []
+        return {"stop": stop}
+
+
+def wait_for(predicate, timeout_s: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def master():
+    m = FakeMaster()
+    m.server.start()
+    yield m
+    m.server.stop()
+
+
+def spec(name: str) -> dict:
+    return {"name": name, "job": "j", "task": "w0", "image": "ces-worker",
+            "command": ["python3", "-m", "workloads.train"], "cpu": 0.5, "mem_mb": 256}
+
+
+def test_messenger_registers_heartbeats_and_obeys_the_reply(master):
+    agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=0.1).start()
+    try:
+        wait_for(lambda: master.registrations, what="registration")
+        reg = master.registrations[0]
+        assert reg["node"] == "n1" and reg["url"] == agent.server.url and reg["ip"] == "10.0.0.1"
+        assert call("POST", agent.server.url + "/workers", spec("w-a1"))["state"] == "running"
+        wait_for(lambda: any(hb["workers"] for hb in master.heartbeats), what="worker reported")
+        master.stop = ["w-a1"]  # the Master no longer wants it
+        wait_for(lambda: not agent.compute.workers, what="worker stopped")
+        seqs = [hb["seq"] for hb in master.heartbeats]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    finally:
+        agent.stop()
+
+
+def test_a_worker_that_ends_is_reported_at_once_with_its_last_lines(master):
+    agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=30).start()
+    try:
+        wait_for(lambda: master.heartbeats, what="first heartbeat")
+        call("POST", agent.server.url + "/workers", spec("w-a1"))
+        t0 = time.monotonic()
+        agent.compute.finish("w-a1", 3, "oops", lines=[{"type": "end", "iters": 7}])
+        wait_for(lambda: any(w["state"] == "exited" for hb in master.heartbeats
+                             for w in hb["workers"]), timeout_s=3, what="exit reported")
+        assert time.monotonic() - t0 < 2  # not the 30 s heartbeat period
+        hb = next(hb for hb in master.heartbeats if hb["records"])
+        assert hb["records"] == [{"type": "end", "iters": 7, "worker": "w-a1"}]
+        assert hb["workers"] == [{"name": "w-a1", "job": "j", "task": "w0", "state": "exited",
+                                  "exit_code": 3, "detail": "oops"}]
+    finally:
+        agent.stop()
+
+
+def test_a_master_that_forgot_the_agent_gets_a_new_registration(master):
+    agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=0.05).start()
+    try:
+        wait_for(lambda: master.heartbeats, what="first heartbeat")
+        master.forget = True
+        wait_for(lambda: len(master.registrations) == 2, what="registration again")
+    finally:
+        agent.stop()
+
+
+def test_an_unreachable_master_is_retried_until_it_answers():
+    gone = FakeMaster()
+    port = gone.server.port
+    gone.server.stop()  # the port is free again: connections are refused
+    agent = SimulatedAgent("n1", f"http://127.0.0.1:{port}", "10.0.0.1", heartbeat_s=0.05).start()
+    try:
+        time.sleep(0.3)
+        assert not agent.messenger.registered
+        back = FakeMaster(port=port)
+        back.server.start()
+        try:
+            wait_for(lambda: back.registrations and back.heartbeats, what="registration")
+        finally:
+            back.server.stop()
+    finally:
+        agent.stop()
+
+
+def test_registration_reply_decides_which_workers_are_kept(master):
+    agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=30)
+    for name in ("keep", "drop"):  # left by the agent's earlier life
+        agent.compute.start(WorkerSpec(**spec(name)))
+    master.expected = ["keep"]
+    agent.start()
+    try:
+        wait_for(lambda: master.registrations, what="registration")
+        wait_for(lambda: set(agent.compute.workers) == {"keep"}, what="reconciled")
+    finally:
+        agent.stop()
+
+
+def test_command_channel_refuses_malformed_commands_with_the_field(master):
+    agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=30).start()
+    url = agent.server.url
+    try:
+        for body, field in (({**spec("w"), "cpu": "lots"}, "WorkerSpec.cpu"),
+                            ({**spec("w"), "extra": 1}, "unknown field"),
+                            ({k: v for k, v in spec("w").items() if k != "image"}, "image"),
+                            ([1, 2], "expected a JSON object")):
+            with pytest.raises(ApiError) as e:
+                call("POST", url + "/workers", body)
+            assert e.value.status == 400 and field in e.value.message
+        for rules in ([{"dst_ip": "10.0.0.2", "rate_mbps": "fast"}], "all", [{"dst_ip": 7}]):
+            with pytest.raises(ApiError) as e:
+                call("PUT", url + "/shaping", {"rules": rules})
+            assert e.value.status == 400
+        assert not agent.compute.workers and agent.network.updates == 0
+        call("PUT", url + "/shaping", {"rules": [{"dst_ip": "10.0.0.2", "rate_mbps": 20}]})
+        assert agent.network.rules == [ShapingRule("10.0.0.2", 20.0)]
+        health = call("GET", url + "/health")
+        assert health["node"] == "n1" and health["workers"] == 0
+    finally:
+        agent.stop()
+
+
+def test_network_manager_changes_only_what_differs(monkeypatch):
+    """The per-destination classes follow the complete set of rules: added, changed, removed;
+    a bad rule refuses the whole set before tc is touched."""
+    kernel = {2: 10.0, 3: 5.0}  # class minor -> Mbit/s, as `tc class show` would list them
+    calls = []
+    monkeypatch.setattr(edge_network.tc, "link_rate", lambda dev, pid: 100.0)
+    monkeypatch.setattr(edge_network.tc, "destinations", lambda dev, pid: dict(kernel))
+
+    def set_destination(dev, ip, rate, pid):
+        calls.append(("set", ip, rate))
+        kernel[int(ip.rsplit(".", 1)[1])] = rate
+
+    def remove_class(dev, minor, pid):
+        calls.append(("remove", minor))
+        del kernel[minor]
+
+    monkeypatch.setattr(edge_network.tc, "set_destination", set_destination)
+    monkeypatch.setattr(edge_network.tc, "remove_class", remove_class)
+    nm = edge_network.NetworkManager("eth0", pid=None)
+    assert nm.apply([ShapingRule("10.0.0.2", 10.0), ShapingRule("10.0.0.4", 7.0)]) == \
+        {"classes": 2}
+    assert sorted(calls, key=str) == [("remove", 3), ("set", "10.0.0.4", 7.0)]
+    for bad in ([ShapingRule("10.0.0.2", 0.0)], [ShapingRule("nonsense", 1.0)],
+                [ShapingRule("10.0.0.2", 1.0), ShapingRule("10.1.0.2", 1.0)]):
+        calls.clear()
+        with pytest.raises(ValueError):
+            nm.apply(bad)
+        assert calls == []
+    nm.clear()
+    assert kernel == {}
+
+
+def test_threads_are_not_left_behind(master):
+    before = threading.active_count()
+    agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=0.05).start()
+    wait_for(lambda: master.heartbeats, what="heartbeat")
+    agent.stop()
+    wait_for(lambda: threading.active_count() <= before, what="threads gone")

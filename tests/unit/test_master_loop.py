@@ -1,0 +1,203 @@
+"""The Master's control loop with in-process simulated agents (the real Messenger over HTTP, no
+containers) and a fake SDN app: launch, success, worker death and retry, heartbeat loss, cancel,
+and heartbeats that stay fast while the SDN app stalls."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from edge.simulated import SimulatedAgent
+from master import Master, MasterConfig
+from master.client import MasterClient
+from topologies import load_topology
+
+STAR = load_topology("star")  # e1, e2: 1 core; e3 0.75; e4, e5 0.5; e6 0.25
+
+
+class FakeSdn:
+    """Records what the Network Controller asks of the SDN app; can stall every change."""
+
+    def __init__(self, stall_s: float = 0.0):
+        self.stall_s = stall_s
+        self.puts: list[list[dict]] = []
+        self.deletes = 0
+        self.lock = threading.Lock()
+
+    def put_job_flows(self, job_id: str, flows: list[dict]) -> dict:
+        time.sleep(self.stall_s)
+        with self.lock:
+            self.puts.append(list(flows))
+        return {}
+
+    def delete_job_flows(self, job_id: str) -> dict:
+        time.sleep(self.stall_s)
+        with self.lock:
+            self.deletes += 1
+        return {}
+
+    def links(self) -> list:
+        return []
+
+
+def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Cluster:
+    def __init__(self, sdn: FakeSdn, heartbeat_s: float = 0.2, **config):
+        cfg = MasterConfig(heartbeat_timeout_s=1.0, tick_s=0.05, **config)
+        self.sdn = sdn
+        self.master = Master(STAR, cfg, sdn).start()
+        self.client = MasterClient(self.master.url)
+        self.agents = {n.name: SimulatedAgent(n.name, self.master.url, n.ip, n.cpu, n.mem_mb,
+                                              heartbeat_s).start() for n in STAR.nodes}
+        self.client.wait_ready(len(STAR.nodes), timeout_s=10)
+
+    def stop(self) -> None:
+        for a in self.agents.values():
+            a.stop()
+        self.master.stop()
+
+    def job(self, name: str) -> dict:
+        return self.client.job(name)
+
+    def workers(self, job: str) -> dict[str, tuple[str, object]]:
+        """worker name -> (node, spec) of the job's live workers."""
+        return {w: (node, a.compute.specs[w]) for node, a in self.agents.items()
+                for w in a.compute.workers if a.compute.specs[w].job == job}
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster(FakeSdn())
+    yield c
+    c.stop()
+
+
+def spread_job(name: str, **more) -> dict:
+    """Two 1-core tasks: on the star only e1 and e2 can hold one each."""
+    return {"name": name, "collective": "ring", "workers": 2, "task": {"cpu": 1.0, "mem_mb": 512},
+            "model_params": 1e6, "demand_mbps": 50, "iterations": 10, **more}
+
+
+def running(c: Cluster, name: str, attempt: int = 1):
+    return lambda: c.job(name)["state"] == "running" and len(c.job(name)["attempts"]) == attempt
+
+
+def test_launch_starts_each_worker_with_its_rendezvous_and_enforces_the_flows(cluster):
+    c = cluster
+    c.client.submit(spread_job("j"))
+    wait_for(running(c, "j"), what="j running")
+    workers = c.workers("j")
+    assert sorted(node for node, _ in workers.values()) == ["e1", "e2"]
+    att = c.job("j")["attempts"][0]
+    rank0_node = att["placement"]["w0"]
+    for node, spec in workers.values():
+        argv = spec.command
+        flag = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+        assert flag["--rank"] == ("0" if node == rank0_node else "1")
+        assert flag["--world-size"] == "2"
+        assert flag["--master-addr"] == STAR.node(rank0_node).ip
+        assert flag["--master-port"] == str(att["master_port"])
+        assert spec.cpu == 1.0 and spec.mem_mb == 512
+    pairs = {(f["src"], f["dst"]): f for f in c.sdn.puts[-1]}
+    assert set(pairs) == {("e1", "e2"), ("e2", "e1")} and pairs[("e1", "e2")]["path"] == ["hub"]
+    rules = wait_for(lambda: c.agents["e1"].network.rules, what="shaping on e1")
+    assert [(r.dst_ip, r.rate_mbps) for r in rules] == \
+        [(STAR.node("e2").ip, pairs[("e1", "e2")]["rate_mbps"])]
+
+
+def test_a_job_finishes_when_every_worker_exits_0_and_frees_what_it_held(cluster):
+    c = cluster
+    c.client.submit(spread_job("j"))
+    wait_for(running(c, "j"), what="j running")
+    for w, (node, _) in c.workers("j").items():
+        c.agents[node].finish(w, 0)
+    wait_for(lambda: c.job("j")["state"] == "finished", what="j finished")
+    wait_for(lambda: c.sdn.deletes == 1, what="the flows removed from the SDN app")
+    wait_for(lambda: not c.agents["e1"].network.rules, what="e1's shaping removed")
+    assert all(n["allocated"]["cpu"] == 0 for n in c.client.nodes())
+    wait_for(lambda: not c.workers("j"), what="the workers removed")
+
+
+def test_a_dead_worker_is_retried_then_the_job_fails_with_the_reason(cluster):
+    c = cluster
+    c.client.submit(spread_job("j"))
+    for attempt in (1, 2):
+        wait_for(running(c, "j", attempt), what=f"attempt {attempt} running")
+        name, (node, _) = sorted(c.workers("j").items())[0]
+        assert name.endswith(f"-a{attempt}")
+        c.agents[node].finish(name, 1, "boom")
+    view = wait_for(lambda: (v := c.job("j"))["state"] == "failed" and v, what="j failed")
+    assert "exited with code 1 (boom)" in view["reason"] and "after 2 attempts" in view["reason"]
+    assert [a["outcome"] != "" for a in view["attempts"]] == [True, True]
+    wait_for(lambda: not c.workers("j"), what="the other workers stopped")
+
+
+def test_bad_parameters_fail_at_once_without_a_retry(cluster):
+    c = cluster
+    c.client.submit(spread_job("j"))
+    wait_for(running(c, "j"), what="j running")
+    name, (node, _) = sorted(c.workers("j").items())[0]
+    c.agents[node].finish(name, 2, "bad option")
+    view = wait_for(lambda: (v := c.job("j"))["state"] == "failed" and v, what="j failed")
+    assert len(view["attempts"]) == 1 and "not retryable" in view["reason"]
+
+
+def test_a_silent_node_goes_offline_and_its_job_is_placed_again(cluster):
+    c = cluster
+    job = spread_job("j", task={"cpu": 0.5, "mem_mb": 512})
+    c.client.submit(job)
+    wait_for(running(c, "j"), what="j running")
+    node = c.job("j")["attempts"][0]["placement"]["w1"]
+    t0 = time.monotonic()
+    c.agents[node].stop()
+    wait_for(lambda: not next(n for n in c.client.nodes() if n["node"] == node)["online"],
+             timeout_s=5, what=f"{node} offline")
+    assert time.monotonic() - t0 < 3.0  # heartbeat timeout 1 s
+    wait_for(running(c, "j", 2), what="attempt 2 running")
+    view = c.job("j")
+    assert "stopped heartbeating" in view["attempts"][0]["outcome"]
+    assert node not in view["attempts"][1]["placement"].values()
+
+
+def test_cancel_stops_the_workers_and_removes_the_flows(cluster):
+    c = cluster
+    c.client.submit(spread_job("j"))
+    wait_for(running(c, "j"), what="j running")
+    assert c.client.cancel("j")["state"] == "cancelled"
+    wait_for(lambda: not c.workers("j"), what="the workers stopped")
+    assert c.sdn.deletes == 1
+    assert all(n["allocated"]["cpu"] == 0 for n in c.client.nodes())
+
+
+def test_heartbeats_stay_fast_and_no_node_goes_offline_while_the_sdn_app_stalls():
+    """Every SDN change takes 5 s; the Master talks to the SDN app outside its lock, so the
+    heartbeats of all six agents (every 0.2 s, timeout 1 s) are answered as fast as ever."""
+    c = Cluster(FakeSdn(stall_s=5.0))
+    try:
+        for a in c.agents.values():
+            a.messenger.round_trips.clear()
+        c.client.submit(spread_job("j"))
+        offline = []
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:  # the stall of the launch's SDN change
+            offline.append(6 - c.client.health()["nodes_online"])
+            time.sleep(0.1)
+        trips = sorted(t for a in c.agents.values() for t in a.messenger.round_trips)
+        assert len(trips) > 100
+        p99 = trips[int(0.99 * (len(trips) - 1))]
+        assert p99 <= 0.1, f"heartbeat reply p99 {p99 * 1000:.0f} ms during the stall"
+        assert max(offline) == 0
+        wait_for(running(c, "j"), timeout_s=10, what="j running after the stall")
+    finally:
+        c.stop()
