@@ -43,7 +43,7 @@ from pathlib import Path
 import networkx as nx
 
 from sdn_app.client import FlowRequest, SdnClient, SdnError
-from sdn_app.flows import default_path
+from topologies.routes import default_path
 from edge import tc
 from testbed import Emulation
 from topologies import Topology, TopologyError, load_topology
@@ -121,15 +121,16 @@ def bottleneck(topo: Topology, src: str, dst: str, path: list[str]) -> float:
 def rate_fidelity(net: Emulation, sdn: SdnClient, rng: random.Random, seconds: float,
                   repeats: int) -> dict:
     topo = net.topo
+    graph = topo.graph()
     pairs = [(a.name, b.name) for a in topo.nodes for b in topo.nodes
-             if a != b and len(default_path(topo, a.name, b.name)) >= 3
-             and bottleneck(topo, a.name, b.name, default_path(topo, a.name, b.name))
+             if a != b and len(default_path(graph, a.name, b.name)) >= 3
+             and bottleneck(topo, a.name, b.name, default_path(graph, a.name, b.name))
              >= 2 * max(RATES)]
     if not pairs:
         raise SystemExit(f"{topo.name}: no node pair with a default path of ≥ 3 switches and a "
                          f"bottleneck ≥ {2 * max(RATES):g} Mbit/s")
     src, dst = rng.choice(sorted(pairs))
-    path = default_path(topo, src, dst)
+    path = default_path(graph, src, dst)
     for node in (src, dst):
         net.update_node(node, cpu=SENDER_CPUS)
     pid, dst_ip = net.nodes[src].container_pid, topo.node(dst).ip

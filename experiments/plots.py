@@ -132,7 +132,7 @@ def rates(results: dict, path: Path) -> Path:
     top = 1.0
     for s in results["schedulers"]:
         pts = [(f["rate_mbps"], f["wire_mbps"]) for r in rows(results) if r["scheduler"] == s
-               for f in r["flows"] if f.get("wire_mbps") is not None]
+               for f in r["flows"] if f.get("wire_mbps") is not None and f["rate_mbps"]]
         if pts:
             x, y = zip(*pts)
             ax.plot(x, y, "o", color=colours[s], ms=4, alpha=0.8, label=s)

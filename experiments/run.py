@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +66,21 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     else:
         master.set_scheduler(scheduler, seed)
     pending = sorted(scenario.jobs, key=lambda d: d.job.submit_time)
+    traffic = {i: b for i, b in enumerate(scenario.background) if b.start_s is not None}
+    started: dict[str, float] = {}  # background flow -> when it started (epoch s)
     names: dict[str, str] = {}  # submitted name -> base name
     samples: dict[str, Any] = {"t": [], "links": {}}
-    t0 = time.monotonic()
+    t0, started_at = time.monotonic(), time.time()
     deadline = t0 + scenario.timeout_s
     next_links = 0.0
     views: list[dict] = []
     while True:
         now = time.monotonic()
+        for i, b in list(traffic.items()):  # another tenant's transfer starts mid-run
+            if b.start_s <= now - t0:
+                stack.start_traffic(i, b, wait=False)
+                started[b.label()] = time.time()
+                del traffic[i]
         while pending and pending[0].job.submit_time <= now - t0:
             doc = pending.pop(0)
             name = f"{doc.job.name}.r{index}"  # unique per run: worker containers are named by it
@@ -104,10 +112,14 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     rows = [job_row(scheduler, seed, names[n], master.job(n, records=True), n in timed_out)
             for n in names]
     wall = time.monotonic() - t0
+    for i, b in enumerate(scenario.background):
+        if b.start_s is not None:
+            stack.stop_traffic(i)
     _wait_idle(master)
     capacity = {f"{lk['src']}>{lk['dst']}": lk["capacity_mbps"] for lk in master.links()}
     busy = {k: v for k, v in samples["links"].items() if max((x or 0) for x in v) >= 1.0}
     return {"scheduler": scheduler, "seed": seed, "wall_s": round(wall, 2), "jobs": rows,
+            "started_at": started_at, "background_started_at": started,
             "links": {"t": samples["t"], "mbps": busy,
                       "capacity_mbps": {k: capacity[k] for k in busy}}}
 
@@ -134,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", help="a job YAML file or folder instead of the scenario's jobs")
     p.add_argument("--seeds", type=int, help="runs per scheduler, seeds 0..N-1")
     p.add_argument("--quick", action="store_true", help="the small scenario (a few minutes)")
-    p.add_argument("--scenario", help="a scenario YAML (default: scenarios/default.yaml)")
-    p.add_argument("--out", help="results folder (default: results/e2e/SCENARIO-TOPO)")
+    p.add_argument("--scenario", help="a scenario YAML (default: scenarios/contention.yaml)")
+    p.add_argument("--out", help="results folder (default: a new results/runs/SCENARIO-TOPO-TIME;"
+                                 " results/e2e/... holds the committed ones)")
     p.add_argument("--cleanup", action="store_true",
                    help="remove what killed runs left (all runs, or --prefix)")
     p.add_argument("--prefix", help="run prefix: 'ces' + 4 hex digits")
@@ -175,16 +188,22 @@ def execute(p: Plan, prefix: str, console: Console) -> int:
         "version": 1, "scenario": {"name": p.scenario.name, "source": p.scenario.source,
                                    "description": p.scenario.description,
                                    "jobs": [d.mapping for d in p.scenario.jobs],
-                                   "timeout_s": p.scenario.timeout_s},
+                                   "timeout_s": p.scenario.timeout_s,
+                                   "link_scale": p.scenario.link_scale},
         "topology": p.topo.name, "schedulers": p.schedulers, "seeds": p.seeds,
         "machine": machine(), "started_at": time.time(), "runs": []}
     t0 = time.monotonic()
     total = len(p.schedulers) * p.seeds
     try:
         with Stack(p.topo, prefix, p.out, console) as stack:
-            results["background"] = stack.start_background(p.scenario.background)
+            stack.prepare_background(p.scenario.background)
+            for i, b in enumerate(p.scenario.background):
+                if b.start_s is None:  # the whole session long
+                    stack.start_traffic(i, b)
+            results["background"] = [{**asdict(b), "path": list(b.path)}
+                                     for b in p.scenario.background]
             results["bringup_s"] = round(stack.timings["up_s"], 2)
-            with Display(console) as display:
+            with Display(console, total) as display:
                 for i, (scheduler, seed) in enumerate(
                         (s, seed) for s in p.schedulers for seed in range(p.seeds)):
                     title = f"run {i + 1}/{total}: {scheduler}, seed {seed}"
@@ -195,8 +214,10 @@ def execute(p: Plan, prefix: str, console: Console) -> int:
                         console.print(f"  {row['job']}: {row['state']}, tta "
                                       f"{fmt(row['tta_s'])} s, accuracy "
                                       f"{fmt(row['final_accuracy'])}, on "
-                                      f"{' '.join(sorted(row['placement'].values()))}")
+                                      f"{' '.join(sorted(row['placement'].values()))} "
+                                      f"({row['network']})")
                     _write(p.out, results, t0)
+                    display.run_done(i + 1)
         results["teardown_s"] = round(stack.timings["down_s"], 2)
     except (RunError, EmulationError, DockerException, ApiError, Unreachable, SdnError) as e:
         print(f"error: {e}", file=sys.stderr)

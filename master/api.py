@@ -5,7 +5,8 @@
   POST /agents/{node}/heartbeat     Heartbeat     -> {"stop": [...]}
   GET  /nodes                       per node: capacity, allocated, online, usage, cordoned
   PUT  /nodes/{node}                {"schedulable": bool}   (cordon / uncordon)
-  GET  /links                       per directed link: capacity, granted, measured, background
+  GET  /links                       per directed link: capacity, up, granted, measured, background
+  PUT  /links/{u}/{v}               {"bw_mbps": capacity}   (a link's capacity changed)
   GET  /scheduler   PUT /scheduler  {"algorithm": name, "seed": n, "queue": policy}
   POST /jobs                        {"job": mapping as in a job YAML, "algorithm": optional}
   GET  /jobs                        summaries
@@ -42,6 +43,7 @@ class MasterApi:
         app.route("GET", "/nodes", lambda req: self.nodes_view())
         app.route("PUT", "/nodes/(?P<node>[^/]+)", self._put_node)
         app.route("GET", "/links", lambda req: self._locked(self.m.network.report))
+        app.route("PUT", "/links/(?P<u>[^/]+)/(?P<v>[^/]+)", self._put_link)
         app.route("GET", "/scheduler", lambda req: self._scheduler_view())
         app.route("PUT", "/scheduler", self._put_scheduler)
         app.route("POST", "/jobs", self._post_job)
@@ -132,6 +134,17 @@ class MasterApi:
             (self.m.cordoned.discard if body["schedulable"] else self.m.cordoned.add)(node)
         self.m.wake()
         return {"node": node, "schedulable": body["schedulable"]}
+
+    def _put_link(self, req: Request, u: str, v: str) -> dict:
+        body = req.json()
+        if not self.m.cluster.graph.has_edge(u, v):
+            raise ApiError(404, f"no link between '{u}' and '{v}'")
+        bw = body.get("bw_mbps") if isinstance(body, dict) else None
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < 1e7:
+            raise ApiError(400, f"expected {{\"bw_mbps\": a number > 0}}, got {body!r}",
+                           "bw_mbps")
+        self.m.set_link_capacity(u, v, float(bw))
+        return {"src": u, "dst": v, "bw_mbps": float(bw)}
 
     def _put_scheduler(self, req: Request) -> dict:
         body = req.json()

@@ -67,6 +67,9 @@ class MasterClient:
     def links(self) -> list[dict]:
         return self._call("GET", "/links")
 
+    def set_link_capacity(self, u: str, v: str, bw_mbps: float) -> dict:
+        return self._call("PUT", f"/links/{u}/{v}", {"bw_mbps": bw_mbps})
+
     def set_scheduler(self, algorithm: str, seed: int = 0, queue: str = "fifo-backfill") -> dict:
         return self._call("PUT", "/scheduler", {"algorithm": algorithm, "seed": seed,
                                                "queue": queue})

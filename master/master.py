@@ -13,6 +13,13 @@ allocates from it; the Network Controller holds the flows and enforces them.
 Closed loop: an agent reports a worker's exit at once (its next heartbeat is sent immediately);
 a node whose heartbeats stop for `heartbeat_timeout_s` is taken offline. Either ends the job's
 attempt: it is scheduled again on what is left, or fails with the reason.
+
+A job's network (`scheduler.compose`): an enforced decision's flows are installed (SDN paths and
+meters, sender tc) and reserved; a best-effort one installs and reserves nothing. Runtime
+adjustment (`adjust`): after every read of the link statistics, the enforced jobs whose grants no
+longer fit a link (`NetworkController.contended`) get new paths and rates for the placement they
+have (`scheduler.paths.route_placement`, on the view with the unscheduled traffic), installed in
+place — the SDN app adds the new entries before it removes the old ones.
 """
 from __future__ import annotations
 
@@ -28,8 +35,10 @@ from dataclasses import dataclass
 from protocol.http import Server
 from protocol.messages import Heartbeat, Registration, WorkerSpec, WorkerState
 from protocol.worker import RENDEZVOUS_PORT
+from scheduler import compose
 from scheduler.metrics import predicted_iteration_s
-from scheduler.model import Cluster, Decision, check_decision
+from scheduler.model import ENFORCED, Cluster, Decision, check_decision
+from scheduler.paths import NoPath, route_placement
 from topologies import Topology
 
 from .api import MasterApi
@@ -52,6 +61,7 @@ class MasterConfig:
     tick_s: float = 0.5  # control loop period
     links_poll_s: float = 2.0  # how often the SDN app's link statistics are read
     first_port: int = RENDEZVOUS_PORT  # rendezvous ports: one per attempt, counting up
+    adjust: bool = True  # re-route enforced jobs whose grants no longer fit (runtime adjustment)
 
 
 class Master:
@@ -118,6 +128,8 @@ class Master:
             if self.sdn is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + self.cfg.links_poll_s
                 self._guarded(self._poll_links)
+                if self.cfg.adjust:
+                    self._guarded(self._adjust)
             if self._dirty:
                 self._dirty = False
                 self._guarded(self._schedule)
@@ -198,9 +210,11 @@ class Master:
         """Pin, check and allocate under the lock; then enforce the network and start the
         workers outside it."""
         job = rec.job
+        enforced = decision.network == ENFORCED
         with self.lock:
             view = self.network.view(self.unschedulable())
-            decision = self.network.pin(decision)
+            if enforced:
+                decision = self.network.pin(decision)
             problems = check_decision(view, job, decision)
             if problems:
                 self.manager.wait(rec, f"sharing a node pair's path: {problems[0]}")
@@ -209,15 +223,19 @@ class Master:
             port = next(self._ports)
             attempt = self.manager.start_attempt(rec, decision, names, port)
             attempt.info.update(predicted_iteration_s=predicted_iteration_s(view, job, decision),
-                                decision_s=decision.decision_s)
+                                decision_s=decision.decision_s, network=decision.network,
+                                adjustable=enforced and compose.adjustable(rec.algorithm),
+                                adjustments=[])
             self.worker_job.update({n: job.name for n in names.values()})
             self.cluster.allocate(job, decision)
-            self.network.add(job, decision)
+            if enforced:
+                self.network.add(job, decision)
             state = self.network.desired()
             agents = {t.name: self.compute.agents[decision.placement[t.name]].reg
                       for t in job.tasks}
         try:
-            self.network.push(state)
+            if enforced:
+                self.network.push(state)
         except Exception as e:
             with self.lock:
                 self._release(job.name)
@@ -247,6 +265,91 @@ class Master:
                 return
         with self.lock:
             self.manager.mark_running(rec)
+
+    # --- runtime adjustment --------------------------------------------------------------------
+    def _adjust(self) -> None:
+        """Re-route the enforced jobs whose grants no longer fit a link (module doc)."""
+        with self.lock:
+            hot = self.network.contended()
+            if not hot:
+                return
+            moved = self._reroute(hot)
+            if not moved:
+                return
+            for rec, _ in moved:
+                self._release(rec.name)
+            for rec, decision in moved:
+                self.cluster.allocate(rec.job, decision)
+                self.network.add(rec.job, decision)
+                rec.current.decision = decision
+            state = self.network.desired()
+        self._push_quietly(state)
+        now = time.time()
+        with self.lock:
+            for rec, decision in moved:
+                where = ", ".join(f"{f.src}->{f.dst} {'-'.join(f.path[1:-1])} "
+                                  f"{f.rate_mbps:.1f}" for f in decision.flows)
+                rec.current.info["adjustments"].append(
+                    {"at": now, "links": sorted(f"{u}>{v}" for u, v in hot), "flows": where})
+                rec.log(now, f"re-routed ({', '.join(sorted(f'{u}>{v}' for u, v in hot))} "
+                             f"contended): {where}")
+
+    def _reroute(self, hot: set[tuple[str, str]]) -> list[tuple[JobRecord, Decision]]:
+        """New paths and rates for the adjustable jobs that use a `hot` link, and for those that
+        share a node pair with them (one path per pair), on the view with the unscheduled
+        traffic; the others' pairs keep their paths. Off the hot links where another path
+        exists (the unscheduled traffic there is elastic: what was measured is only what it got
+        beside the grants), else on what is left of them. Only jobs whose flows change."""
+        def uses(rec: JobRecord, links: set) -> bool:
+            return any(lk in links for f in rec.current.decision.flows
+                       for lk in f.directed_links())
+
+        adjustable = [r for r in self.manager.active() if r.current.info.get("adjustable")]
+        affected = {r.name for r in adjustable if uses(r, hot)}
+        grew = True
+        while grew:  # the closure over shared node pairs
+            pairs = {(f.path[0], f.path[-1]) for r in adjustable if r.name in affected
+                     for f in r.current.decision.flows}
+            more = {r.name for r in adjustable
+                    if any((f.path[0], f.path[-1]) in pairs for f in r.current.decision.flows)}
+            grew = not more <= affected
+            affected |= more
+        view = self.network.view(self.unschedulable())
+        for name in affected:
+            view.release(name)
+        fixed = {pair: p.path for pair, p in self.network.pairs.items()
+                 if not {job for job, _, _ in p.shares} & affected}
+        moved = []
+        for rec in sorted((r for r in adjustable if r.name in affected), key=lambda r: r.name):
+            old = rec.current.decision
+            avoid = view.copy(share_graph=True)
+            for link in hot:
+                avoid.reserved[link] = avoid.reserved.get(link, 0.0) + avoid.residual(*link)
+            try:
+                flows = route_placement(avoid, rec.job, old.placement, fixed=fixed)
+            except NoPath:
+                try:
+                    flows = route_placement(view, rec.job, old.placement, fixed=fixed)
+                except NoPath as e:
+                    log.warning("job %s keeps its paths: %s", rec.name, e)
+                    continue
+            new = Decision(old.job, dict(old.placement), flows, old.decision_s, old.network)
+            view.allocate(rec.job, new)
+            for f in flows:
+                fixed.setdefault((f.path[0], f.path[-1]), f.path)
+            before = {(f.src, f.dst): (f.path, f.rate_mbps) for f in old.flows}
+            if any(before[(f.src, f.dst)][0] != f.path or
+                   abs(before[(f.src, f.dst)][1] - f.rate_mbps) > 0.05 * f.rate_mbps
+                   for f in flows):
+                moved.append((rec, new))
+        return moved
+
+    def set_link_capacity(self, u: str, v: str, bw_mbps: float) -> None:
+        """An operator or monitoring reports a link's new capacity; the next adjustment sees
+        it, and new decisions use it."""
+        with self.lock:
+            self.network.set_capacity(u, v, bw_mbps)
+        self.wake()
 
     def _release(self, job_name: str) -> None:
         """Free a job's resources and flows in the view (under the lock)."""

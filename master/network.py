@@ -1,9 +1,14 @@
 """The Network Controller: the network view and the enforcement of flow decisions.
 
 View: the cluster's link capacities and reservations (the Master's `Cluster`), plus the measured
-utilisation of every directed link (from the SDN app's statistics). Traffic the Master did not
-schedule (other tenants, background) is estimated per directed link as measured minus granted and
-reserved in the view the Scheduler decides on, so a network-aware algorithm sees it.
+utilisation and state of every directed link (from the SDN app's statistics and port status).
+Traffic the Master did not schedule (other tenants, background, best-effort jobs) is estimated per
+directed link as measured minus granted and reserved in the view the Scheduler decides on, so a
+network-aware algorithm sees it; a link that is down has nothing left.
+
+Runtime adjustment: `contended` names the links where the grants no longer fit — the link is
+down, its capacity fell below them, or unscheduled traffic leaves them less than `HEADROOM` of the
+link — so that the Master can re-route the jobs that use them.
 
 Enforcement: per node pair. On the wire, the traffic between two compute nodes cannot be told
 apart by job (the workers of several jobs share their node's address, as the containers of a
@@ -63,6 +68,9 @@ class NetworkState:
 
 class NetworkController:
     BACKGROUND_FLOOR_MBPS = 1.0  # below this, measured-minus-granted is counter noise
+    # Grants plus unscheduled traffic above this share of a link: TCP's competition on the
+    # link's queue already eats into the grants (the measured total cannot exceed the link).
+    HEADROOM = 0.95
 
     def __init__(self, topo: Topology, cluster: Cluster, compute: ComputeController,
                  sdn: SdnApi | None = None, sdn_job_id: str = "ces"):
@@ -71,6 +79,7 @@ class NetworkController:
         self.pairs: dict[Pair, PairFlow] = {}
         self.ip = {n.name: n.ip for n in topo.nodes}
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
+        self.down: set[tuple[str, str]] = set()  # directed links without link (port status)
         # What the network holds, as far as pushes know (the control loop's own state).
         self.shaped: dict[str, tuple[ShapingRule, ...]] = {}  # node -> rules its agent applied
         self.dirty_shaping: set[str] = set()  # nodes whose agent missed an update
@@ -92,17 +101,36 @@ class NetworkController:
     def view(self, unschedulable: set[str]) -> Cluster:
         """The cluster the Scheduler decides on: nodes it may not use marked offline, and the
         bandwidth unscheduled traffic takes reserved (capped at what is left)."""
-        view = self.cluster.copy()
+        view = self.cluster.copy(share_graph=True)  # the graph's structure never changes
         view.offline |= unschedulable
-        for link, mbps in self.background().items():
+        taken = dict(self.background())
+        for link in self.down:
+            taken[link] = float("inf")
+        for link, mbps in taken.items():
             if view.graph.has_edge(*link):
                 view.reserved[link] = view.reserved.get(link, 0.0) + min(mbps,
                                                                          view.residual(*link))
         return view
 
     def observe(self, links: list) -> None:
-        """Take the SDN app's link usage (src, dst, mbps per directed link)."""
+        """Take the SDN app's link usage (src, dst, mbps, up per directed link)."""
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
+        self.down = {(u.src, u.dst) for u in links if not u.up}
+
+    def set_capacity(self, u: str, v: str, bw_mbps: float) -> None:
+        """A link's capacity changed (both directions): an operator or monitoring says so."""
+        self.cluster.graph.edges[u, v]["bw_mbps"] = float(bw_mbps)
+
+    def contended(self) -> set[tuple[str, str]]:
+        """Directed links whose grants no longer fit (see module doc)."""
+        bg = self.background()
+        out = set()
+        for link in {lk for p in self.pairs.values() for lk in zip(p.path, p.path[1:])}:
+            granted, capacity = self.granted(*link), self.cluster.link_capacity(*link)
+            if link in self.down or granted > capacity + 1e-6 or \
+                    (link in bg and granted + bg[link] > self.HEADROOM * capacity):
+                out.add(link)
+        return out
 
     def report(self) -> list[dict]:
         """Every directed link: capacity, granted by the Master, measured, background."""
@@ -111,6 +139,7 @@ class NetworkController:
         for u, v, d in self.cluster.graph.edges(data=True):
             for a, b in ((u, v), (v, u)):
                 out.append({"src": a, "dst": b, "capacity_mbps": d["bw_mbps"],
+                            "up": (a, b) not in self.down,
                             "granted_mbps": round(self.granted(a, b), 3),
                             "measured_mbps": self.measured.get((a, b)),
                             "background_mbps": round(bg.get((a, b), 0.0), 3)})

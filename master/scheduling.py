@@ -6,7 +6,8 @@ Two pluggable parts, the same objects the simulator runs:
     `fifo`): given a `rounds.Round` over the Master's view of the cluster, it picks the jobs
     to start and places each through
   - a *single-job algorithm* of the registry (`scheduler.baselines`: the baselines, `exact`,
-    `ces-ppo`, ...).
+    `ces-ppo`, ...), with its network part composed in (`scheduler.compose`: `k8s-spread` runs
+    best-effort, `k8s-spread/ces` on CES's paths and rates, `ces-ppo/best-effort`, ...).
 Every decision the Round commits has passed `check_decision` on the view it was made on.
 Preempting policies (`las`) are refused: the testbed does not checkpoint jobs.
 """
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass, replace
 
 from scheduler.baselines import algorithm_names
+from scheduler import compose
 from scheduler.model import CannotPlace, Cluster, Decision, Job
 from scheduler.multi import POLICIES, MultiConfig, make_policy
 from scheduler.rounds import JobState, Round
@@ -47,9 +49,15 @@ class Scheduler:
 
     @staticmethod
     def _check(name: str) -> str:
+        """A scheduler spec (`compose`: NAME[:PATH_RULE][/NETWORK]) whose parts are known."""
         known = algorithm_names()
-        if name.partition(":")[0] not in known:
-            raise UnknownAlgorithm(f"unknown scheduler '{name}' (known: {', '.join(known)})")
+        try:
+            base, _ = compose.parse(name)
+        except ValueError as e:
+            raise UnknownAlgorithm(str(e)) from None
+        if base.partition(":")[0] not in known:
+            raise UnknownAlgorithm(f"unknown scheduler '{name}' (known: {', '.join(known)}; "
+                                   f"optionally /{'|/'.join(compose.NETWORKS)})")
         return name
 
     def configure(self, default: str, seed: int, queue: str = "fifo-backfill") -> None:
@@ -77,7 +85,7 @@ class Scheduler:
     @staticmethod
     def _build(queue: str, algorithm: str, seed: int):
         try:
-            return make_policy(queue, algorithm, seed, NO_PREEMPTION)
+            return make_policy(queue, compose.build(algorithm, seed), seed, NO_PREEMPTION)
         except (OSError, ValueError, RuntimeError) as e:
             raise UnknownAlgorithm(f"scheduler '{algorithm}' cannot be used: {e}") from None
 

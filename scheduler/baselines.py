@@ -25,7 +25,8 @@ still free, then route the flows with their path rule and the rate split of `pat
                  paths whose every link has the flow's demand free; nodes with such paths for all
                  peer flows come first (ties: the node with the most free cpu). Routes with the
                  bandwidth-constrained shortest path.
-All but the last two default to shortest paths (they are network-blind placements).
+All but the last two default to shortest paths. All but network-aware are network-blind: they run
+best-effort by default (`compose.py`), as they would on a plain network.
 """
 from __future__ import annotations
 
@@ -79,18 +80,25 @@ def algorithm_names() -> list[str]:
     return list(ALGORITHMS)
 
 
-def make_algorithm(name: str, seed: int = 0, **kw) -> Algorithm:
-    """Build an algorithm by registry name (`NAME` or `NAME:PATH_RULE`)."""
-    base, _, rule = name.partition(":")
+def algorithm_factory(name: str) -> Callable[..., Algorithm]:
+    """The registered class or factory of `NAME` (a path rule suffix is ignored)."""
+    base = name.partition(":")[0]
     _load_plugin(base)
     if base not in ALGORITHMS:
         raise ValueError(f"unknown algorithm '{name}' (known: {', '.join(algorithm_names())})")
+    return ALGORITHMS[base]
+
+
+def make_algorithm(name: str, seed: int = 0, **kw) -> Algorithm:
+    """Build an algorithm by registry name (`NAME` or `NAME:PATH_RULE`)."""
+    factory = algorithm_factory(name)
+    rule = name.partition(":")[2]
     if rule:
         if rule not in PATH_RULES:
             raise ValueError(f"unknown path rule '{rule}' in '{name}' (expected one of "
                              f"{', '.join(PATH_RULES)})")
         kw["path_rule"] = rule
-    algo = ALGORITHMS[base](seed=seed, **kw)
+    algo = factory(seed=seed, **kw)
     if rule:
         algo.name = name
     return algo
@@ -134,6 +142,8 @@ class Placing:
 class TaskPlacer:
     """Place task by task with `choose`, then route with `path_rule` and the rate split."""
     name: ClassVar[str] = ""
+    # Whether placement ignores the network (runs on a plain network by default: compose.py).
+    network_blind: ClassVar[bool] = True
     seed: int = 0
     path_rule: str = "shortest"
     k: int = 4  # candidate paths for the ksplit rule
@@ -241,6 +251,7 @@ class K8sSpread(TaskPlacer):
 @dataclass
 class NetworkAware(TaskPlacer):
     name: ClassVar[str] = "network-aware"
+    network_blind: ClassVar[bool] = False
     path_rule: str = "constrained"
 
     def choose(self, st, d, task, fits):

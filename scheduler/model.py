@@ -19,6 +19,11 @@ from topologies import Topology
 
 RESOURCES = ("cpu", "mem_mb", "gpu")
 EPS = 1e-9
+# How the network carries a decision's flows:
+ENFORCED = "enforced"  # on its paths at its rates: installed in the network, reserved in the view
+BEST_EFFORT = "best-effort"  # nothing installed or reserved: the network's default paths, TCP's
+#                               share (the decision's paths and rates are what it expects then)
+NETWORK_MODES = (ENFORCED, BEST_EFFORT)
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class Decision:
     placement: dict[str, str]  # task -> compute node
     flows: list[FlowAssignment]  # one per logical flow whose ends are on different nodes
     decision_s: float = 0.0  # wall time the algorithm took
+    network: str = ENFORCED  # NETWORK_MODES
 
     def flow(self, src: str, dst: str) -> FlowAssignment | None:
         return next((f for f in self.flows if f.src == src and f.dst == dst), None)
@@ -179,18 +185,21 @@ class Cluster:
             raise ValueError(f"infeasible decision for job {job.name}: {problems[0]}")
         for task, node in decision.placement.items():
             self.used[node] = self.used[node] + job.task(task).demand
-        for f in decision.flows:
-            for link in f.directed_links():
-                self.reserved[link] = self.reserved.get(link, 0.0) + f.rate_mbps
+        self._reserve(decision, +1)
         self.jobs[job.name] = (job, decision)
 
     def release(self, job_name: str) -> None:
         job, decision = self.jobs.pop(job_name)
         for task, node in decision.placement.items():
             self.used[node] = self.used[node] - job.task(task).demand
+        self._reserve(decision, -1)
+
+    def _reserve(self, decision: Decision, sign: int) -> None:
+        if decision.network != ENFORCED:
+            return  # best-effort flows hold nothing: TCP shares whatever is there
         for f in decision.flows:
             for link in f.directed_links():
-                self.reserved[link] = self.reserved.get(link, 0.0) - f.rate_mbps
+                self.reserved[link] = self.reserved.get(link, 0.0) + sign * f.rate_mbps
 
 
 def check_decision(cluster: Cluster, job: Job, decision: Decision) -> list[str]:
@@ -200,8 +209,11 @@ def check_decision(cluster: Cluster, job: Job, decision: Decision) -> list[str]:
     assignment per inter-node logical flow (none for co-located ones) whose path is contiguous in
     G, starts at the src task's node and ends at the dst task's node, passes through no other
     compute node, with a rate > 0 that fits the residual bandwidth of every directed link (summed
-    over this decision's flows).
+    over this decision's flows) — the last for enforced decisions only (a best-effort decision
+    reserves nothing).
     """
+    if decision.network not in NETWORK_MODES:
+        return [f"network mode {decision.network!r} is not one of {', '.join(NETWORK_MODES)}"]
     problems: list[str] = []
     tasks = {t.name for t in job.tasks}
     placed = set(decision.placement)
@@ -259,7 +271,7 @@ def check_decision(cluster: Cluster, job: Job, decision: Decision) -> list[str]:
         for link in f.directed_links():
             reserve[link] = reserve.get(link, 0.0) + f.rate_mbps
     for (u, v), rate in sorted(reserve.items()):
-        if rate > cluster.residual(u, v) + 1e-6:
+        if decision.network == ENFORCED and rate > cluster.residual(u, v) + 1e-6:
             problems.append(f"link {u}->{v} over capacity: {rate:.3f} Mbit/s requested, "
                             f"{cluster.residual(u, v):.3f} free")
     return problems

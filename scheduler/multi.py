@@ -457,12 +457,14 @@ POLICIES: dict[str, Callable[..., object]] = {
 }
 
 
-def make_policy(name: str, algorithm: str | None = None, seed: int = 0,
+def make_policy(name: str, algorithm: str | Algorithm | None = None, seed: int = 0,
                 config: MultiConfig = MultiConfig()):
-    """A queue policy by name, placing jobs with single-job `algorithm` (default: CES-Multi's)."""
+    """A queue policy by name, placing jobs with single-job `algorithm`: a registry name
+    (default: CES-Multi's) or an algorithm object (e.g. composed by `compose.build`)."""
     if name not in POLICIES:
         raise ValueError(f"unknown queue policy '{name}' (known: {', '.join(POLICIES)})")
-    algo = make_algorithm(algorithm or default_algorithm(), seed=seed)
+    algo = algorithm if algorithm is not None and not isinstance(algorithm, str) else \
+        make_algorithm(algorithm or default_algorithm(), seed=seed)
     return CesMulti(algo, config, seed) if name == "ces-multi" else POLICIES[name](algo)
 
 

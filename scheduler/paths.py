@@ -282,3 +282,83 @@ def hop_distances(cluster: Cluster, origin: str, min_residual: float = 0.0,
                 nxt.append(v)
         frontier = nxt
     return {v: d for v, d in dist.items() if graph.nodes[v]["kind"] == "compute"}
+
+
+def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k: int = 4,
+                    fixed: Mapping[tuple[str, str], Path] | None = None,
+                    sweeps: int = 3) -> list[FlowAssignment]:
+    """CES's network decision for a given placement: a path and a rate for every inter-node flow.
+
+    Candidates per flow: its node pair's k shortest loop-free paths and its widest one, those
+    with residual bandwidth on every link (`fixed` pins a node pair to one path). The paths
+    minimise the collective's bandwidth-bound time
+
+        T = max( max_f b_f / d_f ,  max_l Σ_{f ∋ l} b_f / res_l )      (b_f: bytes as weights)
+
+    which is what the rate split reaches (exact.py's closed form), ties to the fewest hops
+    weighted by bytes: flows placed largest first on their best path given the earlier ones,
+    then one flow at a time moved while that lowers T (at most `sweeps` rounds). The rates are
+    the rate split on those paths. Raises `NoPath` when a flow has no usable path."""
+    crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
+    if not crossing:
+        return []
+    use_bytes = all(f.bytes_per_iter > 0 for f in crossing)
+    weight = {(f.src, f.dst): f.bytes_per_iter if use_bytes else 1.0 for f in crossing}
+    demand = {(f.src, f.dst): f.demand_mbps for f in crossing}
+    options: dict[tuple[str, str], list[Path]] = {}
+    for f in crossing:
+        a, b = placement[f.src], placement[f.dst]
+        if fixed and (a, b) in fixed:
+            found = [tuple(fixed[(a, b)])]
+        else:
+            found = list(dict.fromkeys(candidate_paths(cluster, a, b, k)
+                                       + [widest_path(cluster, a, b)]))
+        usable = [p for p in found if cluster.path_residual(p) > EPS]
+        if not usable:
+            raise NoPath(f"flow {f.src}->{f.dst}: no path from {a} to {b} with residual "
+                         "bandwidth")
+        options[(f.src, f.dst)] = usable
+    floor = max((weight[fl] / demand[fl] for fl in weight if demand[fl] > EPS), default=0.0)
+    load: dict[tuple[str, str], float] = {}  # bytes of the flows placed so far, per link
+
+    def cost(fl: tuple[str, str], path: Path) -> tuple[float, float]:
+        """(T, hop-bytes) with flow `fl` on `path` and the others where `load` has them."""
+        on = set(links(path))
+        worst = floor
+        for lk, x in load.items():
+            if lk not in on and x > EPS:
+                worst = max(worst, x / cluster.residual(*lk))
+        for lk in on:
+            worst = max(worst, (load.get(lk, 0.0) + weight[fl]) / cluster.residual(*lk))
+        return worst, weight[fl] * (len(path) - 1)
+
+    def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return a[0] < b[0] * (1 - 1e-9) or (a[0] <= b[0] * (1 + 1e-9) and a[1] < b[1])
+
+    def put(fl: tuple[str, str], sign: float) -> None:
+        for lk in links(chosen[fl]):
+            load[lk] = load.get(lk, 0.0) + sign * weight[fl]
+
+    chosen: dict[tuple[str, str], Path] = {}
+    for fl in sorted(options, key=lambda fl: -weight[fl]):
+        chosen[fl] = min(options[fl], key=lambda p: cost(fl, p))
+        put(fl, +1)
+    for _ in range(sweeps):
+        moved = False
+        for fl in (fl for fl in options if len(options[fl]) > 1):
+            put(fl, -1)
+            best = min(options[fl], key=lambda p: cost(fl, p))
+            if better(cost(fl, best), cost(fl, chosen[fl])):
+                chosen[fl], moved = best, True
+            put(fl, +1)
+        if not moved:
+            break
+    rates = fair_rates(cluster, chosen, demand, weight)
+    out = []
+    for f in crossing:
+        fl = (f.src, f.dst)
+        if rates[fl] <= EPS:
+            raise NoPath(f"flow {f.src}->{f.dst}: no residual bandwidth on "
+                         f"{' -> '.join(chosen[fl])}")
+        out.append(FlowAssignment(f.src, f.dst, chosen[fl], rates[fl]))
+    return out

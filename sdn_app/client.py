@@ -58,6 +58,7 @@ class LinkUsage:
     capacity_mbps: float
     mbps: float | None  # None until two samples have been taken
     utilisation: float | None
+    up: bool = True  # False while a port of the link reports no link
 
 
 class SdnClient:
@@ -84,8 +85,8 @@ class SdnClient:
         return self._call("GET", f"/jobs/{_quote(job_id)}/flows")["flows"]
 
     def links(self) -> list[LinkUsage]:
-        return [LinkUsage(x["src"], x["dst"], x["capacity_mbps"], x["mbps"], x["utilisation"])
-                for x in self._call("GET", "/links")["links"]]
+        return [LinkUsage(x["src"], x["dst"], x["capacity_mbps"], x["mbps"], x["utilisation"],
+                          x["up"]) for x in self._call("GET", "/links")["links"]]
 
     def switches(self) -> dict[str, Any]:
         return self._call("GET", "/switches")

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-import networkx as nx
 
 from protocol.http import ApiError
 from topologies import Topology
+from topologies.routes import paths_to
 
 ETH_IPV4 = 0x0800
 ETH_ARP = 0x0806
@@ -140,7 +140,7 @@ def parse_flows(doc: Any, topo: Topology) -> list[FlowSpec]:
         raise RequestError('expected a JSON object like {"flows": [...]}')
     unknown = sorted(set(doc) - {"flows"})
     if unknown:
-        raise RequestError(f"unknown field (allowed: flows)", unknown[0])
+        raise RequestError("unknown field (allowed: flows)", unknown[0])
     flows = doc.get("flows")
     if not isinstance(flows, list):
         raise RequestError("expected a list of flows", "flows")
@@ -290,31 +290,16 @@ def flow_rules(spec: FlowSpec, topo: Topology, cookie: int, meter_id: int) -> li
     return rules
 
 
-def paths_to(topo: Topology, node: str) -> dict[str, list[str]]:
-    """{switch: the default path from that switch to `node`'s access switch}: fewest hops, the
-    wider links on ties. Unscheduled traffic to `node` follows these paths."""
-    switches = topo.graph().subgraph(s.name for s in topo.switches)
-    # 1 per hop plus a tie-breaker far smaller than a hop: prefer the higher-capacity link.
-    paths = nx.single_source_dijkstra_path(
-        switches, topo.access_link(node).other(node),
-        weight=lambda a, b, d: 1.0 + 1e-6 / d["bw_mbps"])
-    return {sw: path[::-1] for sw, path in paths.items()}
-
-
-def default_path(topo: Topology, src: str, dst: str) -> list[str]:
-    """The switches unscheduled traffic from compute node `src` to `dst` crosses."""
-    return paths_to(topo, dst)[topo.access_link(src).other(src)]
-
-
 def default_rules(topo: Topology) -> list[Rule]:
-    """Per-destination IPv4 and ARP forwarding along the default paths (`paths_to`). ARP
+    """Per-destination IPv4 and ARP forwarding along the default paths
+    (`topologies.routes.paths_to`). ARP
     requests go to the target host itself rather than being flooded or answered by the
     controller, so hosts learn their peers' real MACs and ARP keeps working while the controller
     is down."""
     g = topo.graph()
     rules = []
     for node in topo.nodes:
-        for sw_name, path in paths_to(topo, node.name).items():
+        for sw_name, path in paths_to(g, node.name).items():
             nxt = path[1] if len(path) > 1 else node.name
             port = g.edges[sw_name, nxt]["ports"][sw_name]
             dpid = topo.switch(sw_name).dpid

@@ -36,6 +36,7 @@ class NetworkMonitor(BaseApp):
         self.flow_packets: dict[tuple[int, int], int] = {}
         self.meters_in = Rates()  # (dpid, meter_id): bytes entering the meter
         self.meters_dropped = Rates()  # (dpid, meter_id): bytes its drop band dropped
+        self.down: frozenset[tuple[int, int]] = frozenset()  # (dpid, port) without link
         self._parts: dict[tuple[int, str], set[int]] = {}  # ids seen so far in a multi-part reply
         self.ends = link_ends(self.topo)
         self._stopping = new_event()
@@ -66,11 +67,13 @@ class NetworkMonitor(BaseApp):
                                     dp.id, self.topo.name)
             parser = dp.ofproto_parser
             dp.send_msg(parser.OFPMeterFeaturesStatsRequest(dp, 0))
+            dp.send_msg(parser.OFPPortDescStatsRequest(dp, 0))  # which ports have a link
         elif self.datapaths.get(dp.id) is dp:  # not an old connection dying after a new one
             self.datapaths = {d: x for d, x in self.datapaths.items() if d != dp.id}
             self.connected_at = {d: t for d, t in self.connected_at.items() if d != dp.id}
             for rates in (self.ports, self.flows, self.meters_in, self.meters_dropped):
                 rates.forget(lambda key, d=dp.id: key[0] == d)
+            self.down = frozenset(p for p in self.down if p[0] != dp.id)  # unknown again
             self._event("disconnect", dp.id)
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
@@ -79,8 +82,21 @@ class NetworkMonitor(BaseApp):
         ofp = msg.datapath.ofproto
         reason = {ofp.OFPPR_ADD: "port_add", ofp.OFPPR_DELETE: "port_delete",
                   ofp.OFPPR_MODIFY: "port_modify"}.get(msg.reason, "port_status")
-        down = bool(msg.desc.state & ofp.OFPPS_LINK_DOWN)
+        down = bool(msg.desc.state & ofp.OFPPS_LINK_DOWN) or msg.reason == ofp.OFPPR_DELETE
+        self._port_state(msg.datapath.id, [(msg.desc.port_no, down)])
         self._event(reason, msg.datapath.id, port=msg.desc.port_no, link_down=down)
+
+    @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, MAIN_DISPATCHER)
+    def port_desc_stats_reply_handler(self, ev: Any) -> None:
+        ofp = ev.msg.datapath.ofproto
+        self._port_state(ev.msg.datapath.id, [(p.port_no, bool(p.state & ofp.OFPPS_LINK_DOWN))
+                                              for p in ev.msg.body])
+
+    def _port_state(self, dpid: int, ports: list[tuple[int, bool]]) -> None:
+        down = set(self.down)
+        for port, is_down in ports:
+            (down.add if is_down else down.discard)((dpid, port))
+        self.down = frozenset(down)
 
     def _event(self, kind: str, dpid: int, **extra: Any) -> None:
         self.switch_events.append({"time": time.time(), "event": kind, "dpid": dpid,
@@ -159,6 +175,7 @@ class NetworkMonitor(BaseApp):
             usage.append({"src": end.src, "dst": end.dst, "switch": self.known[end.dpid],
                           "port": end.port, "counter": end.counter,
                           "capacity_mbps": end.capacity_mbps,
+                          "up": not self.down.intersection(end.ports),
                           "mbps": None if mbps is None else round(mbps, 3),
                           "utilisation": None if mbps is None
                           else round(mbps / end.capacity_mbps, 4)})

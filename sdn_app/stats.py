@@ -80,6 +80,7 @@ class LinkEnd:
     port: int
     counter: str  # "tx" or "rx"
     capacity_mbps: float
+    ports: tuple[tuple[int, int], ...]  # (dpid, port) of the link's switch ends: down if any is
 
 
 def link_ends(topo: Topology) -> list[LinkEnd]:
@@ -87,9 +88,10 @@ def link_ends(topo: Topology) -> list[LinkEnd]:
     switches = {s.name: s.dpid for s in topo.switches}
     ends = []
     for lk in topo.links:
+        ports = tuple((switches[e], lk.port_of(e)) for e in (lk.a, lk.b) if e in switches)
         for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
             if a in switches:
-                ends.append(LinkEnd(a, b, switches[a], lk.port_of(a), "tx", lk.bw_mbps))
+                ends.append(LinkEnd(a, b, switches[a], lk.port_of(a), "tx", lk.bw_mbps, ports))
             else:
-                ends.append(LinkEnd(a, b, switches[b], lk.port_of(b), "rx", lk.bw_mbps))
+                ends.append(LinkEnd(a, b, switches[b], lk.port_of(b), "rx", lk.bw_mbps, ports))
     return ends

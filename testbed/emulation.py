@@ -393,6 +393,23 @@ class Emulation:
         self.topo = dataclasses.replace(
             self.topo, links=[new if x is lk else x for x in self.topo.links])
 
+    def set_link_up(self, a: str, b: str, up: bool) -> None:
+        """Take a link down (both ends lose carrier: the switches report the ports down to the
+        controller) or bring it back."""
+        lk = next((lk for lk in self.topo.links if {lk.a, lk.b} == {a, b}), None)
+        if lk is None:
+            raise EmulationError(f"set_link_up: no link between '{a}' and '{b}'")
+        for end in (a, b):
+            if end in self.nodes:
+                cmd = ["nsenter", "-t", str(self.nodes[end].container_pid), "-n", "ip", "link",
+                       "set", "eth0", "up" if up else "down"]
+            else:
+                cmd = ["ip", "link", "set", self.interface_name(end, lk.port_of(end)),
+                       "up" if up else "down"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise EmulationError(f"set_link_up {a}-{b}: {done.stderr.strip()}")
+
     def update_node(self, name: str, cpu: float | None = None, mem_mb: int | None = None) -> None:
         """Change a node's CPU/memory capacity (node container and the cgroup of its workers)."""
         try:

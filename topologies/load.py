@@ -193,6 +193,21 @@ def parse_topology(doc: Any, where: str, default_name: str = "topology") -> Topo
     return topo
 
 
+def topology_document(topo: Topology) -> dict:
+    """The YAML document of `topo`: `parse_topology` of it gives `topo` back (names, capacities,
+    delays, dpids, ports, addresses), so a topology made in code can be handed to another
+    process as a file."""
+    def some(**fields: Any) -> dict:
+        return {k: v for k, v in fields.items() if v not in ("", None)}
+    return some(name=topo.name, description=topo.description) | {
+        "switches": [some(name=s.name, dpid=s.dpid, tier=s.tier, label=s.label)
+                     for s in topo.switches],
+        "nodes": [some(name=n.name, cpu=n.cpu, mem_mb=n.mem_mb, gpu=n.gpu, speed=n.speed, ip=n.ip,
+                       mac=n.mac, label=n.label) for n in topo.nodes],
+        "links": [{"ends": [lk.a, lk.b], "bw_mbps": lk.bw_mbps, "delay_ms": lk.delay_ms,
+                   "ports": [lk.port_a or None, lk.port_b or None]} for lk in topo.links]}
+
+
 def _list(doc: dict, key: str, where: str) -> list:
     value = doc.get(key)
     if value is None:

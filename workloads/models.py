@@ -4,6 +4,7 @@
 | --------- | ------------ | ------------- | ------------------------------------------- |
 | mlp-small | 85 k params  | 269 k         | light compute, light communication          |
 | cnn       | 101 k        | 101 k         | heavier compute per parameter, light comm.  |
+| mlp-medium| 301 k        | 669 k         | light compute, medium communication (~1 MB) |
 | mlp-large | 2.24 M       | 3.72 M        | light compute, heavy communication (~9 MB)  |
 
 Every model takes (N, 1, H, W) images and returns class logits, for any image size.
@@ -41,6 +42,7 @@ def small_cnn(input_shape: tuple[int, int, int], classes: int) -> nn.Module:
 MODELS: dict[str, ModelFactory] = {
     "mlp-small": mlp((256, 256)),
     "cnn": small_cnn,
+    "mlp-medium": mlp((512, 512)),
     "mlp-large": mlp((2048, 1024)),
 }
 

@@ -46,6 +46,7 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
     end = next((r for r in rank0 if r.get("type") == "end"), None)
     iters = [r["iter_s"] for r in rank0 if r.get("type") == "iter"]
     reached = bool(end and end.get("reached_target"))
+    network = att.get("network", "enforced") if att else None
     flows = []
     if att:
         out_count: dict[str, int] = {}
@@ -54,7 +55,10 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
         for f in att["flows"]:
             sender = records.get(att["workers"][f["src"]], [])
             receiver = records.get(att["workers"][f["dst"]], [])
-            flows.append({**f, "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
+            # A best-effort flow has no grant: its rate is only what the decision expected.
+            grant = f["rate_mbps"] if network == "enforced" else None
+            flows.append({**f, "rate_mbps": grant,
+                          "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
                           **tcp_view(sender, receiver)})
     state = "timeout" if timed_out else view["state"]
     return {
@@ -69,5 +73,6 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
         "predicted_iter_s": att.get("predicted_iteration_s") if att else None,
         "decision_ms": round(att["decision_s"] * 1000, 3) if att else None,
         "attempts": len(view["attempts"]), "placement": att["placement"] if att else {},
+        "network": network, "adjustments": att.get("adjustments", []) if att else [],
         "flows": flows, "curve": [[round(e["elapsed_s"], 3), e["accuracy"]] for e in evals],
         "events": view["events"]}

@@ -4,15 +4,19 @@ file, the field and what was expected."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
-from scheduler.baselines import make_algorithm
-from scheduler.jobs import JobDocument, JobError, load_job_documents, parse_job
-from scheduler.multi import make_policy
 from master.scheduling import QUEUES
+from scheduler import compose
+from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_documents, \
+    parse_job
+from scheduler.metrics import packable
+from scheduler.model import Cluster
+from scheduler.multi import make_policy
 from topologies import Topology, load_topology
 
 HERE = Path(__file__).resolve().parent.parent
@@ -27,10 +31,17 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class Background:
+    """Another tenant's paced TCP transfer (iperf3) between two compute nodes."""
     src: str
     dst: str
     mbps: float
     path: tuple[str, ...] = ()  # switches; empty: the SDN app's default forwarding
+    start_s: float | None = None  # after each run's start (then it stops with the run); None:
+    #                               from bring-up to teardown
+    cordon: bool = True  # the endpoints are the tenant's machines: no job runs there
+
+    def label(self) -> str:
+        return f"{self.src}->{self.dst}"
 
 
 @dataclass
@@ -44,10 +55,13 @@ class Scenario:
     jobs: list[JobDocument]
     background: list[Background] = field(default_factory=list)
     description: str = ""
+    link_scale: float = 1.0  # every link's capacity × this (see `scaled`)
 
 
 SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "timeout_s",
-                 "background", "jobs"}
+                 "background", "jobs", "link_scale"}
+BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon"}
+TRAFFIC_CPU, TRAFFIC_MEM_MB = 0.25, 64  # an iperf3 end at most; less on a smaller node
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -77,8 +91,11 @@ def load_scenario(path: Path) -> Scenario:
     seeds, timeout = doc.get("seeds", 1), doc.get("timeout_s", 600)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise bad("seeds", "an integer >= 1")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise bad("timeout_s", "a number of seconds > 0")
+    scale = doc.get("link_scale", 1.0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale <= 10:
+        raise bad("link_scale", "a number in (0, 10]")
     jobs = doc.get("jobs")
     if isinstance(jobs, str):
         jobs_path = (path.parent / jobs).resolve()
@@ -93,19 +110,33 @@ def load_scenario(path: Path) -> Scenario:
             raise ScenarioError(str(e)) from None
     else:
         raise bad("jobs", "a non-empty list of jobs or the path of a job file/folder")
-    background = []
-    for i, b in enumerate(doc.get("background") or []):
-        f = f"background[{i}]"
-        if not isinstance(b, dict) or set(b) - {"src", "dst", "mbps", "path"} or \
-                not isinstance(b.get("src"), str) or not isinstance(b.get("dst"), str) or \
-                not isinstance(b.get("mbps"), (int, float)) or b["mbps"] <= 0 or \
-                not isinstance(b.get("path", []), list):
-            raise ScenarioError(f"{where}: field '{f}': expected {{src: NODE, dst: NODE, mbps: "
-                                f"RATE > 0, path: [SWITCH, ...] (optional)}}, got {b!r}")
-        background.append(Background(b["src"], b["dst"], float(b["mbps"]),
-                                     tuple(b.get("path", []))))
+    background = doc.get("background") or []
+    if not isinstance(background, list):
+        raise bad("background", "a list of {src, dst, mbps, path?, start_s?, cordon?}")
     return Scenario(doc["name"], where, str(doc.get("topology", "campus")), list(schedulers),
-                    seeds, float(timeout), docs, background, str(doc.get("description", "")))
+                    seeds, float(timeout), docs,
+                    [_background(b, f"{where}: field 'background[{i}]'")
+                     for i, b in enumerate(background)], str(doc.get("description", "")),
+                    float(scale))
+
+
+def _background(b: object, where: str) -> Background:
+    expected = ("{src: NODE, dst: NODE, mbps: RATE > 0, path: [SWITCH, ...] (optional), "
+                "start_s: SECONDS >= 0 (optional), cordon: true|false (optional)}")
+    number = (int, float)
+    if not isinstance(b, dict) or set(b) - BACKGROUND_KEYS or \
+            not isinstance(b.get("src"), str) or not isinstance(b.get("dst"), str) or \
+            not isinstance(b.get("mbps"), number) or isinstance(b["mbps"], bool) or \
+            not b["mbps"] > 0 or not isinstance(b.get("path", []), list) or \
+            not all(isinstance(v, str) for v in b.get("path", [])) or \
+            not (b.get("start_s") is None or (isinstance(b["start_s"], number) and
+                                              not isinstance(b["start_s"], bool) and
+                                              b["start_s"] >= 0)) or \
+            not isinstance(b.get("cordon", True), bool):
+        raise ScenarioError(f"{where}: expected {expected}, got {b!r}")
+    start = b.get("start_s")
+    return Background(b["src"], b["dst"], float(b["mbps"]), tuple(b.get("path", [])),
+                      None if start is None else float(start), b.get("cordon", True))
 
 
 @dataclass
@@ -120,13 +151,15 @@ class Plan:
 
 
 def plan(args: argparse.Namespace) -> Plan:
-    """Resolve and check every input; any problem is a ScenarioError/TopologyError/JobError."""
+    """Resolve and check every input; any problem is a ScenarioError/TopologyError/JobError.
+    What could only fail later — a job no node can hold, one the worker program cannot run, a
+    background flow its nodes cannot send or its path cannot carry — is refused here."""
     scenario = load_scenario(Path(args.scenario) if args.scenario
-                             else SCENARIOS / ("quick.yaml" if args.quick else "default.yaml"))
+                             else SCENARIOS / ("quick.yaml" if args.quick else "contention.yaml"))
     seeds = scenario.seeds if args.seeds is None else args.seeds
     if seeds < 1:
         raise ScenarioError(f"--seeds: expected an integer >= 1, got {seeds}")
-    topo = load_topology(args.topo or scenario.topology)
+    topo = scaled(load_topology(args.topo or scenario.topology), scenario.link_scale)
     if args.jobs:
         scenario.jobs = load_job_documents(args.jobs)
     names = [d.job.name for d in scenario.jobs]
@@ -135,20 +168,77 @@ def plan(args: argparse.Namespace) -> Plan:
     schedulers = args.schedulers.split(",") if args.schedulers else scenario.schedulers
     for name in schedulers:
         try:
-            make_policy(name) if name in QUEUES else make_algorithm(name, seed=0)
+            make_policy(name) if name in QUEUES else compose.build(name)
         except (OSError, ValueError, RuntimeError) as e:
             raise ScenarioError(f"--schedulers: '{name}' cannot be used: {e}") from None
-    nodes = {n.name for n in topo.nodes}
-    switches = {s.name for s in topo.switches}
     warnings, background = [], []
     for b in scenario.background:
-        missing = [v for v in (b.src, b.dst) if v not in nodes] + \
-                  [v for v in b.path if v not in switches]
-        if missing:
-            warnings.append(f"background {b.src}->{b.dst} skipped: {', '.join(missing)} not in "
-                            f"topology {topo.name}")
+        problem = _background_problem(topo, b)
+        if problem:
+            warnings.append(f"background {b.label()} skipped: {problem}")
         else:
             background.append(b)
     scenario.background = background
-    out = Path(args.out or REPO / "results" / "e2e" / (scenario.name + "-" + topo.name))
+    cordoned = {v for b in background if b.cordon for v in (b.src, b.dst)}
+    for d in scenario.jobs:
+        _check_runnable(d, topo, cordoned)
+    out = Path(args.out) if args.out else default_out(scenario, topo)
     return Plan(scenario, topo, schedulers, seeds, out, warnings)
+
+
+def scaled(topo: Topology, factor: float) -> Topology:
+    """`topo` with every link's capacity × `factor`. The emulation switches packets in software
+    on the host's cores: a scenario scales the links down so that they, and not the host's CPU,
+    bound what the jobs get (docs/e2e.md, "Sizing")."""
+    if factor == 1.0:
+        return topo
+    return replace(topo, links=[replace(lk, bw_mbps=lk.bw_mbps * factor) for lk in topo.links],
+                   source="", description=f"{topo.description} (links at {factor:g} × "
+                                          "capacity)".strip())
+
+
+def default_out(scenario: Scenario, topo: Topology) -> Path:
+    """Where a run writes when not told: a fresh folder under results/runs/ (not committed),
+    so a run never rewrites the results the repository ships."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return REPO / "results" / "runs" / f"{scenario.name}-{topo.name}-{stamp}"
+
+
+def _background_problem(topo: Topology, b: Background) -> str:
+    """Why a background flow cannot run on `topo` ('' if it can)."""
+    nodes, switches = {n.name for n in topo.nodes}, {s.name for s in topo.switches}
+    missing = [v for v in (b.src, b.dst) if v not in nodes] + \
+              [v for v in b.path if v not in switches]
+    if missing:
+        return f"{', '.join(missing)} not in topology {topo.name}"
+    if b.src == b.dst:
+        return "src and dst are the same node"
+    for v in (b.src, b.dst):
+        if topo.node(v).cpu < 0.01 or topo.node(v).mem_mb < 32:
+            return f"node {v} is too small to run a traffic end (cpu {topo.node(v).cpu:g}, " \
+                   f"{topo.node(v).mem_mb:g} MiB)"
+    if b.path:
+        graph = topo.graph()
+        ends = [topo.access_link(b.src).other(b.src), topo.access_link(b.dst).other(b.dst)]
+        if [b.path[0], b.path[-1]] != ends or \
+                not all(graph.has_edge(u, v) for u, v in zip(b.path, b.path[1:])):
+            return f"path {list(b.path)} is not a path from {ends[0]} to {ends[1]}"
+    return ""
+
+
+def traffic_quota(node) -> tuple[float, int]:
+    """(cpu, MiB) of one traffic end on `node`: within what the node has."""
+    return min(TRAFFIC_CPU, node.cpu), int(min(TRAFFIC_MEM_MB, node.mem_mb))
+
+
+def _check_runnable(d: JobDocument, topo: Topology, cordoned: set[str]) -> None:
+    job = d.job
+    if job.collective not in WORKLOAD_COLLECTIVE and not job.command:
+        raise ScenarioError(f"{d.source}: job '{job.name}': the worker program runs ring and "
+                            f"star jobs only; a {job.collective} job needs a `command`")
+    cluster = Cluster.from_topology(topo)
+    cluster.offline |= cordoned
+    if packable(cluster, job, budget=20_000) is False:
+        raise ScenarioError(f"{d.source}: job '{job.name}': its tasks fit on no set of "
+                            f"{'uncordoned ' if cordoned else ''}nodes of topology {topo.name}, "
+                            "even with nothing else running")

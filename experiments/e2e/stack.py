@@ -10,19 +10,20 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+import yaml
+from docker.errors import DockerException
 from rich.console import Console
 
 from master.client import MasterClient
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from testbed import Emulation
 from testbed.image import worker_image_tag
-from topologies import Topology
+from topologies import Topology, topology_document
 
-from .scenario import REPO, Background
+from .scenario import REPO, Background, traffic_quota
 
 log = logging.getLogger("run")
 
@@ -50,6 +51,7 @@ class Stack:
         self.sdn: SdnClient | None = None
         self.master: MasterClient | None = None
         self.timings: dict[str, float] = {}
+        self._traffic: dict[int, list] = {}  # background flow -> its containers
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -78,7 +80,11 @@ class Stack:
     def _up(self) -> None:
         t0 = time.monotonic()
         image = worker_image_tag()
-        topo_arg = self.topo.source or self.topo.name
+        # The SDN app and the Master load exactly the topology emulated here (scaled ones too).
+        self.out.mkdir(parents=True, exist_ok=True)
+        topo_file = self.out / "topology.yaml"
+        topo_file.write_text(yaml.safe_dump(topology_document(self.topo), sort_keys=False))
+        topo_arg = str(topo_file)
         of_port, rest_port, master_port = free_port(), free_port(), free_port()
         self.console.print(f"[bold]bring-up[/] {self.topo.name} (prefix {self.prefix})")
         self._spawn("sdn_app", ["-m", "sdn_app", "--topo", topo_arg, "--of-port", str(of_port),
@@ -113,33 +119,45 @@ class Stack:
         self.console.print(f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
                            f"switches on the SDN app, {len(self.topo.nodes)} agents on the Master")
 
-    def start_background(self, flows: list[Background]) -> list[dict]:
-        """Cordon each flow's endpoints (another tenant's machines), pin its path if given, and
-        start a paced iperf3 TCP transfer (server and client as containers in the nodes'
-        namespaces) that runs until teardown; return once the switches see it flowing."""
-        started = []
+    def prepare_background(self, flows: list[Background]) -> None:
+        """Cordon the endpoints of every background flow that asks for it (another tenant's
+        machines) and pin the paths given (the tenant's own route; its meter only guards
+        against a runaway sender)."""
         for i, b in enumerate(flows):
-            dst = self.topo.node(b.dst)
-            for node in (b.src, b.dst):
-                self.master.set_schedulable(node, False)
+            if b.cordon:
+                for node in (b.src, b.dst):
+                    self.master.set_schedulable(node, False)
             if b.path:
-                # The tenant's own route; its meter only guards against a runaway sender.
                 self.sdn.put_job_flows(f"{self.prefix}-bg{i}", [
                     FlowRequest(b.src, b.dst, list(b.path), round(b.mbps * 1.2, 3))])
-            port = 5201 + i
-            self.net.start_worker(b.dst, f"bg{i}-server", ["iperf3", "-s", "-p", str(port)],
-                                  cpu=0.5, mem_mb=64)
-            _poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
-                  f"background: the iperf3 server on {b.dst} does not listen")
-            self.net.start_worker(b.src, f"bg{i}-client",
-                                  ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400",
-                                   "-b", f"{b.mbps:g}M"], cpu=0.5, mem_mb=64)
+
+    def start_traffic(self, i: int, b: Background, wait: bool = True) -> None:
+        """Start background flow `i`: a paced iperf3 TCP transfer, server and client as
+        containers in the nodes' namespaces, until `stop_traffic`. With `wait`, return once the
+        switches see it flowing."""
+        dst = self.topo.node(b.dst)
+        port = 5201 + i
+        cpu, mem = traffic_quota(dst)
+        self._traffic[i] = [self.net.start_worker(b.dst, f"bg{i}-server",
+                                                  ["iperf3", "-s", "-p", str(port)], cpu, mem)]
+        _poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
+              f"background: the iperf3 server on {b.dst} does not listen")
+        cpu, mem = traffic_quota(self.topo.node(b.src))
+        self._traffic[i].append(self.net.start_worker(
+            b.src, f"bg{i}-client", ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400",
+                                     "-b", f"{b.mbps:g}M"], cpu, mem))
+        if wait:
             first_hop = b.path[0] if b.path else self.topo.access_link(b.src).other(b.src)
             _poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
                               (lk.mbps or 0) >= 0.5 * b.mbps for lk in self.sdn.links()), 20,
-                  f"background {b.src}->{b.dst}: no traffic seen on {b.src}->{first_hop}")
-            started.append({**asdict(b), "path": list(b.path)})
-        return started
+                  f"background {b.label()}: no traffic seen on {b.src}->{first_hop}")
+
+    def stop_traffic(self, i: int) -> None:
+        for container in self._traffic.pop(i, []):
+            try:
+                container.remove(force=True)
+            except DockerException as e:  # gone already: nothing to stop
+                log.debug("background %d: %s", i, e)
 
     def __exit__(self, *exc: object) -> None:
         t0 = time.monotonic()

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from edge.simulated import SimulatedAgent
 from master import Master, MasterConfig
 from master.client import MasterClient
-from topologies import load_topology
+from topologies import load_topology, parse_topology
 
 STAR = load_topology("star")  # e1, e2: 1 core; e3 0.75; e4, e5 0.5; e6 0.25
+# a and b, two 1-core nodes; s1-s2 direct (100 Mbit/s) or around through s3 (500 Mbit/s)
+TWO_PATHS = parse_topology({
+    "name": "twopaths", "switches": [{"name": "s1"}, {"name": "s2"}, {"name": "s3"}],
+    "nodes": [{"name": "a", "cpu": 1, "mem_mb": 2048}, {"name": "b", "cpu": 1, "mem_mb": 2048}],
+    "links": [{"ends": ["a", "s1"], "bw_mbps": 1000}, {"ends": ["b", "s2"], "bw_mbps": 1000},
+              {"ends": ["s1", "s2"], "bw_mbps": 100}, {"ends": ["s1", "s3"], "bw_mbps": 500},
+              {"ends": ["s3", "s2"], "bw_mbps": 500}]}, "twopaths")
 
 
 class FakeSdn:
@@ -24,6 +32,7 @@ class FakeSdn:
         self.puts: list[list[dict]] = []
         self.deletes = 0
         self.lock = threading.Lock()
+        self.measured: list = []  # what links() reports (the switches' counters and ports)
 
     def put_job_flows(self, job_id: str, flows: list[dict]) -> dict:
         time.sleep(self.stall_s)
@@ -38,7 +47,10 @@ class FakeSdn:
         return {}
 
     def links(self) -> list:
-        return []
+        return list(self.measured)
+
+    def report(self, src: str, dst: str, mbps: float, up: bool = True) -> None:
+        self.measured = [SimpleNamespace(src=src, dst=dst, mbps=mbps, up=up)]
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
@@ -53,14 +65,14 @@ def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
 
 
 class Cluster:
-    def __init__(self, sdn: FakeSdn, heartbeat_s: float = 0.2, **config):
-        cfg = MasterConfig(heartbeat_timeout_s=1.0, tick_s=0.05, **config)
+    def __init__(self, sdn: FakeSdn, heartbeat_s: float = 0.2, topo=STAR, **config):
+        cfg = MasterConfig(**{"heartbeat_timeout_s": 1.0, "tick_s": 0.05, **config})
         self.sdn = sdn
-        self.master = Master(STAR, cfg, sdn).start()
+        self.master = Master(topo, cfg, sdn).start()
         self.client = MasterClient(self.master.url)
         self.agents = {n.name: SimulatedAgent(n.name, self.master.url, n.ip, n.cpu, n.mem_mb,
-                                              heartbeat_s).start() for n in STAR.nodes}
-        self.client.wait_ready(len(STAR.nodes), timeout_s=10)
+                                              heartbeat_s).start() for n in topo.nodes}
+        self.client.wait_ready(len(topo.nodes), timeout_s=10)
 
     def stop(self) -> None:
         for a in self.agents.values():
@@ -199,5 +211,63 @@ def test_heartbeats_stay_fast_and_no_node_goes_offline_while_the_sdn_app_stalls(
         assert p99 <= 0.1, f"heartbeat reply p99 {p99 * 1000:.0f} ms during the stall"
         assert max(offline) == 0
         wait_for(running(c, "j"), timeout_s=10, what="j running after the stall")
+    finally:
+        c.stop()
+
+
+def test_a_best_effort_job_installs_nothing_and_holds_no_bandwidth(cluster):
+    c = cluster
+    c.client.submit(spread_job("j"), algorithm="k8s-spread")  # network-blind: best-effort
+    wait_for(running(c, "j"), what="j running")
+    att = c.job("j")["attempts"][0]
+    assert att["network"] == "best-effort" and att["adjustable"] is False
+    assert c.sdn.puts == [] and all(not a.network.rules for a in c.agents.values())
+    assert all(lk["granted_mbps"] == 0 for lk in c.client.links())
+    assert sum(n["allocated"]["cpu"] for n in c.client.nodes()) == 2.0
+
+
+def two_paths(**config) -> Cluster:
+    return Cluster(FakeSdn(), topo=TWO_PATHS, links_poll_s=0.1, **config)
+
+
+def direct_then(c: Cluster) -> list[str]:
+    """Start a 50 Mbit/s job (on the direct path) and return its a->b path."""
+    c.client.submit(spread_job("j", demand_mbps=50), algorithm="network-aware")
+    wait_for(running(c, "j"), what="j running")
+    flows = {(f["src_node"], f["dst_node"]): f for f in c.job("j")["attempts"][0]["flows"]}
+    return flows[("a", "b")]["path"]
+
+
+@pytest.mark.parametrize("trouble", ["traffic", "down"])
+def test_a_job_is_re_routed_when_its_link_is_taken(trouble):
+    c = two_paths()
+    try:
+        assert direct_then(c) == ["a", "s1", "s2", "b"]
+        t0 = time.monotonic()
+        if trouble == "traffic":
+            c.sdn.report("s1", "s2", 99.0)  # 49 Mbit/s of another tenant's beside our 50
+        else:
+            c.sdn.report("s1", "s2", 0.0, up=False)
+        wait_for(lambda: any(f["path"] == ["s1", "s3", "s2"] for f in c.sdn.puts[-1]),
+                 timeout_s=3, what="the a->b flow re-installed around")
+        assert time.monotonic() - t0 < 2.0
+        att = c.job("j")["attempts"][0]
+        path = {(f["src_node"], f["dst_node"]): f["path"] for f in att["flows"]}
+        assert path[("a", "b")] == ["a", "s1", "s3", "s2", "b"]
+        assert len(att["adjustments"]) == 1 and "s1>s2" in att["adjustments"][0]["links"]
+        assert any("re-routed" in e["event"] for e in c.job("j")["events"])
+        assert c.job("j")["state"] == "running"
+    finally:
+        c.stop()
+
+
+def test_without_runtime_adjustment_the_paths_stay():
+    c = two_paths(adjust=False)
+    try:
+        direct_then(c)
+        puts = len(c.sdn.puts)
+        c.sdn.report("s1", "s2", 99.0)
+        time.sleep(0.6)  # several link polls: nothing may happen
+        assert len(c.sdn.puts) == puts and not c.job("j")["attempts"][0]["adjustments"]
     finally:
         c.stop()

@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdn_app.flows import (COOKIE_DEFAULT, ETH_ARP, ETH_IPV4, PRIORITY_DEFAULT, FlowSpec,
-                           default_path,
                            Meter, MeterPolicy, RequestError, Rule, default_rules, flow_rules,
                            job_cookie, parse_dpid, parse_flows, parse_job_id, plan_change)
 from topologies import Topology, load_topology, parse_topology
+from topologies.routes import default_path
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_default_rules_prefer_the_wider_of_equal_hop_paths():
         "test")
     hops = _walk(topo, default_rules(topo), "a", {"eth_type": ETH_IPV4, "ipv4_dst": "10.0.0.2"})
     assert hops == ["a", "c", "d", "h2"]
-    assert default_path(topo, "h1", "h2") == ["a", "c", "d"]
+    assert default_path(topo.graph(), "h1", "h2") == ["a", "c", "d"]
 
 
 def test_flow_rules_follow_the_path_and_beat_the_defaults(campus):

@@ -98,7 +98,7 @@ def test_pin_within_one_decision():
 def test_view_reserves_measured_background_and_marks_unschedulable(nc):
     j1 = two_task_job("j1")
     install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
-    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps)  # noqa: E731
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
     nc.observe([link("s1", "s2", 75.0),  # 40 ours + 35 unscheduled
                 link("s2", "s1", 20.0),  # below our grant: no background
                 link("s1", "s3", 0.5),  # noise
@@ -112,3 +112,19 @@ def test_view_reserves_measured_background_and_marks_unschedulable(nc):
     report = {(r["src"], r["dst"]): r for r in nc.report()}
     assert report[("s1", "s2")]["granted_mbps"] == 40 and \
         report[("s1", "s2")]["background_mbps"] == pytest.approx(35.0)
+
+
+def test_contended_links_are_those_whose_grants_no_longer_fit(nc):
+    j1 = two_task_job("j1")
+    install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
+    link = lambda s, d, mbps, up=True: SimpleNamespace(src=s, dst=d, mbps=mbps, up=up)  # noqa
+    nc.observe([link("s1", "s2", 60.0)])  # 40 ours + 20 unscheduled on 100: room enough
+    assert nc.contended() == set()
+    nc.observe([link("s1", "s2", 99.0)])  # 59 unscheduled: 40 + 59 > 95 % of the link
+    assert nc.contended() == {("s1", "s2")}
+    nc.observe([link("s2", "s1", 0.0, up=False)])  # the link is down
+    assert nc.contended() == {("s2", "s1")}
+    assert nc.view(set()).residual("s2", "s1") == pytest.approx(0.0)
+    nc.observe([])
+    nc.set_capacity("s1", "s2", 30.0)  # below the grants
+    assert nc.contended() == {("s1", "s2"), ("s2", "s1")}

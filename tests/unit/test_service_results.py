@@ -105,11 +105,12 @@ def results() -> dict:
 
 def test_summary_and_csv(tmp_path: Path):
     res = results()
-    assert report.heavy_job(res) == "heavy"
     text = report.summary(res)
     assert "| ces-ppo | 2/2 | 40.0 ± 14.1 |" in text
     assert "| k8s-spread | 1/2 | 80.0 ± 0.0 | 90.0 ± 14.1 |" in text  # unreached = 100 s
-    assert "40.0 s vs 90.0 s, 56% lower" in text
+    # the mean over a run's jobs (heavy, light at 1 s), then over seeds
+    assert "| ces-ppo | enforced | 20.5 ± 7.1 | 20.0 ± 0.0 | 4/4 |" in text
+    assert "(`k8s-spread`)**: mean TTA over jobs 55% lower (20.5 s vs 45.5 s)" in text
     # only the ring's flow at its smallest grant (40 of 80/40) is held back by the network
     assert "on the 4 flows their grant holds back" in text
     assert "median 1.01 × granted (min 1.01, max 1.01); 4 of 4 (100%) within 0.85…1.05" in text
@@ -122,6 +123,22 @@ def test_summary_and_csv(tmp_path: Path):
     got = list(csv.DictReader(csv_path.open()))
     assert len(got) == 8 and got[0]["placement"] == "w0=a;w1=b" and got[0]["flows"] == "2"
     assert md.read_text() == text
+
+
+def test_best_effort_flows_have_no_grant_and_adjustments_are_timed():
+    be = view(True)
+    be["attempts"][0]["network"] = "best-effort"
+    row = rows.job_row("k8s-spread", 0, "heavy", be, timed_out=False)
+    assert row["network"] == "best-effort" and [f["rate_mbps"] for f in row["flows"]] == [None] * 2
+    assert report.rate_ratios(row) == [] and report.binding_flows(row) == []
+    adjusted = view(True)
+    adjusted["attempts"][0]["adjustments"] = [{"at": 1003.5, "links": ["s1>s2"], "flows": ""}]
+    run = {"scheduler": "ces-ppo", "seed": 0, "background_started_at": {"lab3->srv3": 1001.0},
+           "jobs": [rows.job_row("ces-ppo", 0, "heavy", adjusted, timed_out=False)]}
+    assert report.reaction_times({"runs": [run]}) == {"ces-ppo": [pytest.approx(2.5)]}
+    assert report.network_blind_best_effort("k8s-spread")
+    assert not report.network_blind_best_effort("k8s-spread/ces")
+    assert not report.network_blind_best_effort("ces-multi")
 
 
 def test_figures_are_made_from_the_json(tmp_path: Path):
