@@ -148,6 +148,7 @@ class TaskPlacer:
     path_rule: str = "shortest"
     k: int = 4  # candidate paths for the ksplit rule
     weighting: str = "bytes"  # rate split weights (paths.WEIGHTINGS)
+    first: str = ""  # the first task's node (a search tries several); "": the rule's choice
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -158,6 +159,12 @@ class TaskPlacer:
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
+        placement = self.positions(cluster, job)
+        flows = assign_flows(cluster, job, placement, self.path_rule, self.k, self.weighting)
+        return Decision(job.name, placement, flows, time.perf_counter() - start)
+
+    def positions(self, cluster: Cluster, job: Job) -> dict[str, str]:
+        """The placement alone (task -> node), before any routing."""
         st = Placing.start(cluster, job)
         for task in placement_order(job):
             d = np.array(task.demand.as_tuple())
@@ -166,11 +173,16 @@ class TaskPlacer:
                 raise CannotPlace(f"job {job.name}: task {task.name} (cpu {task.demand.cpu:g}, "
                                   f"mem {task.demand.mem_mb:g} MB, gpu {task.demand.gpu:g}) fits "
                                   "on no online node")
-            i = int(fits[self.choose(st, d, task, fits)])
+            if self.first and not st.placement:
+                if self.first not in st.nodes or st.nodes.index(self.first) not in fits:
+                    raise CannotPlace(f"job {job.name}: task {task.name} does not fit on "
+                                      f"{self.first}")
+                i = st.nodes.index(self.first)
+            else:
+                i = int(fits[self.choose(st, d, task, fits)])
             st.free[i] -= d
             st.placement[task.name] = st.nodes[i]
-        flows = assign_flows(cluster, job, st.placement, self.path_rule, self.k, self.weighting)
-        return Decision(job.name, st.placement, flows, time.perf_counter() - start)
+        return st.placement
 
     def choose(self, st: Placing, d: np.ndarray, task: Task, fits: np.ndarray) -> int:
         """The position in `fits` (node indices, topology order) of the node for `task`

@@ -63,6 +63,13 @@ def build(spec: str, seed: int = 0) -> Algorithm:
     return Enforced(spec, placer)
 
 
+def placement_of(placer: Algorithm, cluster: Cluster, job: Job) -> dict[str, str]:
+    """The placer's placement without routing it its own way (a task-by-task placer's paths may
+    find no bandwidth where another network decision would)."""
+    positions = getattr(placer, "positions", None)
+    return positions(cluster, job) if positions else placer.place(cluster, job).placement
+
+
 @dataclass
 class Enforced:
     """The algorithm's own decision, enforced."""
@@ -81,7 +88,7 @@ class CesNetwork:
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
-        placement = self.placer.place(cluster, job).placement
+        placement = placement_of(self.placer, cluster, job)
         flows = route_placement(cluster, job, placement)
         return Decision(job.name, placement, flows, time.perf_counter() - start)
 
@@ -100,7 +107,7 @@ class BestEffort:
         if getattr(self.placer, "network_blind", False):
             seen = cluster.copy(share_graph=True)
             seen.reserved = {}
-        placement = self.placer.place(seen, job).placement
+        placement = placement_of(self.placer, seen, job)
         decision = Decision(job.name, placement, best_effort_flows(cluster, job, placement),
                             network=BEST_EFFORT)
         decision.decision_s = time.perf_counter() - start

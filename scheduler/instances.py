@@ -30,8 +30,10 @@ class JobDistribution:
     """What `random_job` draws from (all independent):
     collective  ring 50 %, star 20 %, tree 10 %, all-to-all 10 %, custom 10 % (a ring plus chords
                 w_i -> w_{i+2}: a cyclic graph no DAG model expresses);
-    workers     uniform integer in [min_workers, max_workers];
-    per task    cpu uniform from `cpu_choices`, memory from `mem_choices` (MB), no GPU;
+    workers     uniform integer in [min_workers, max_workers] (log-uniform with `log_workers`);
+    per task    cpu uniform from `cpu_choices`, memory from `mem_choices` (MB), GPUs from
+                `gpu_choices` (whole devices; drawn only when there is a choice, so that the
+                draws of a GPU-less distribution stay what they were);
     model       parameters log-uniform in [min_params, max_params] (float32: 4 bytes each);
     compute     log-uniform seconds of one reference core per iteration in [min_compute_s,
                 max_compute_s];
@@ -39,8 +41,10 @@ class JobDistribution:
     iterations  uniform integer in [min_iterations, max_iterations]; priority uniform 0..2."""
     min_workers: int = 2
     max_workers: int = 6
+    log_workers: bool = False
     cpu_choices: tuple[float, ...] = (0.25, 0.5, 1.0)
     mem_choices: tuple[float, ...] = (256.0, 512.0, 1024.0)
+    gpu_choices: tuple[float, ...] = (0.0,)
     min_params: float = 1e5
     max_params: float = 1e7
     min_compute_s: float = 0.01
@@ -52,6 +56,38 @@ class JobDistribution:
 
 
 COLLECTIVE_WEIGHTS = {"ring": 0.5, "star": 0.2, "tree": 0.1, "all-to-all": 0.1, "custom": 0.1}
+# Jobs at the scale of a GPU cluster's (node capacities from the Alibaba machine table, scaled as
+# `trace.apply_machine_spec` does): 2-32 tasks, up to two GPUs each, gradients from a small CNN's
+# (0.4 MB) to BERT-base's (440 MB): many cannot run on one node, so the network decides.
+GPU_CLUSTER_JOBS = JobDistribution(min_workers=2, max_workers=32, log_workers=True,
+                                   cpu_choices=(0.25, 0.5, 1.0, 2.0),
+                                   mem_choices=(512.0, 1024.0, 2048.0, 4096.0),
+                                   gpu_choices=(0.0, 1.0, 1.0, 2.0), min_params=1e5,
+                                   max_params=1.1e8, min_compute_s=0.01, max_compute_s=2.0,
+                                   min_mbps=50.0, max_mbps=5000.0)
+
+
+def spread_jobs(rng: np.random.Generator, cluster: Cluster, n: int,
+                dist: JobDistribution = GPU_CLUSTER_JOBS, prefix: str = "spread",
+                tries: int = 10_000) -> list[Job]:
+    """`n` jobs of `dist` that no node of `cluster` can hold whole but the cluster can (by free
+    resources, network aside): each must span nodes. `CannotPlace` when `tries` draws did not
+    find them."""
+    nodes = cluster.compute_nodes(online_only=True)
+    total = sum((cluster.free(v) for v in nodes), Resources())
+    jobs: list[Job] = []
+    for _ in range(tries):
+        if len(jobs) == n:
+            return jobs
+        job = random_job(rng, f"{prefix}{len(jobs)}", dist)
+        need = job.total_demand()
+        if need.fits_in(total) and not any(need.fits_in(cluster.free(v)) for v in nodes) and \
+                all(any(t.demand.fits_in(cluster.free(v)) for v in nodes) for t in job.tasks):
+            jobs.append(job)
+    if len(jobs) == n:
+        return jobs
+    raise CannotPlace(f"no {n} jobs of the distribution that must span nodes fit the cluster "
+                      f"({len(jobs)} in {tries} draws)")
 
 
 def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
@@ -63,8 +99,11 @@ def random_job(rng: np.random.Generator, name: str = "job",
     """A job drawn from `dist` (see `JobDistribution`); `collective` forces one collective."""
     collective = collective or str(rng.choice(list(COLLECTIVE_WEIGHTS),
                                               p=list(COLLECTIVE_WEIGHTS.values())))
-    k = int(rng.integers(dist.min_workers, dist.max_workers + 1))
-    demand = Resources(float(rng.choice(dist.cpu_choices)), float(rng.choice(dist.mem_choices)))
+    k = round(_log_uniform(rng, dist.min_workers, dist.max_workers)) if dist.log_workers else \
+        int(rng.integers(dist.min_workers, dist.max_workers + 1))
+    demand = Resources(float(rng.choice(dist.cpu_choices)), float(rng.choice(dist.mem_choices)),
+                       float(rng.choice(dist.gpu_choices)) if len(dist.gpu_choices) > 1
+                       else dist.gpu_choices[0])
     params = round(_log_uniform(rng, dist.min_params, dist.max_params))
     model_bytes = float(BYTES_PER_PARAM * params)
     mbps = round(_log_uniform(rng, dist.min_mbps, dist.max_mbps), 1)
@@ -82,6 +121,17 @@ def random_job(rng: np.random.Generator, name: str = "job",
 
 
 # --- networks ---------------------------------------------------------------------------------------
+# Real networks (topohub keys) the benchmarks judge on, kept out of training together with every
+# other version of them (the same network in another year or collection).
+HELD_OUT = ["topozoo/Abilene", "sndlib/polska", "topozoo/Geant2012", "topozoo/Uninett2011"]
+_HELD_OUT_FAMILIES = ("abilene", "polska", "geant", "uninett")
+
+
+def held_out(key: str) -> bool:
+    """Whether topohub network `key` (or another version of it) is kept out of training."""
+    name = key.rsplit("/", 1)[-1].lower() if not key.startswith("gabriel/") else key
+    return name.startswith(_HELD_OUT_FAMILIES) or key.startswith("gabriel/100/")
+
 def random_topology(rng: np.random.Generator, sites: tuple[int, int]) -> Topology:
     """A random network for training: a router graph (Internet-AS-like, Waxman, Barabási–Albert;
     one edge site per router) or a campus-like tiered network with several nodes per access

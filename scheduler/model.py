@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import networkx as nx
+import numpy as np
 
 from topologies import Topology
 
@@ -161,6 +162,17 @@ class Cluster:
 
     def speed(self, node: str) -> float:
         return self.graph.nodes[node].get("speed", 1.0)
+
+    def resource_table(self, nodes: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`capacity`, `free` (as (cpu, mem_mb, gpu) rows) and `speed` of many nodes at once:
+        the placement policy reads a thousand nodes per decision."""
+        attrs = [self.graph.nodes[n] for n in nodes]
+        capacity = np.array([(d["cpu"], d["mem_mb"], d.get("gpu", 0)) for d in attrs],
+                            float).reshape(-1, 3)
+        used = np.array([self.used[n].as_tuple() for n in nodes], float).reshape(-1, 3)
+        offline = np.array([n in self.offline for n in nodes], bool)
+        free = np.where(offline[:, None], 0.0, capacity - used)
+        return capacity, free, np.array([d.get("speed", 1.0) for d in attrs], float)
 
     def link_capacity(self, u: str, v: str) -> float:
         return self.graph.edges[u, v]["bw_mbps"]

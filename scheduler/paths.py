@@ -25,14 +25,15 @@ gets). A single flow is never split over several paths: the SDN app installs one
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 import weakref
 from typing import Callable, Hashable, Mapping
 
 import networkx as nx
 
+from .layout import Layout, fewest_hops, hop_cost, layout, residuals, widest_route
 from .model import EPS, CannotPlace, Cluster, FlowAssignment, Job
+from .perfmodel import IterationModel, collective_steps
 
 Path = tuple[str, ...]
 PATH_RULES = ("shortest", "widest", "ksplit", "constrained")
@@ -58,11 +59,6 @@ def _check_ends(cluster: Cluster, src: str, dst: str) -> None:
         raise ValueError(f"no path needed from {src} to itself")
 
 
-def _hop_cost(d: dict) -> float:
-    """One per hop plus a tiny delay tie-break (the fewest-hop rule's edge weight)."""
-    return 1.0 + d.get("delay_ms", 0.0) * 1e-6
-
-
 def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
                 extra: Mapping[tuple[str, str], float] | None = None) -> Callable:
     """Dijkstra weight for the directed step u→v: one per hop plus a tiny delay tie-break.
@@ -78,7 +74,7 @@ def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
             free = cluster.residual(u, v) - (extra or {}).get((u, v), 0.0)
             if free < min_residual - EPS:
                 return None
-        return _hop_cost(d)
+        return hop_cost(d)
     return weight
 
 
@@ -97,7 +93,7 @@ def _shortest_from(graph: nx.Graph, src: str) -> dict[str, list[str]]:
 
         def weight(u: str, v: str, d: dict) -> float | None:
             # a compute node other than the source ends a path: it does not forward
-            return None if u != src and nodes[u]["kind"] != "switch" else _hop_cost(d)
+            return None if u != src and nodes[u]["kind"] != "switch" else hop_cost(d)
         per_source[src] = nx.single_source_dijkstra_path(graph, src, weight=weight)
     return per_source[src]
 
@@ -126,40 +122,38 @@ def widest_path(cluster: Cluster, src: str, dst: str) -> Path:
     """The path with the largest bottleneck residual (directed), fewest hops among those.
     Raises `NoPath`."""
     _check_ends(cluster, src, dst)
-    kind = cluster.graph.nodes
-    # Max-min Dijkstra for the best bottleneck, then the fewest-hop path at that width.
-    width = {src: float("inf")}
-    heap = [(-float("inf"), src)]
-    done: set[str] = set()
-    while heap:
-        w, u = heapq.heappop(heap)
-        if u in done:
-            continue
-        done.add(u)
-        if u == dst:
-            break
-        if u != src and kind[u]["kind"] != "switch":
-            continue  # compute nodes do not forward
-        for v in cluster.graph.neighbors(u):
-            cand = min(-w, cluster.residual(u, v))
-            if cand > width.get(v, -float("inf")):
-                width[v] = cand
-                heapq.heappush(heap, (-cand, v))
-    if dst not in done:
+    lay = layout(cluster)
+    found = widest_route(lay, residuals(cluster, lay).tolist(), lay.index[src], lay.index[dst],
+                         EPS)
+    if found is None:
         raise NoPath(f"no path from {src} to {dst}")
-    return shortest_path(cluster, src, dst, min_residual=max(width[dst], EPS))
+    return _vertex_path(lay, found[0])
+
+
+def _vertex_path(lay: Layout, edges: list[int]) -> Path:
+    return tuple(lay.vertices[v] for v in [int(lay.src[edges[0]])] + lay.dst[edges].tolist())
+
+
+# The k shortest paths between two nodes, per graph: structure only, as `_SHORTEST_FROM`.
+_CANDIDATES: weakref.WeakKeyDictionary[nx.Graph, dict[tuple[str, str, int], list[Path]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def candidate_paths(cluster: Cluster, src: str, dst: str, k: int) -> list[Path]:
-    """Up to k shortest loop-free paths src→dst by hop count (inner vertices are switches).
-    Raises `NoPath` when there is none."""
-    _check_ends(cluster, src, dst)
-    view = routing_view(cluster, src, dst)
-    try:
-        paths = [tuple(p) for p in itertools.islice(nx.shortest_simple_paths(view, src, dst), k)]
-    except nx.NetworkXNoPath:
-        raise NoPath(f"no path from {src} to {dst}") from None
-    return paths
+    """Up to k shortest loop-free paths src→dst by hop count (inner vertices are switches),
+    remembered per graph. Raises `NoPath` when there is none."""
+    memo = _CANDIDATES.setdefault(cluster.graph, {})
+    if (src, dst, k) not in memo:
+        _check_ends(cluster, src, dst)
+        view = routing_view(cluster, src, dst)
+        try:
+            memo[(src, dst, k)] = [tuple(p) for p in itertools.islice(
+                nx.shortest_simple_paths(view, src, dst), k)]
+        except nx.NetworkXNoPath:
+            memo[(src, dst, k)] = []
+    if not memo[(src, dst, k)]:
+        raise NoPath(f"no path from {src} to {dst}")
+    return memo[(src, dst, k)]
 
 
 def links(path: Path) -> list[tuple[str, str]]:
@@ -285,80 +279,124 @@ def hop_distances(cluster: Cluster, origin: str, min_residual: float = 0.0,
 
 
 def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k: int = 4,
-                    fixed: Mapping[tuple[str, str], Path] | None = None,
-                    sweeps: int = 3) -> list[FlowAssignment]:
+                    fixed: Mapping[tuple[str, str], Path] | None = None, sweeps: int = 3,
+                    model: IterationModel = IterationModel()) -> list[FlowAssignment]:
     """CES's network decision for a given placement: a path and a rate for every inter-node flow.
 
-    Candidates per flow: its node pair's k shortest loop-free paths and its widest one, those
-    with residual bandwidth on every link (`fixed` pins a node pair to one path). The paths
-    minimise the collective's bandwidth-bound time
+    Candidates per node pair: its k shortest loop-free paths, and its widest path when none of
+    those is as wide as the pair's access links allow; those with residual bandwidth on every
+    link (`fixed` pins a node pair to one path). The paths minimise the collective's
+    bandwidth-bound time
 
         T = max( max_f b_f / d_f ,  max_l Σ_{f ∋ l} b_f / res_l )      (b_f: bytes as weights)
 
-    which is what the rate split reaches (exact.py's closed form), ties to the fewest hops
-    weighted by bytes: flows placed largest first on their best path given the earlier ones,
-    then one flow at a time moved while that lowers T (at most `sweeps` rounds). The rates are
-    the rate split on those paths. Raises `NoPath` when a flow has no usable path."""
+    which is what the rate split reaches (exact.py's closed form); with the iteration-time
+    model's efficiency and the round trip of the longest path paid at every step of the
+    collective, as `metrics.predicted_iteration_s` counts them; ties to the fewest hops weighted
+    by bytes: flows placed largest first on their best path given the earlier ones, then one
+    flow at a time moved while that lowers the time (at most `sweeps` rounds). The rates are the
+    rate split on those paths. Raises `NoPath` when a flow has no usable path."""
     crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
     if not crossing:
         return []
+    lay = layout(cluster)
+    res = residuals(cluster, lay).tolist()
     use_bytes = all(f.bytes_per_iter > 0 for f in crossing)
     weight = {(f.src, f.dst): f.bytes_per_iter if use_bytes else 1.0 for f in crossing}
     demand = {(f.src, f.dst): f.demand_mbps for f in crossing}
-    options: dict[tuple[str, str], list[Path]] = {}
+    by_pair = {pair: _pair_options(cluster, lay, res, pair, k, fixed)
+               for pair in dict.fromkeys((placement[f.src], placement[f.dst]) for f in crossing)}
+    options: dict[tuple[str, str], list[tuple[Path, list[int]]]] = {}
     for f in crossing:
-        a, b = placement[f.src], placement[f.dst]
-        if fixed and (a, b) in fixed:
-            found = [tuple(fixed[(a, b)])]
-        else:
-            found = list(dict.fromkeys(candidate_paths(cluster, a, b, k)
-                                       + [widest_path(cluster, a, b)]))
-        usable = [p for p in found if cluster.path_residual(p) > EPS]
-        if not usable:
-            raise NoPath(f"flow {f.src}->{f.dst}: no path from {a} to {b} with residual "
-                         "bandwidth")
-        options[(f.src, f.dst)] = usable
+        pair = placement[f.src], placement[f.dst]
+        if not by_pair[pair]:
+            raise NoPath(f"flow {f.src}->{f.dst}: no path from {pair[0]} to {pair[1]} with "
+                         "residual bandwidth")
+        options[(f.src, f.dst)] = by_pair[pair]
     floor = max((weight[fl] / demand[fl] for fl in weight if demand[fl] > EPS), default=0.0)
-    load: dict[tuple[str, str], float] = {}  # bytes of the flows placed so far, per link
+    load: dict[int, float] = {}  # bytes of the flows placed so far, per directed link
+    # seconds per unit of T (bytes / Mbit/s at the model's efficiency: weights are bytes, or all
+    # 1 when a flow carries none), and the round trip paid at each step of the collective
+    per_unit = 8e-6 / model.efficiency if use_bytes else 0.0
+    steps = collective_steps(job.collective, len(job.tasks))
+    delay = {p: 2e-3 * sum(lay.delay_ms[e] for e in edges)
+             for ps in by_pair.values() for p, edges in ps}
+    chosen: dict[tuple[str, str], tuple[Path, list[int]]] = {}
 
-    def cost(fl: tuple[str, str], path: Path) -> tuple[float, float]:
-        """(T, hop-bytes) with flow `fl` on `path` and the others where `load` has them."""
-        on = set(links(path))
-        worst = floor
-        for lk, x in load.items():
-            if lk not in on and x > EPS:
-                worst = max(worst, x / cluster.residual(*lk))
-        for lk in on:
-            worst = max(worst, (load.get(lk, 0.0) + weight[fl]) / cluster.residual(*lk))
-        return worst, weight[fl] * (len(path) - 1)
+    def costs(fl: tuple[str, str]) -> list[tuple[float, float]]:
+        """(seconds, hop-bytes) of each of fl's options, the other flows where `load` has them.
+        Adding fl raises only its own links, so T is the larger of the busiest link now and
+        the busiest of its links with it."""
+        busiest = max([floor] + [x / res[e] for e, x in load.items() if x > EPS])
+        rtt = max((delay[p] for other, (p, _) in chosen.items() if other != fl), default=0.0)
+        out = []
+        for p, edges in options[fl]:
+            worst = max([busiest] + [(load.get(e, 0.0) + weight[fl]) / res[e] for e in edges])
+            out.append((worst * per_unit + steps * max(rtt, delay[p]) if per_unit else worst,
+                        weight[fl] * len(edges)))
+        return out
 
     def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
         return a[0] < b[0] * (1 - 1e-9) or (a[0] <= b[0] * (1 + 1e-9) and a[1] < b[1])
 
     def put(fl: tuple[str, str], sign: float) -> None:
-        for lk in links(chosen[fl]):
-            load[lk] = load.get(lk, 0.0) + sign * weight[fl]
+        for e in chosen[fl][1]:
+            load[e] = load.get(e, 0.0) + sign * weight[fl]
 
-    chosen: dict[tuple[str, str], Path] = {}
+    def best_of(fl: tuple[str, str]) -> int:
+        c = costs(fl)
+        return min(range(len(c)), key=c.__getitem__), c
+
     for fl in sorted(options, key=lambda fl: -weight[fl]):
-        chosen[fl] = min(options[fl], key=lambda p: cost(fl, p))
+        i, _ = best_of(fl)
+        chosen[fl] = options[fl][i]
         put(fl, +1)
     for _ in range(sweeps):
         moved = False
         for fl in (fl for fl in options if len(options[fl]) > 1):
             put(fl, -1)
-            best = min(options[fl], key=lambda p: cost(fl, p))
-            if better(cost(fl, best), cost(fl, chosen[fl])):
-                chosen[fl], moved = best, True
+            i, c = best_of(fl)
+            now = options[fl].index(chosen[fl])
+            if better(c[i], c[now]):
+                chosen[fl], moved = options[fl][i], True
             put(fl, +1)
         if not moved:
             break
-    rates = fair_rates(cluster, chosen, demand, weight)
+    paths = {fl: p for fl, (p, _) in chosen.items()}
+    rates = fair_rates(cluster, paths, demand, weight)
     out = []
     for f in crossing:
         fl = (f.src, f.dst)
         if rates[fl] <= EPS:
             raise NoPath(f"flow {f.src}->{f.dst}: no residual bandwidth on "
-                         f"{' -> '.join(chosen[fl])}")
-        out.append(FlowAssignment(f.src, f.dst, chosen[fl], rates[fl]))
+                         f"{' -> '.join(paths[fl])}")
+        out.append(FlowAssignment(f.src, f.dst, paths[fl], rates[fl]))
+    return out
+
+
+def _pair_options(cluster: Cluster, lay: Layout, res: list[float], pair: tuple[str, str], k: int,
+                  fixed: Mapping[tuple[str, str], Path] | None) -> list[tuple[Path, list[int]]]:
+    """route_placement's candidate paths of one node pair (with their directed links), those
+    with residual on every link."""
+    if fixed and pair in fixed:
+        found = [tuple(fixed[pair])]
+    else:
+        found = list(candidate_paths(cluster, *pair, k))
+        a, b = lay.index[pair[0]], lay.index[pair[1]]
+        # No path is wider than the ends' access links: where one is that wide, the fewest-hop
+        # such path is the widest path, and it is found without a search of the whole graph.
+        bound = min(max(res[e] for _, e in lay.out_edges[a]),
+                    max(res[e] for _, e in lay.in_edges[b]))
+        if max(min(res[lay.edge_id[lk]] for lk in links(p)) for p in found) < bound - EPS:
+            edges = fewest_hops(lay, res, a, b, bound - EPS)
+            if edges is None:
+                widest = widest_route(lay, res, a, b, EPS)
+                edges = widest[0] if widest else None
+            if edges is not None and _vertex_path(lay, edges) not in found:
+                found.append(_vertex_path(lay, edges))
+    out = []
+    for p in found:
+        edges = [lay.edge_id[lk] for lk in links(p)]
+        if min(res[e] for e in edges) > EPS:
+            out.append((p, edges))
     return out

@@ -1,129 +1,127 @@
-"""CES-PPO: the dual-branch actor-critic of DESIGN §3, trained with PPO (CleanRL style).
+"""CES-PPO: the placement policy of DESIGN §3 and how it learns (CleanRL style).
 
-Read top to bottom: the hyper-parameters (one dataclass), batching of steps whose graphs differ
-in size, the network (a shared encoder over G and the job, a placement branch, a bandwidth branch,
-one critic), acting, the PPO update (clipped objective, GAE, entropy bonus, and an imitation term
-toward a heuristic teacher that is annealed away), the training loop, checkpoints, and `CesPPO`,
-the `ces-ppo` algorithm of the registry (greedy inference from the committed checkpoint).
+Read top to bottom: the hyper-parameters (one dataclass); batching; the network (a graph encoder
+run once per decision, and a scorer of every compute node at each step); acting; the teacher (a
+search that gives guidance early); training — imitation of the teacher, then PPO with the mean
+return of a group of rollouts of the same instance as the baseline; checkpoints; and `CesPPO`,
+the `ces-ppo` algorithm of the registry: multi-start greedy decoding from the committed
+checkpoint, the network part from CES's network decision (`paths.route_placement`, through
+`env.PlacementEpisode.decision`).
 
-Shapes: B steps in a batch; V vertices and E directed links over all their graphs; N the most
-compute nodes of one graph in the batch; F the most new flows of one step; K candidate paths per
-flow; L rate levels; H hidden units.
+Shapes: V vertices and E directed links (of all graphs in a batch); B graphs (episodes); N the
+compute nodes of one graph; R scored rows (a compute node at a step); S steps; H hidden units;
+F = STEP_FEATURES.
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+from threadpoolctl import ThreadpoolController
 from torch import Tensor, nn
-from torch.distributions import Categorical
 
-from .baselines import register
-from .env import (EDGE_FEATURES, FLOW_FEATURES, JOB_FEATURES, NODE_FEATURES, PATH_FEATURES,
-                  EnvConfig, FlowOptions, Observation, PlacementEnv, PlacementEpisode,
-                  RewardConfig)
-from .instances import JobDistribution
+from .baselines import NetworkAware, make_algorithm, register
+from .env import (EDGE_FEATURES, JOB_FEATURES, NODE_FEATURES, STEP_FEATURES, EnvConfig,
+                  GraphInput, PlacementEpisode, StepObservation, TrainingInstances)
 from .metrics import predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job
+from .paths import route_placement
+from .trace import Machine
 
-Categorical.set_default_validate_args(False)  # masks make the checks pure overhead
 CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "ces_ppo.pt"
 
 
 @dataclass
 class PPOConfig:
     seed: int = 0
-    total_steps: int = 120_000  # environment steps (task placements)
-    rollout_steps: int = 1024  # per update (whole episodes: a rollout ends with one)
-    epochs: int = 4
-    minibatch: int = 256
-    lr: float = 5e-4
-    gamma: float = 1.0  # episodes are a few steps long and end for sure
-    gae_lambda: float = 0.95
+    imitation: int = 3000  # instances of phase 1: imitation of the teacher
+    ppo: int = 1500  # instances of phase 2: PPO
+    group: int = 4  # sampled rollouts per instance in phase 2 (their mean return: the baseline)
+    teacher_starts: int = 8  # first nodes the teacher's search tries
+    batch: int = 32  # episodes per update
+    epochs: int = 2  # passes over each batch
+    lr: float = 1e-3  # phase 1
+    lr_ppo: float = 2e-4  # phase 2
     clip: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    guide_coef: float = 1.0  # weight of the imitation term toward the teacher at the start ...
-    guide_until: float = 0.2  # ... annealed linearly to 0 at this fraction of training
+    ent_coef: float = 0.003
+    max_grad_norm: float = 1.0
     encoder: str = "gnn"  # "gnn": message passing over G; "mlp": per-vertex MLP only
     layers: int = 3  # message-passing rounds of the gnn encoder
-    hidden: int = 64
-    threads: int = 1  # torch threads (the machine is shared)
+    hidden: int = 32
+    threads: int = 1  # torch and BLAS threads (the machine is shared)
+    validate_every: int = 10  # updates between validation figures
 
 
 # --- batching -------------------------------------------------------------------------------------
 @dataclass
-class Batch:
+class GraphBatch:
     node_x: Tensor  # (V, NODE_FEATURES)
     edge_index: Tensor  # (2, E) global vertex indices
     edge_x: Tensor  # (E, EDGE_FEATURES)
-    graph: Tensor  # (V,) which step each vertex belongs to
+    graph: Tensor  # (V,) which graph each vertex belongs to
     job_x: Tensor  # (B, JOB_FEATURES)
-    compute: Tensor  # (B, N) global vertex index of each compute node (0 where padded)
-    real: Tensor  # (B, N) bool: a compute node (not padding)
-    node_mask: Tensor  # (B, N) bool: feasible for this step's task
+    offset: list[int]  # first global vertex of each graph
+    n_compute: list[int]
+
+
+def collate_graphs(graphs: list[GraphInput]) -> GraphBatch:
+    sizes = [len(g.node_x) for g in graphs]
+    offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
+    return GraphBatch(
+        node_x=torch.from_numpy(np.concatenate([g.node_x for g in graphs])),
+        edge_index=torch.from_numpy(np.concatenate([g.edge_index + o
+                                                    for g, o in zip(graphs, offset)], axis=1)),
+        edge_x=torch.from_numpy(np.concatenate([g.edge_x for g in graphs])),
+        graph=torch.from_numpy(np.repeat(np.arange(len(graphs)), sizes)),
+        job_x=torch.from_numpy(np.stack([g.job_x for g in graphs])),
+        offset=offset.tolist(), n_compute=[g.n_compute for g in graphs])
 
 
 @dataclass
-class FlowBatch:
-    chosen: Tensor  # (B,) global vertex index of the chosen node
-    peer: Tensor  # (B, F) global vertex index of each flow's peer node
-    flow_x: Tensor  # (B, F, FLOW_FEATURES)
-    path_x: Tensor  # (B, F, K, PATH_FEATURES)
-    path_mask: Tensor  # (B, F, K) bool (padded flows: first path only)
-    flow_mask: Tensor  # (B, F) bool: a real flow
+class Episode:
+    """One placement as it was taken: its graph, and per step what was seen and chosen."""
+    graph: GraphInput
+    steps: list[StepObservation] = field(default_factory=list)
+    actions: list[int] = field(default_factory=list)
+    logp: float = 0.0  # of the actions, when sampled (phase 2)
+    ret: float = 0.0
+    advantage: float = 0.0
 
 
-def collate(obs: list[Observation]) -> Batch:
-    sizes = [o.node_x.shape[0] for o in obs]
-    offset = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    n = max(o.n_compute for o in obs)
-    compute = np.zeros((len(obs), n), np.int64)
-    real = np.zeros((len(obs), n), bool)
-    mask = np.zeros((len(obs), n), bool)
-    for b, (o, off) in enumerate(zip(obs, offset)):
-        compute[b, :o.n_compute] = off + np.arange(o.n_compute)
-        real[b, :o.n_compute] = True
-        mask[b, :o.n_compute] = o.node_mask
-    return Batch(
-        node_x=torch.from_numpy(np.concatenate([o.node_x for o in obs])),
-        edge_index=torch.from_numpy(np.concatenate([o.edge_index + off
-                                                    for o, off in zip(obs, offset)], axis=1)),
-        edge_x=torch.from_numpy(np.concatenate([o.edge_x for o in obs])),
-        graph=torch.from_numpy(np.repeat(np.arange(len(obs)), sizes)),
-        job_x=torch.from_numpy(np.stack([o.job_x for o in obs])),
-        compute=torch.from_numpy(compute), real=torch.from_numpy(real),
-        node_mask=torch.from_numpy(mask))
+@dataclass
+class StepBatch:
+    rows: Tensor  # (R,) global vertex of the row's compute node
+    graph: Tensor  # (R,) its graph
+    x: Tensor  # (R, F)
+    seg: Tensor  # (R,) its step
+    chosen: Tensor  # (S,) the row of the action taken at each step
+    step_graph: Tensor  # (S,) the graph of each step
 
 
-def collate_flows(opts: list[FlowOptions], nodes: list[int], batch: Batch, k: int) -> FlowBatch:
-    f = max([1] + [len(o.flows) for o in opts])
-    b = len(opts)
-    peer = np.zeros((b, f), np.int64)
-    flow_x = np.zeros((b, f, FLOW_FEATURES), np.float32)
-    path_x = np.zeros((b, f, k, PATH_FEATURES), np.float32)
-    path_mask = np.zeros((b, f, k), bool)
-    path_mask[:, :, 0] = True  # padded flows get a well-defined (ignored) distribution
-    flow_mask = np.zeros((b, f), bool)
-    compute = batch.compute.numpy()
-    offset = compute[:, 0]  # compute nodes come first in each graph
-    for i, o in enumerate(opts):
-        m = len(o.flows)
-        peer[i, :m] = offset[i] + o.peer
-        flow_x[i, :m] = o.flow_x
-        path_x[i, :m] = o.path_x
-        path_mask[i, :m] = o.path_mask
-        flow_mask[i, :m] = True
-    chosen = compute[np.arange(b), np.array(nodes)]
-    return FlowBatch(torch.from_numpy(chosen), torch.from_numpy(peer), torch.from_numpy(flow_x),
-                     torch.from_numpy(path_x), torch.from_numpy(path_mask),
-                     torch.from_numpy(flow_mask))
+def collate_steps(episodes: list[Episode], batch: GraphBatch) -> StepBatch:
+    """The scored rows of every step: its feasible compute nodes only (the others take no part
+    in its softmax)."""
+    rows, graph, xs, seg, chosen, step_graph = [], [], [], [], [], []
+    r = s = 0
+    for b, ep in enumerate(episodes):
+        for obs, action in zip(ep.steps, ep.actions):
+            feasible = np.flatnonzero(obs.mask)
+            rows.append(batch.offset[b] + feasible)
+            graph.append(np.full(len(feasible), b))
+            xs.append(obs.x[feasible])
+            seg.append(np.full(len(feasible), s))
+            chosen.append(r + int(np.searchsorted(feasible, action)))
+            step_graph.append(b)
+            r, s = r + len(feasible), s + 1
+    cat = [torch.from_numpy(np.concatenate(x)) for x in (rows, graph, xs, seg)]
+    return StepBatch(*cat, torch.tensor(chosen), torch.tensor(step_graph))
 
 
 # --- the network ----------------------------------------------------------------------------------
@@ -135,12 +133,12 @@ def mlp(*sizes: int) -> nn.Sequential:
 
 
 class Agent(nn.Module):
-    """Shared encoder → placement branch, bandwidth branch (path, rate), critic."""
+    """Graph encoder → per-vertex states and a graph context; a scorer of each compute node for
+    the step's task from its state, the context and the step's features."""
 
-    def __init__(self, cfg: PPOConfig, k_paths: int, rate_levels: int):
+    def __init__(self, cfg: PPOConfig):
         super().__init__()
         h = cfg.hidden
-        self.k = k_paths
         self.embed = mlp(NODE_FEATURES + JOB_FEATURES, h, h)
         rounds = cfg.layers if cfg.encoder == "gnn" else 0
         # A round: message from each in-neighbour (its state and the link's features), mean
@@ -148,320 +146,334 @@ class Agent(nn.Module):
         self.message = nn.ModuleList(mlp(h + EDGE_FEATURES, h) for _ in range(rounds))
         self.update = nn.ModuleList(mlp(2 * h, h, h) for _ in range(rounds))
         self.norm = nn.ModuleList(nn.LayerNorm(h) for _ in range(rounds))
-        self.place = mlp(3 * h, h, 1)  # [vertex, graph context] → logit
-        self.path = mlp(2 * h + FLOW_FEATURES + PATH_FEATURES, h, 1)
-        self.rate = mlp(2 * h + FLOW_FEATURES + PATH_FEATURES, h, rate_levels)
-        self.critic = mlp(2 * h + JOB_FEATURES, h, h, 1)
+        self.score = mlp(3 * h + STEP_FEATURES, h, h, 1)
 
-    def encode(self, b: Batch) -> tuple[Tensor, Tensor]:
-        """Vertex states (V, H) and per-step context (B, 2H): mean and max over compute nodes."""
-        h = self.embed(torch.cat([b.node_x, b.job_x[b.graph]], dim=1))  # (V, H)
+    def encode(self, b: GraphBatch) -> tuple[Tensor, Tensor]:
+        """Vertex states (V, H) and per-graph context (B, 2H): mean and max over its compute
+        nodes."""
+        h = self.embed(torch.cat([b.node_x, b.job_x[b.graph]], dim=1))
         src, dst = b.edge_index
         deg = torch.zeros(h.shape[0]).index_add_(0, dst, torch.ones(dst.shape[0])).clamp(min=1)
         n = h.shape[1]
         for message, update, norm in zip(self.message, self.update, self.norm):
             # message(cat[h_src, edge]) with the vertex part applied before the gather: the same
-            # linear map, on V rows instead of E (the costly product at inference).
+            # linear map, on V rows instead of E.
             lin = message[0]
-            m = (h @ lin.weight[:, :n].T)[src] + b.edge_x @ lin.weight[:, n:].T + lin.bias  # (E, H)
-            agg = torch.zeros_like(h).index_add_(0, dst, m) / deg[:, None]  # (V, H)
+            m = (h @ lin.weight[:, :n].T)[src] + b.edge_x @ lin.weight[:, n:].T + lin.bias
+            agg = torch.zeros_like(h).index_add_(0, dst, m) / deg[:, None]
             h = norm(h + update(torch.cat([h, agg], dim=1)))
-        hc = h[b.compute]  # (B, N, H)
-        real = b.real[:, :, None]
-        mean = (hc * real).sum(1) / real.sum(1).clamp(min=1)
-        top = hc.masked_fill(~real, -1e9).max(1).values
-        return h, torch.cat([mean, top], dim=1)
+        ctx = []
+        for o, c in zip(b.offset, b.n_compute):
+            hc = h[o:o + c]
+            ctx.append(torch.cat([hc.mean(0), hc.max(0).values]))
+        return h, torch.stack(ctx)
 
-    def placement_logits(self, h: Tensor, ctx: Tensor, b: Batch) -> Tensor:
-        hc = h[b.compute]  # (B, N, H)
-        x = torch.cat([hc, ctx[:, None, :].expand(-1, hc.shape[1], -1)], dim=2)
-        return self.place(x).squeeze(2).masked_fill(~b.node_mask, -1e9)  # (B, N)
-
-    def _flow_input(self, h: Tensor, fb: FlowBatch) -> Tensor:
-        f = fb.peer.shape[1]
-        here = h[fb.chosen][:, None, :].expand(-1, f, -1)  # (B, F, H)
-        return torch.cat([here, h[fb.peer], fb.flow_x], dim=2)  # (B, F, 2H + FLOW_FEATURES)
-
-    def path_logits(self, h: Tensor, fb: FlowBatch) -> Tensor:
-        x = self._flow_input(h, fb)[:, :, None, :].expand(-1, -1, self.k, -1)
-        logits = self.path(torch.cat([x, fb.path_x], dim=3)).squeeze(3)  # (B, F, K)
-        return logits.masked_fill(~fb.path_mask, -1e9)
-
-    def rate_logits(self, h: Tensor, fb: FlowBatch, path: Tensor) -> Tensor:
-        picked = fb.path_x.gather(2, path[:, :, None, None].expand(-1, -1, 1, PATH_FEATURES))
-        return self.rate(torch.cat([self._flow_input(h, fb), picked.squeeze(2)], dim=2))
-
-    def value(self, ctx: Tensor, b: Batch) -> Tensor:
-        return self.critic(torch.cat([ctx, b.job_x], dim=1)).squeeze(1)  # (B,)
+    def row_logits(self, h: Tensor, ctx: Tensor, s: StepBatch) -> Tensor:
+        """(R,) logits of every scored row."""
+        x = torch.cat([h[s.rows], ctx[s.graph], s.x], dim=1)
+        return self.score(x).squeeze(1)
 
 
-def forward(agent: Agent, obs: list[Observation]) -> tuple[Batch, Tensor, Tensor, Tensor]:
-    """The batch of `obs`, the encoder's vertex states (V, H) and context (B, 2H), and the
-    masked placement logits (B, N)."""
-    b = collate(obs)
-    h, ctx = agent.encode(b)
-    return b, h, ctx, agent.placement_logits(h, ctx, b)
+def segment_log_softmax(logits: Tensor, seg: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """Per row log-probability within its step, and per step the entropy."""
+    top = torch.full((steps,), -1e9).scatter_reduce(0, seg, logits, "amax")
+    shifted = logits - top[seg]
+    lse = top + torch.zeros(steps).index_add_(0, seg, shifted.exp()).log()
+    logp = logits - lse[seg]
+    p = logp.exp()
+    entropy = -torch.zeros(steps).index_add_(0, seg, torch.where(p > 0, p * logp, 0.0))
+    return logp, entropy
 
 
-@dataclass
-class Step:
-    """One placement as the agent took it (what PPO stores and replays)."""
-    obs: Observation
-    opts: FlowOptions
-    node: int
-    paths: np.ndarray  # (F,)
-    rates: np.ndarray  # (F,)
-    logp: float
-    value: float
-    guide: int = -1  # the teacher's node, -1 if none
-    reward: float = 0.0
+class Policy:
+    """The agent at inference on one episode's graph, in numpy (a step scores a hundred rows;
+    torch's per-call overhead would be most of it): the graph encoded once, and the scorer's
+    first layer split into its graph part, computed once, and the step features' part."""
+
+    @torch.inference_mode()
+    def __init__(self, agent: Agent, graph: GraphInput):
+        h, ctx = agent.encode(collate_graphs([graph]))
+        lin = agent.score[0]
+        k, n = h.shape[1], graph.n_compute
+        base = h[:n] @ lin.weight[:, :k].T + ctx[0] @ lin.weight[:, k:3 * k].T + lin.bias
+        self.base, self.w_step = base.numpy(), lin.weight[:, 3 * k:].T.numpy()
+        self.layers = [(m.weight.T.numpy(), m.bias.numpy()) if isinstance(m, nn.Linear) else None
+                       for m in agent.score[1:]]  # None: a ReLU
+
+    def logits(self, obs: StepObservation) -> np.ndarray:
+        """(N,) logits, -inf where the mask forbids (those rows are not scored)."""
+        feasible = np.flatnonzero(obs.mask)
+        z = self.base[feasible] + obs.x[feasible] @ self.w_step
+        for layer in self.layers:
+            z = np.maximum(z, 0.0) if layer is None else z @ layer[0] + layer[1]
+        out = np.full(len(obs.mask), -np.inf, np.float32)
+        out[feasible] = z[:, 0]
+        return out
 
 
-@torch.inference_mode()
-def act(agent: Agent, ep: PlacementEpisode, greedy: bool, node: int | None = None) -> Step:
-    """Choose this step's node, then each new flow's path and rate level: sampled (training;
-    with log-probability and value) or greedy (inference: argmax only, nothing else computed).
-    `node` forces the node (a start of multi-start decoding); paths and rates are still chosen."""
-    obs = ep.observe()
-    b, h, ctx, node_logits = forward(agent, [obs])  # node_logits: (1, N)
-    if node is not None:
-        node = torch.tensor([node])
-    else:
-        node = node_logits.argmax(1) if greedy else Categorical(logits=node_logits).sample()
-    opts = ep.options(int(node))
-    m = len(opts.flows)
-    if greedy and m == 0:
-        return Step(obs, opts, int(node), np.zeros(0, np.int64), np.zeros(0, np.int64), 0.0, 0.0)
-    fb = collate_flows([opts], [int(node)], b, agent.k)
-    path_logits = agent.path_logits(h, fb)  # (1, F, K)
-    path = path_logits.argmax(2) if greedy else Categorical(logits=path_logits).sample()
-    rate_logits = agent.rate_logits(h, fb, path)  # (1, F, L)
-    rate = rate_logits.argmax(2) if greedy else Categorical(logits=rate_logits).sample()
-    logp = value = 0.0
-    if not greedy:
-        logp = float(Categorical(logits=node_logits).log_prob(node) +
-                     ((Categorical(logits=path_logits).log_prob(path) +
-                       Categorical(logits=rate_logits).log_prob(rate)) * fb.flow_mask).sum(1))
-        value = float(agent.value(ctx, b))
-    return Step(obs, opts, int(node), path[0, :m].numpy(), rate[0, :m].numpy(), logp, value)
+# --- acting ---------------------------------------------------------------------------------------
+def rollout(policy: Policy, ep: PlacementEpisode, greedy: bool, first: int | None = None,
+            rng: np.random.Generator | None = None, record: Episode | None = None) -> float:
+    """Place the episode's tasks: greedy (argmax) or sampled; `first` forces the first node.
+    Records the steps into `record` when given; returns the log-probability of the actions."""
+    logp = 0.0
+    while not ep.done:
+        obs = ep.observe()
+        z = policy.logits(obs).astype(float)
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        if first is not None and ep.t == 0:
+            action = first
+        elif greedy:
+            action = int(z.argmax())
+        else:
+            action = int(rng.choice(len(p), p=p))
+        logp += math.log(max(p[action], 1e-300))
+        if record is not None:
+            record.steps.append(obs)
+            record.actions.append(action)
+        ep.step(action)
+    return logp
 
 
-@torch.inference_mode()
-def first_nodes(agent: Agent, ep: PlacementEpisode, m: int) -> list[int]:
-    """The m feasible nodes the policy rates highest for the episode's first task, best first."""
-    b, _, _, logits = forward(agent, [ep.observe()])
-    feasible = int(b.node_mask.sum())
-    return [int(i) for i in torch.argsort(logits[0], descending=True)[:min(m, feasible)]]
+def iteration_s(ep: PlacementEpisode) -> float | None:
+    """The predicted iteration time of a finished episode's decision (None: no decision)."""
+    try:
+        return predicted_iteration_s(ep.cluster, ep.job, ep.decision())
+    except CannotPlace:
+        return None
 
 
-def evaluate(agent: Agent, steps: list[Step]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                       Tensor]:
-    """Log-probability, entropy and value of stored steps under the current weights, and for
-    the imitation term the placement logits (B, N), rate logits (B, F, L) and flow mask (B, F)."""
-    b, h, ctx, logits = forward(agent, [s.obs for s in steps])
-    node_dist = Categorical(logits=logits)
-    nodes = torch.tensor([s.node for s in steps])
-    fb = collate_flows([s.opts for s in steps], [s.node for s in steps], b, agent.k)
-    f = fb.flow_mask.shape[1]
-    path = torch.zeros((len(steps), f), dtype=torch.long)
-    rate = torch.zeros((len(steps), f), dtype=torch.long)
-    for i, s in enumerate(steps):
-        path[i, :len(s.paths)] = torch.from_numpy(s.paths)
-        rate[i, :len(s.rates)] = torch.from_numpy(s.rates)
-    path_dist = Categorical(logits=agent.path_logits(h, fb))
-    rate_logits = agent.rate_logits(h, fb, path)
-    rate_dist = Categorical(logits=rate_logits)
-    mask = fb.flow_mask.float()
-    logp = node_dist.log_prob(nodes) + ((path_dist.log_prob(path) + rate_dist.log_prob(rate))
-                                        * mask).sum(1)
-    flows = mask.sum(1).clamp(min=1)
-    entropy = node_dist.entropy() + ((path_dist.entropy() + rate_dist.entropy()) * mask).sum(1) \
-        / flows
-    return logp, entropy, agent.value(ctx, b), logits, rate_logits, fb.flow_mask
+# --- the teacher ----------------------------------------------------------------------------------
+def teacher(cluster: Cluster, job: Job, starts: int) -> tuple[dict[str, str], float] | None:
+    """Guidance: network-aware's greedy placement begun from each of the `starts` nodes that
+    hold the most copies of the job's largest task (and from network-aware's own first choice),
+    each with CES's paths and rates; the fastest by the iteration-time model."""
+    nodes = cluster.compute_nodes(online_only=True)
+    big = max((t.demand for t in job.tasks), key=lambda d: d.as_tuple())
+
+    def copies(n: str) -> float:
+        free = cluster.free(n)
+        return min((f / d for f, d in zip(free.as_tuple(), big.as_tuple()) if d > 0),
+                   default=math.inf)
+    ranked = sorted(nodes, key=lambda n: (-copies(n), -cluster.free(n).cpu))[:starts]
+    best: tuple[dict[str, str], float] | None = None
+    for first in [""] + ranked:
+        try:
+            placement = NetworkAware(first=first).positions(cluster, job)
+            d = Decision(job.name, placement, route_placement(cluster, job, placement))
+        except CannotPlace:
+            continue
+        t = predicted_iteration_s(cluster, job, d)
+        if best is None or t < best[1]:
+            best = (placement, t)
+    return best
+
+
+def imitate(cluster: Cluster, job: Job, starts: int) -> Episode | None:
+    """The teacher's placement as an episode to imitate, up to its first step the episode's mask
+    does not allow (the teacher knows nothing of the masks' look-ahead)."""
+    found = teacher(cluster, job, starts)
+    if found is None:
+        return None
+    ep = PlacementEpisode(cluster, job)
+    out = Episode(ep.graph_input())
+    index = {v: i for i, v in enumerate(ep.compute)}
+    while not ep.done:
+        obs = ep.observe()
+        action = index[found[0][ep.task]]
+        if not obs.mask[action]:
+            break
+        out.steps.append(obs)
+        out.actions.append(action)
+        ep.step(action)
+    return out if out.steps else None
 
 
 # --- training -------------------------------------------------------------------------------------
-def advantages(episode: list[Step], gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """GAE over one finished episode (no bootstrap: it ended)."""
-    adv = np.zeros(len(episode))
-    last = 0.0
-    for t in reversed(range(len(episode))):
-        next_value = episode[t + 1].value if t + 1 < len(episode) else 0.0
-        delta = episode[t].reward + gamma * next_value - episode[t].value
-        last = delta + gamma * lam * last
-        adv[t] = last
-    return adv, adv + np.array([s.value for s in episode])
+def losses(agent: Agent, episodes: list[Episode]) -> tuple[Tensor, Tensor, Tensor]:
+    """Per episode: the summed log-probability of its actions and the mean entropy of its steps;
+    and the mean log-probability per step (the imitation loss's)."""
+    gb = collate_graphs([e.graph for e in episodes])
+    h, ctx = agent.encode(gb)
+    sb = collate_steps(episodes, gb)
+    logp_rows, entropy = segment_log_softmax(agent.row_logits(h, ctx, sb), sb.seg,
+                                             len(sb.chosen))
+    logp_steps = logp_rows[sb.chosen]
+    b = len(episodes)
+    per_ep = torch.zeros(b).index_add_(0, sb.step_graph, logp_steps)
+    steps = torch.zeros(b).index_add_(0, sb.step_graph, torch.ones(len(sb.chosen)))
+    ent = torch.zeros(b).index_add_(0, sb.step_graph, entropy) / steps.clamp(min=1)
+    return per_ep, ent, logp_steps.mean()
 
 
-def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(),
-          log: Callable[[dict], None] = lambda row: None) -> Agent:
-    """Train from scratch; `log` gets one row of statistics per update."""
-    torch.set_num_threads(cfg.threads)
+def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(), machines: list[Machine] | None = None,
+          log: Callable[[dict], None] = lambda row: None,
+          validation: list[tuple[Cluster, Job]] | None = None) -> Agent:
+    """Phase 1: imitation of the teacher; phase 2: PPO. `log` gets a row per update (and the
+    validation figure, when `validation` instances are given, every `cfg.validate_every`
+    updates and at the end of each phase). With validation instances, the weights returned are
+    those of the best validation figure."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    env = PlacementEnv(env_cfg)
-    env.reset(seed=cfg.seed)
-    agent = Agent(cfg, env_cfg.k_paths, len(env_cfg.rate_levels))
-    optim = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5)
-    done_steps, start, cpu_start = 0, time.perf_counter(), time.process_time()
-    while done_steps < cfg.total_steps:
-        progress = done_steps / cfg.total_steps
+    instances = TrainingInstances(env_cfg, cfg.seed, machines)
+    agent = Agent(cfg)
+    optim = torch.optim.Adam(agent.parameters(), lr=cfg.lr)
+    start, cpu_start, done, updates = time.perf_counter(), time.process_time(), 0, 0
+    best: list = [math.inf, None]  # the best validation figure so far and its weights
+
+    def step(loss: Tensor) -> None:
+        optim.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+        optim.step()
+
+    def report(phase: str, last: bool, **stats: float) -> None:
+        nonlocal updates
+        updates += 1
+        row = {"phase": phase, "instances": done, "seconds": time.perf_counter() - start,
+               "cpu_seconds": time.process_time() - cpu_start, **stats}
+        if validation and (updates % cfg.validate_every == 0 or last):
+            row["vs_network_aware"] = validate(agent, validation)
+            if row["vs_network_aware"] < best[0]:
+                best[:] = [row["vs_network_aware"], copy.deepcopy(agent.state_dict())]
+        log(row)
+
+    with threads(cfg.threads):
+        while done < cfg.imitation:  # phase 1
+            batch = []
+            while len(batch) < cfg.batch and done < cfg.imitation:
+                done += 1
+                ep = imitate(*instances.next(), cfg.teacher_starts)
+                if ep is not None:
+                    batch.append(ep)
+            for _ in range(cfg.epochs if batch else 0):
+                _, _, logp = losses(agent, batch)
+                step(-logp)
+            if batch:
+                report("imitation", done >= cfg.imitation, loss=-logp.item())
         for group in optim.param_groups:
-            group["lr"] = cfg.lr * (1 - progress)
-        guide = cfg.guide_coef * max(0.0, 1 - progress / cfg.guide_until) \
-            if cfg.guide_until > 0 else 0.0
-
-        # Rollout: whole episodes. While guiding, the teacher is the best of the heuristics;
-        # after, only the first runs (the learning curve's yardstick).
-        env.compare = guide > 0
-        batch: list[Step] = []
-        adv_all, ret_all = [], []
-        returns, placed, ratio = [], [], []
-        while len(batch) < min(cfg.rollout_steps, cfg.total_steps - done_steps):
-            env.reset()
-            ep, episode, total = env.episode, [], 0.0
-            while True:
-                teacher = env.teacher_node()
-                step = act(agent, ep, greedy=False)
-                step.guide = teacher
-                action = {"node": step.node, "paths": _pad(step.paths, env_cfg.max_flows),
-                          "rates": _pad(step.rates, env_cfg.max_flows)}
-                _, step.reward, done, _, info = env.step(action)
-                total += step.reward
-                episode.append(step)
-                if done:
-                    break
-            adv, ret = advantages(episode, cfg.gamma, cfg.gae_lambda)
-            batch += episode
-            adv_all.append(adv)
-            ret_all.append(ret)
-            returns.append(total)
-            placed.append(info["placed"])
-            if info["placed"] and "heuristic_iteration_s" in info:
-                ratio.append(info["iteration_s"] / info["heuristic_iteration_s"])
-        done_steps += len(batch)
-        adv_t = torch.tensor(np.concatenate(adv_all), dtype=torch.float32)
-        ret_t = torch.tensor(np.concatenate(ret_all), dtype=torch.float32)
-        old_logp = torch.tensor([s.logp for s in batch])
-        guides = torch.tensor([s.guide for s in batch])
-
-        # PPO update.
-        stats: dict[str, list[float]] = {"pg_loss": [], "v_loss": [], "entropy": [],
-                                         "guide_loss": [], "clip_frac": []}
-        for _ in range(cfg.epochs):
-            for idx in np.array_split(rng.permutation(len(batch)),
-                                      max(1, len(batch) // cfg.minibatch)):
-                logp, entropy, value, logits, rate_logits, flows = \
-                    evaluate(agent, [batch[i] for i in idx])
-                ix = torch.from_numpy(idx)
-                a = adv_t[ix]
-                a = (a - a.mean()) / (a.std() + 1e-8)
-                ratio_t = (logp - old_logp[ix]).exp()
-                pg = -torch.min(ratio_t * a, ratio_t.clamp(1 - cfg.clip, 1 + cfg.clip) * a).mean()
-                v_loss = 0.5 * (value - ret_t[ix]).pow(2).mean()
-                # Imitation: the teacher's node, and the full rate it asks for every flow.
-                g = guides[ix]
-                has = g >= 0
-                guide_loss = torch.zeros(())
-                if guide > 0 and has.any():
-                    guide_loss = nn.functional.cross_entropy(logits[has], g[has])
-                if guide > 0 and flows.any():
-                    full = torch.full((int(flows.sum()),), rate_logits.shape[2] - 1)
-                    guide_loss = guide_loss + nn.functional.cross_entropy(rate_logits[flows],
-                                                                          full)
-                loss = pg + cfg.vf_coef * v_loss - cfg.ent_coef * entropy.mean() + \
-                    guide * guide_loss
-                optim.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-                optim.step()
-                stats["pg_loss"].append(pg.item())
-                stats["v_loss"].append(v_loss.item())
-                stats["entropy"].append(entropy.mean().item())
-                stats["guide_loss"].append(guide_loss.item())
-                stats["clip_frac"].append(float(((ratio_t - 1).abs() > cfg.clip).float().mean()))
-        log({"steps": done_steps, "episodes": len(returns), "seconds": time.perf_counter() - start,
-             "cpu_seconds": time.process_time() - cpu_start,
-             "return": float(np.mean(returns)), "placed": float(np.mean(placed)),
-             "iter_vs_heuristic": float(np.exp(np.mean(np.log(ratio)))) if ratio else math.nan,
-             "guide": guide, **{k: float(np.mean(v)) for k, v in stats.items()}})
+            group["lr"] = cfg.lr_ppo
+        end = cfg.imitation + cfg.ppo
+        while done < end:  # phase 2
+            batch = []
+            while len(batch) < cfg.batch and done < end:
+                done += 1
+                batch += sample_group(agent, *instances.next(), cfg.group, rng)
+            if not batch:
+                continue
+            adv = torch.tensor([e.advantage for e in batch])
+            # on the scale of the clip and the entropy bonus (returns are log-times: their spread
+            # within a group is often 1e-2, and the bonus alone would then flatten the policy)
+            adv = adv / (adv.std() + 1e-8) if len(adv) > 1 else adv
+            old = torch.tensor([e.logp for e in batch])
+            for _ in range(cfg.epochs):
+                logp, entropy, _ = losses(agent, batch)
+                ratio = (logp - old).exp()
+                pg = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv).mean()
+                step(pg - cfg.ent_coef * entropy.mean())
+            report("ppo", done >= end, loss=pg.item(), entropy=entropy.mean().item(),
+                   ret=float(np.mean([e.ret for e in batch])))
+    if best[1] is not None:  # model selection on the validation instances, never the benchmarks
+        agent.load_state_dict(best[1])
     return agent
 
 
-def greedy_eval(agent: Agent, env_cfg: EnvConfig, seed: int, episodes: int) -> dict[str, float]:
-    """Greedy play on `episodes` random instances drawn from `seed`: mean return, placed share,
-    and the geometric mean of iteration time over the first heuristic's (network-aware), on
-    the jobs both placed."""
-    env = PlacementEnv(env_cfg)
-    env.compare = False
-    env.reset(seed=seed)
-    returns, placed, ratio = [], [], []
-    for _ in range(episodes):
-        env.reset()
-        total, info = 0.0, {}
-        while not env.episode.done:
-            s = act(agent, env.episode, greedy=True)
-            _, r, _, _, info = env.step({"node": s.node,
-                                         "paths": _pad(s.paths, env_cfg.max_flows),
-                                         "rates": _pad(s.rates, env_cfg.max_flows)})
-            total += r
-        returns.append(total)
-        placed.append(info["placed"])
-        if info["placed"] and "heuristic_iteration_s" in info:
-            ratio.append(info["iteration_s"] / info["heuristic_iteration_s"])
-    return {"return": float(np.mean(returns)), "placed": float(np.mean(placed)),
-            "iter_vs_heuristic": float(np.exp(np.mean(np.log(ratio)))) if ratio else math.nan}
+FAILED_PENALTY = 1.0  # a rollout that places nothing: this much below its group's worst return
 
 
-def _pad(a: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros(n, np.int64)
-    out[:len(a)] = a
-    return out
+def sample_group(agent: Agent, cluster: Cluster, job: Job, size: int,
+                 rng: np.random.Generator) -> list[Episode]:
+    """`size` sampled rollouts of one instance; return = −log(iteration time), advantage = the
+    return minus the group's mean (the instance's own baseline: no critic needed)."""
+    ep0 = PlacementEpisode(cluster, job)
+    if ep0.done:
+        return []
+    graph = ep0.graph_input()
+    policy = Policy(agent, graph)
+    group = []
+    for _ in range(size):
+        ep = ep0.restart()
+        record = Episode(graph)
+        record.logp = rollout(policy, ep, greedy=False, rng=rng, record=record)
+        t = iteration_s(ep)
+        record.ret = -math.log(t) if t else math.nan
+        group.append(record)
+    done = [e.ret for e in group if not math.isnan(e.ret)]
+    if not done:
+        return []
+    for e in group:
+        if math.isnan(e.ret):
+            e.ret = min(done) - FAILED_PENALTY
+    mean = float(np.mean([e.ret for e in group]))
+    for e in group:
+        e.advantage = e.ret - mean
+    return group
+
+
+def validate(agent: Agent, instances: list[tuple[Cluster, Job]]) -> float:
+    """Geometric mean over `instances` of the greedy policy's iteration time over
+    network-aware's (failures count as 2×)."""
+    ratios = []
+    for cluster, job in instances:
+        try:
+            ref = predicted_iteration_s(cluster, job,
+                                        make_algorithm("network-aware").place(cluster, job))
+        except CannotPlace:
+            continue
+        ep = PlacementEpisode(cluster, job)
+        if not ep.done:
+            rollout(Policy(agent, ep.graph_input()), ep, greedy=True)
+        t = iteration_s(ep)
+        ratios.append(t / ref if t else 2.0)
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else math.nan
 
 
 # --- checkpoints ----------------------------------------------------------------------------------
 def save(agent: Agent, cfg: PPOConfig, env_cfg: EnvConfig, path: str | Path,
          meta: dict | None = None) -> None:
-    env = asdict(env_cfg)
-    env["jobs"] = asdict(env_cfg.jobs)
-    env["reward"] = asdict(env_cfg.reward)
-    torch.save({"ppo": asdict(cfg), "env": env, "state_dict": agent.state_dict(),
-                "meta": meta or {}}, path)
+    torch.save({"ppo": asdict(cfg), "env": _plain(asdict(env_cfg)),
+                "state_dict": agent.state_dict(), "meta": meta or {}}, path)
 
 
-def load(path: str | Path = CHECKPOINT) -> tuple[Agent, PPOConfig, EnvConfig]:
+def _plain(x):
+    """JSON-like values only (tuples as lists), as torch's safe loader wants."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def load(path: str | Path = CHECKPOINT) -> tuple[Agent, PPOConfig, dict]:
     data = torch.load(path, map_location="cpu", weights_only=True)
-    cfg = PPOConfig(**data["ppo"])
-    env = dict(data["env"])
-    env["jobs"] = JobDistribution(**{k: tuple(v) if isinstance(v, list) else v
-                                     for k, v in env["jobs"].items()})
-    env["reward"] = RewardConfig(**env["reward"])
-    env = {k: tuple(v) if isinstance(v, list) else v for k, v in env.items()
-           if k in {f.name for f in fields(EnvConfig)}}
-    env_cfg = EnvConfig(**env)
-    agent = Agent(cfg, env_cfg.k_paths, len(env_cfg.rate_levels))
+    known = {f.name for f in fields(PPOConfig)}
+    cfg = PPOConfig(**{k: v for k, v in data["ppo"].items() if k in known})
+    agent = Agent(cfg)
     agent.load_state_dict(data["state_dict"])
     agent.eval()
-    return agent, cfg, env_cfg
+    return agent, cfg, data.get("meta", {})
 
 
 # --- the registered algorithm ---------------------------------------------------------------------
 @register("ces-ppo")
 @dataclass
 class CesPPO:
-    """Deterministic inference of a trained checkpoint, multi-start greedy decoding: rollouts
-    that begin with the first task on each of the `starts` nodes the policy rates highest and
-    then follow the greedy policy; the decision is the rollout with the shortest predicted
-    iteration time (the quantity the reward scores; ties keep the plain greedy rollout). A
-    start costs one forward pass per task over all compute nodes, so `starts` =
-    decode_budget // (compute nodes × tasks), at least 1: small instances get several starts,
-    an 8-task job on 100 nodes plain greedy decoding (the decision-latency target)."""
+    """The committed checkpoint's policy, decoded within a budget of node-steps (a rollout of a
+    job of T tasks on N compute nodes costs N×T; docs/ppo.md, "Decoding"):
+      - the greedy rollout, whose first task goes where the policy rates highest;
+      - with the budget for more: network-aware's placement (it costs about one rollout), when
+        `compare`; then greedy rollouts whose first task goes on the next-rated nodes;
+    each placement with CES's paths and rates (`paths.route_placement`). The decision is the
+    candidate with the shortest predicted iteration time (the earliest on a tie). The policy
+    alone: `compare=False` and a budget below 2×N×T."""
     name: str = "ces-ppo"
     seed: int = 0  # unused: decoding draws nothing
     checkpoint: str | Path = CHECKPOINT
-    decode_budget: int = 200  # node-steps per decision (chosen in docs/ppo.md, "Decoding")
+    decode_budget: int = 1000  # node-steps per decision
+    compare: bool = True
     agent: Agent = field(init=False, repr=False)
-    env_cfg: EnvConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not Path(self.checkpoint).exists():
@@ -469,52 +481,59 @@ class CesPPO:
                                     "python -m scheduler.train_ppo --seed 0)")
         if self.decode_budget < 0:
             raise ValueError(f"decode_budget: expected ≥ 0 node-steps, got {self.decode_budget}")
-        self.agent, _, self.env_cfg = load(self.checkpoint)
+        self.agent, _, _ = load(self.checkpoint)
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
-        starts = self.decode_budget // max(1, len(cluster.compute_nodes()) * len(job.tasks))
-        decisions, reason = [], ""
-        with _threads(1):
-            firsts: list[int | None] = [None]  # plain greedy
-            if starts > 1:  # (no start when nothing fits the first task: greedy says why)
-                ep = PlacementEpisode(cluster, job, self.env_cfg, shaping=False)
-                firsts = first_nodes(self.agent, ep, starts) or firsts
-            for first in firsts:
+        with threads(1):
+            ep0 = PlacementEpisode(cluster, job)
+            if ep0.done:
+                raise CannotPlace(f"job {job.name}: {ep0.failed}")
+            policy = Policy(self.agent, ep0.graph_input())
+            rollouts = max(1, self.decode_budget // (len(ep0.compute) * len(job.tasks)))
+            compare = self.compare and rollouts >= 2
+            first = ep0.observe()
+            ranked = np.argsort(-policy.logits(first), kind="stable")[:int(first.mask.sum())]
+            placements: list[dict[str, str]] = []
+            for i, v in enumerate(ranked[:rollouts - compare]):
+                ep = ep0.restart()
+                rollout(policy, ep, greedy=True, first=int(v))
+                if not ep.failed:
+                    placements.append(ep.placement_names())
+                if compare and i == 0:
+                    try:
+                        placements.append(NetworkAware().positions(cluster, job))
+                    except CannotPlace:
+                        pass
+            candidates, reason = [], ""
+            for placement in {tuple(sorted(p.items())): p for p in placements}.values():
                 try:
-                    decisions.append(self._rollout(cluster, job, first))
+                    candidates.append(Decision(job.name, placement,
+                                               route_placement(cluster, job, placement)))
                 except CannotPlace as e:
                     reason = reason or str(e)
-        if not decisions:
-            raise CannotPlace(reason)
-        # min keeps the earliest start on a tie: the plain greedy rollout unless one is faster.
-        best = min(decisions, key=lambda d: predicted_iteration_s(cluster, job, d))
+        if not candidates:
+            raise CannotPlace(reason or f"job {job.name}: no placement the policy found has "
+                              "paths with bandwidth")
+        best = min(candidates, key=lambda d: predicted_iteration_s(cluster, job, d))
         best.decision_s = time.perf_counter() - start
         return best
 
-    def _rollout(self, cluster: Cluster, job: Job, first: int | None) -> Decision:
-        """Greedy decoding, the first task on compute node index `first` if given."""
-        ep = PlacementEpisode(cluster, job, self.env_cfg, shaping=False)
-        while not ep.done:
-            if not ep.observe().node_mask.any():
-                raise CannotPlace(f"job {job.name}: task {ep.task} fits on no node that "
-                                  "can still reach its peers")
-            s = act(self.agent, ep, greedy=True, node=first if ep.t == 0 else None)
-            _, done, info = ep.step(s.node, s.paths, s.rates)
-            if done and not info["placed"]:
-                raise CannotPlace(f"job {job.name}: {info['reason']}")
-        return ep.decision()
+
+_POOLS: list[ThreadpoolController] = []
 
 
-class _threads:
-    """Run torch on n threads inside the block (inference is latency-bound, not throughput)."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __enter__(self) -> None:
-        self.before = torch.get_num_threads()
-        torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc) -> None:
-        torch.set_num_threads(self.before)
+@contextmanager
+def threads(n: int):
+    """Run torch and numpy's BLAS on n threads inside the block: inference is latency-bound, and
+    on a shared machine more threads only wait for each other (a 1000-row matmul on two BLAS
+    threads took 7x longer than on one, measured on the 2-core CI machine under load)."""
+    if not _POOLS:
+        _POOLS.append(ThreadpoolController())  # finds the loaded libraries: once
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        with _POOLS[0].limit(limits=n):
+            yield
+    finally:
+        torch.set_num_threads(before)

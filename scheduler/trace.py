@@ -20,6 +20,8 @@ TASK_COLUMNS = ("job_name", "task_name", "inst_num", "status", "start_time", "en
 
 
 MACHINE_COLUMNS = ("machine", "gpu_type", "cap_cpu", "cap_mem", "cap_gpu")
+# Alibaba's PAI machine table (scheduler/data/README.md)
+MACHINE_TABLE = Path(__file__).resolve().parent / "data" / "pai_machine_spec.csv"
 
 
 def _csv_rows(path: Path, columns: tuple[str, ...]) -> Iterable[tuple[int, dict[str, str]]]:

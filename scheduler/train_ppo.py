@@ -1,9 +1,12 @@
-"""Train CES-PPO: `python -m scheduler.train_ppo --seed 0 --steps 120000
---out scheduler/checkpoints/ces_ppo.pt`.
+"""Train CES-PPO: `python -m scheduler.train_ppo --seed 0 --out scheduler/checkpoints/ces_ppo.pt`.
 
-Trains on random topologies and jobs (`scheduler.env.PlacementEnv`), shows progress, writes the
-learning curve as CSV and PNG (default `results/ppo/learning_curve.{csv,png}`) and the checkpoint
-that the `ces-ppo` algorithm loads. Bad arguments exit with code 2 and a one-line reason.
+Trains on random instances (`env.TrainingInstances`: generated and topohub networks kept apart from
+the benchmarks, plain CPU edge nodes or the Alibaba machine table, background load, jobs that fit
+on a node and jobs no node can hold): imitation of the teacher, then PPO (`ppo.train`). Shows
+progress; writes the learning curve as CSV and PNG (default `results/ppo/learning_curve.{csv,png}`)
+with the validation figure — the greedy policy's iteration time over network-aware's, geometric
+mean over instances drawn apart from training — and the checkpoint the `ces-ppo` algorithm loads.
+Bad arguments exit with code 2 and a one-line reason.
 """
 from __future__ import annotations
 
@@ -12,46 +15,53 @@ import csv
 import os
 import platform
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
-import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .env import EnvConfig
+from .env import EnvConfig, TrainingInstances
+from .model import Cluster, Job
 from .ppo import CHECKPOINT, PPOConfig, save, train
+from .trace import MACHINE_TABLE, load_machine_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "ppo"
-COLUMNS = ("steps", "episodes", "seconds", "cpu_seconds", "return", "placed", "iter_vs_heuristic",
-           "guide", "pg_loss", "v_loss", "entropy", "guide_loss", "clip_frac")
+COLUMNS = ("phase", "instances", "seconds", "cpu_seconds", "loss", "entropy", "ret",
+           "vs_network_aware")
+VALIDATION_SEED = 10_000  # + the training seed: instances training never draws
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scheduler.train_ppo",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=PPOConfig.total_steps,
-                   help="environment steps (task placements) to train for")
-    p.add_argument("--encoder", choices=("gnn", "mlp"), default=PPOConfig.encoder)
-    p.add_argument("--layers", type=int, default=PPOConfig.layers,
+    d = PPOConfig()
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--imitation", type=int, default=d.imitation,
+                   help="instances of phase 1, imitation of the teacher")
+    p.add_argument("--ppo", type=int, default=d.ppo, help="instances of phase 2, PPO")
+    p.add_argument("--encoder", choices=("gnn", "mlp"), default=d.encoder)
+    p.add_argument("--layers", type=int, default=d.layers,
                    help="message-passing rounds of the gnn encoder")
-    p.add_argument("--guide-until", type=float, default=PPOConfig.guide_until,
-                   help="fraction of training over which the teacher's guidance fades (0: none)")
-    p.add_argument("--threads", type=int, default=PPOConfig.threads)
+    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--validation", type=int, default=40,
+                   help="instances of the validation figure (0: none)")
+    p.add_argument("--machines", type=Path, default=MACHINE_TABLE,
+                   help="machine table (Alibaba PAI format) for GPU clusters")
     p.add_argument("--out", type=Path, default=CHECKPOINT, help="checkpoint to write")
     p.add_argument("--csv", type=Path, default=RESULTS / "learning_curve.csv")
     p.add_argument("--png", type=Path, default=RESULTS / "learning_curve.png")
     args = p.parse_args(argv)
     problems = []
-    if args.steps < 1:
-        problems.append(f"--steps must be ≥ 1, got {args.steps}")
-    if args.layers < 1:
-        problems.append(f"--layers must be ≥ 1, got {args.layers}")
-    if not 0 <= args.guide_until <= 1:
-        problems.append(f"--guide-until must be in [0, 1], got {args.guide_until}")
-    if args.threads < 1:
-        problems.append(f"--threads must be ≥ 1, got {args.threads}")
+    for opt, low in (("imitation", 0), ("ppo", 0), ("layers", 1), ("hidden", 4), ("threads", 1),
+                     ("validation", 0)):
+        if getattr(args, opt) < low:
+            problems.append(f"--{opt} must be ≥ {low}, got {getattr(args, opt)}")
+    if args.imitation + args.ppo < 1:
+        problems.append("--imitation and --ppo are both 0: nothing to train")
+    if not args.machines.is_file():
+        problems.append(f"--machines: {args.machines} is not a file")
     for opt in ("out", "csv", "png"):
         parent = getattr(args, opt).resolve().parent
         if parent.exists() and not parent.is_dir():
@@ -61,30 +71,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
-    """Learning curves (one line per label; a rolling mean of 5 updates over the raw values)."""
+def validation_instances(env_cfg: EnvConfig, seed: int, n: int,
+                         machines: list) -> list[tuple[Cluster, Job]]:
+    """n instances of jobs no node can hold, drawn apart from training (another seed)."""
+    draw = TrainingInstances(replace(env_cfg, spread_share=1.0, episodes_per_topology=1),
+                             VALIDATION_SEED + seed, machines)
+    return [draw.next() for _ in range(n)]
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Training loss per phase, and the validation figure."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for label, rows in curves.items():
-        steps = np.array([r["steps"] for r in rows]) / 1000
-        for ax, key in zip(axes, ("return", "iter_vs_heuristic", "placed")):
-            y = np.array([r[key] for r in rows], float)
-            smooth = np.convolve(y, np.ones(5) / 5, mode="valid") if len(y) >= 5 else y
-            line, = ax.plot(steps[len(steps) - len(smooth):], smooth, lw=1.6, label=label)
-            ax.plot(steps, y, lw=0.6, alpha=0.3, color=line.get_color())
-    for ax, name in zip(axes, ("mean episode return", "iteration time / network-aware's "
-                                                      "(geometric mean)", "jobs placed")):
-        ax.set_xlabel("environment steps (thousands)")
-        ax.set_title(name, fontsize=10)
+    fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for phase, color in (("imitation", "tab:blue"), ("ppo", "tab:orange")):
+        pts = [(r["instances"], r["loss"]) for r in rows if r["phase"] == phase]
+        if pts:
+            ax_loss.plot(*zip(*pts), lw=1, color=color, label=phase)
+    ax_loss.set_title("loss (imitation: −log p of the teacher's node; ppo: clipped objective)",
+                      fontsize=9)
+    ax_loss.legend(fontsize=8)
+    val = [(r["instances"], r["vs_network_aware"]) for r in rows
+           if r.get("vs_network_aware") is not None]
+    if val:
+        ax_val.plot(*zip(*val), marker="o", ms=3, lw=1.4)
+    ax_val.axhline(1.0, color="grey", ls="--", lw=1)
+    ax_val.set_title("validation: greedy policy's iteration time / network-aware's "
+                     "(geometric mean)", fontsize=9)
+    for ax in (ax_loss, ax_val):
+        ax.set_xlabel("training instances")
         ax.grid(alpha=0.3)
-    axes[1].set_yscale("log")
-    axes[1].axhline(1.0, color="grey", ls="--", lw=1)
-    if len(curves) > 1:
-        axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -93,40 +111,48 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = replace(PPOConfig(), seed=args.seed, total_steps=args.steps, encoder=args.encoder,
-                  layers=args.layers, guide_until=args.guide_until, threads=args.threads)
+    cfg = replace(PPOConfig(), **{f.name: getattr(args, f.name) for f in fields(PPOConfig)
+                                  if hasattr(args, f.name)})
     env_cfg = EnvConfig()
+    machines = load_machine_spec(args.machines)
+    validation = validation_instances(env_cfg, cfg.seed, args.validation, machines)
     for path in (args.out, args.csv, args.png):
         path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
+    total = cfg.imitation + cfg.ppo
     with args.csv.open("w", newline="") as fh, Progress(
-            TextColumn("[bold]CES-PPO[/] seed {task.fields[seed]}"), BarColumn(),
-            TextColumn("{task.completed:>7.0f}/{task.total:.0f} steps"),
-            TextColumn("return {task.fields[ret]:>6.3f}  iter/heuristic {task.fields[ratio]:>5.2f}"
-                       "  placed {task.fields[placed]:>4.0%}"),
+            TextColumn("[bold]CES-PPO[/] seed {task.fields[seed]} {task.fields[phase]:9}"),
+            BarColumn(), TextColumn("{task.completed:>5.0f}/{task.total:.0f} instances"),
+            TextColumn("loss {task.fields[loss]:>6.3f}  validation {task.fields[val]}"),
             TimeElapsedColumn(), TimeRemainingColumn()) as progress:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        bar = progress.add_task("train", total=cfg.total_steps, seed=cfg.seed, ret=0.0,
-                                ratio=float("nan"), placed=0.0)
+        bar = progress.add_task("train", total=total, seed=cfg.seed, phase="", loss=0.0, val="–")
 
         def log(row: dict) -> None:
             rows.append(row)
-            writer.writerow({k: row[k] for k in COLUMNS})
+            writer.writerow(row)
             fh.flush()
-            progress.update(bar, completed=row["steps"], ret=row["return"],
-                            ratio=row["iter_vs_heuristic"], placed=row["placed"])
+            val = row.get("vs_network_aware")
+            progress.update(bar, completed=row["instances"], phase=row["phase"],
+                            loss=row["loss"], **({"val": f"{val:.3f}"} if val else {}))
 
-        agent = train(cfg, env_cfg, log)
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-                       f"{torch.get_num_threads()} torch thread(s), load average "
-                       f"{os.getloadavg()[2]:.1f} (15 min) at the end",
+        agent = train(cfg, env_cfg, machines, log, validation)
+    # train() returns the weights of the best validation figure
+    final = min((r["vs_network_aware"] for r in rows if "vs_network_aware" in r), default=None)
+    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {cfg.threads} thread(s), "
+                       f"load average {os.getloadavg()[2]:.1f} (15 min) at the end",
             "seconds": rows[-1]["seconds"] if rows else 0.0,
-            "command": "python -m scheduler.train_ppo " + " ".join(argv or sys.argv[1:])}
+            "cpu_seconds": rows[-1]["cpu_seconds"] if rows else 0.0,
+            "validation_vs_network_aware": final,
+            "command": "python -m scheduler.train_ppo " + " ".join(sys.argv[1:] if argv is None
+                                                                   else argv)}
     save(agent, cfg, env_cfg, args.out, meta)
-    plot({cfg.encoder: rows}, args.png, f"CES-PPO ({cfg.encoder} encoder, seed {cfg.seed}): "
-         f"{rows[-1]['seconds'] / 60:.1f} min on {meta['machine']}" if rows else "CES-PPO")
-    print(f"checkpoint {args.out}; learning curve {args.csv}, {args.png}")
+    minutes = meta["seconds"] / 60
+    plot(rows, args.png, f"CES-PPO ({cfg.encoder} encoder, seed {cfg.seed}): {minutes:.1f} min "
+                         f"on {meta['machine']}")
+    print(f"checkpoint {args.out} ({minutes:.1f} min, validation {final}); learning curve "
+          f"{args.csv}, {args.png}")
     return 0
 
 

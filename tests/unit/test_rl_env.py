@@ -1,22 +1,32 @@
 """The CES-PPO environment: gymnasium API, masks that never let an infeasible choice through,
-the heuristic reward computed by hand, and clear failures on masked choices."""
+features read from the shortest-path trees as they would be computed afresh, the return by hand,
+and the job's network part from CES's network decision."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import networkx as nx
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.env import EnvConfig, PlacementEnv, PlacementEpisode, RewardConfig
+from scheduler.baselines import make_algorithm
+from scheduler.env import FAILED, EnvConfig, PlacementEnv, PlacementEpisode, TrainingInstances, \
+    episode_return
+from scheduler.instances import JobDistribution, held_out
 from scheduler.jobs import ring_job, star_job
-from scheduler.metrics import DEFAULT_MODEL, load_balance, predicted_iteration_s
-from scheduler.model import EPS, Cluster, Job, Resources, check_decision
+from scheduler.layout import shortest_tree
+from scheduler.metrics import DEFAULT_MODEL, predicted_iteration_s
+from scheduler.model import EPS, Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, \
+    Task, check_decision
+from scheduler.paths import route_placement
 from topologies import parse_topology
 
-SMALL = EnvConfig(sites=(4, 12), episodes_per_topology=4)
+SMALL = EnvConfig(sites=(4, 12), real_share=0.0, episodes_per_topology=4,
+                  small_jobs=JobDistribution(max_workers=4))
 
 
 def line_cluster(bw: float = 100.0, cpu: float = 1.0) -> Cluster:
@@ -47,6 +57,12 @@ def test_reset_with_a_seed_is_reproducible_and_the_mask_is_in_info():
     assert obs1["graph"].nodes[:n, 0].all() and not obs1["graph"].nodes[n:, 0].any()
 
 
+def test_training_never_draws_a_held_out_network():
+    draw = TrainingInstances(EnvConfig(real_share=1.0), seed=0)
+    assert draw.networks and not any(held_out(k) for k in draw.networks)
+    assert not any(k.startswith(("topozoo/Abilene", "sndlib/polska")) for k in draw.networks)
+
+
 def test_ring_tasks_are_placed_in_ring_order():
     job = ring_job("r", 5, Resources(0.1, 64), 1e6, 10)
     ep = PlacementEpisode(line_cluster(), job)
@@ -56,63 +72,59 @@ def test_ring_tasks_are_placed_in_ring_order():
         assert any({f.src, f.dst} & set(order[:i]) for f in job.flows if t in (f.src, f.dst))
 
 
-def _random_feasible_action(ep: PlacementEpisode, rng: np.random.Generator):
-    node = int(rng.choice(np.flatnonzero(ep.observe().node_mask)))
-    opts = ep.options(node)
-    paths = [int(rng.choice(np.flatnonzero(m))) for m in opts.path_mask]
-    rates = [int(rng.integers(len(ep.cfg.rate_levels))) for _ in opts.flows]
-    return node, paths, rates
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000))
 def test_masks_never_let_an_infeasible_choice_through(seed):
-    env = PlacementEnv(SMALL)
-    env.reset(seed=seed)
+    draw = TrainingInstances(SMALL, seed)
     rng = np.random.default_rng(seed)
-    for _ in range(4):  # several jobs on the same, filling network
-        env.reset()
-        ep = env.episode
+    for _ in range(4):
+        cluster, job = draw.next()
+        ep = PlacementEpisode(cluster, job)
         while not ep.done:
             obs = ep.observe()
             demand = np.array(ep.tasks[ep.task].demand.as_tuple())
             free = ep.free - ep.job_used
-            for v in np.flatnonzero(obs.node_mask):
+            for v in np.flatnonzero(obs.mask):
                 assert (demand <= free[v] + EPS).all(), "a node without room is unmasked"
-                assert ep.compute[v] not in ep.cluster.offline
-                opts = ep.options(int(v))
-                for paths, mask in zip(opts.paths, opts.path_mask):
-                    assert mask.any(), "an unmasked node has a flow with no usable path"
-                    for p, ok in zip(paths, mask):
-                        if ok:
-                            assert ep.cluster.path_residual(p) > EPS
-            node, paths, rates = _random_feasible_action(ep, rng)
-            _, done, info = ep.step(node, paths, rates)
-        if info["placed"]:
-            assert check_decision(ep.cluster, ep.job, ep.decision()) == []
+                assert ep.compute[v] not in cluster.offline
+            ep.step(int(rng.choice(np.flatnonzero(obs.mask))))
+        if not ep.failed:
+            decision = ep.decision()
+            assert check_decision(cluster, job, decision) == []
 
 
-def test_remembered_path_widths_follow_the_jobs_own_requests():
-    """The widths an episode remembers between steps (its node features) equal the ones
-    computed afresh, also after this job's flows took bandwidth."""
-    routed = 0
-    for seed in range(8):
-        env = PlacementEnv(SMALL)
-        env.reset(seed=seed)
-        rng = np.random.default_rng(seed)
-        for _ in range(3):
-            env.reset()
-            ep = env.episode
-            while not ep.done:
-                obs = ep.observe()
-                ep._obs, ep._width_memo = None, {}
-                fresh = ep.observe()
-                assert np.array_equal(obs.node_x, fresh.node_x)
-                assert np.array_equal(obs.edge_x, fresh.edge_x)
-                node, paths, rates = _random_feasible_action(ep, rng)
-                routed += len(paths)
-                ep.step(node, paths, rates)
-    assert routed > 0  # the case the memo must get right happened
+def test_step_features_read_from_the_trees_match_paths_computed_afresh():
+    """Hops and bottleneck widths come from shortest-path trees kept per graph and filled level
+    by level; each must be the hop count and smallest residual of a fewest-hop path through
+    switches, as networkx finds it on the cluster as it is."""
+    cluster, _ = TrainingInstances(EnvConfig(sites=(20, 40), real_share=0.0), 3).next()
+    ep = PlacementEpisode(cluster, ring_job("r", 2, Resources(0.1, 64), 1e6, 10.0))
+    g = cluster.graph
+    for v in range(0, len(ep.compute), 5):
+        src = ep.compute[v]
+        view = nx.subgraph_view(g, filter_node=lambda x: x == src or g.nodes[x]["kind"] == "switch")
+        hops = nx.single_source_shortest_path_length(view, src)
+        tree = shortest_tree(ep.layout, v)
+        for towards in (False, True):
+            width = ep._bottleneck_from(v, towards)
+            for w, name in enumerate(ep.compute):
+                if w == v:
+                    continue
+                sw = [s for s in g.neighbors(name)]  # a compute node's access switch(es)
+                expect = min((hops[s] + 1 for s in sw if s in hops), default=math.inf)
+                assert tree.hops[w] == expect
+                if math.isinf(expect):
+                    assert width[w] == 0
+                    continue
+                path, x = [w], w  # the tree's path, checked link by link
+                while x != v:
+                    x = int(tree.parent[x])
+                    path.append(x)
+                names = [ep.vertices[i] for i in reversed(path)]
+                links = list(zip(names, names[1:]))
+                if towards:
+                    links = [(b, a) for a, b in links]
+                assert width[w] == pytest.approx(max(min(cluster.residual(*lk) for lk in links), 0))
 
 
 def test_a_link_capacity_change_reaches_the_next_episode():
@@ -123,76 +135,78 @@ def test_a_link_capacity_change_reaches_the_next_episode():
     cluster.graph.edges["s1", "s2"]["bw_mbps"] = 10.0
     after = PlacementEpisode(cluster, job)
     assert after.layout is before.layout
-    e = after.edge_id[("s1", "s2")]
-    assert (before.cap[e], after.cap[e]) == (100.0, 10.0)
-    assert after.observe().edge_x[e, 2] < before.observe().edge_x[e, 2]
+    e = after.layout.edge_id[("s1", "s2")]
+    assert (before.residual[e], after.residual[e]) == (100.0, 10.0)
+    assert after.graph_input().edge_x[e, 0] < before.graph_input().edge_x[e, 0]
 
 
-def test_a_masked_node_or_path_is_penalised_and_ends_the_episode():
+def test_a_masked_node_is_refused_and_the_env_ends_the_episode_with_the_penalty():
     cluster = line_cluster(cpu=0.5)
     job = ring_job("r", 2, Resources(0.5, 64), 1e6, 10)
     ep = PlacementEpisode(cluster, job)
-    assert ep.observe().node_mask.tolist() == [True, True, True]
-    ep.step(0, [], [])  # w0 on a: a is now full
-    assert ep.observe().node_mask.tolist() == [False, True, True]
-    reward, done, info = ep.step(0, [0], [0])
-    assert done and not info["placed"] and "masked" in info["reason"]
-    assert reward == -ep.cfg.reward.infeasible
-
-    ep = PlacementEpisode(cluster, job)
-    ep.step(0, [], [])
-    reward, done, info = ep.step(1, [3], [0])  # there is one path only
-    assert done and not info["placed"] and "path" in info["reason"]
+    assert ep.observe().mask.tolist() == [True, True, True]
+    ep.step(0)  # w0 on a: a is now full
+    assert ep.observe().mask.tolist() == [False, True, True]
+    with pytest.raises(ValueError, match="masked"):
+        ep.step(0)
+    env = PlacementEnv(SMALL)
+    env.reset(options={"cluster": cluster, "job": job})
+    env.step(0)
+    _, reward, done, _, info = env.step(0)
+    assert done and reward == FAILED and not info["placed"] and "masked" in info["reason"]
 
 
 def test_a_task_that_fits_nowhere_is_masked_everywhere():
     job = ring_job("r", 2, Resources(4.0, 64), 1e6, 10)
     ep = PlacementEpisode(line_cluster(cpu=1.0), job)
-    assert not ep.observe().node_mask.any()
+    assert not ep.observe().mask.any()
 
 
-def test_the_reward_is_the_heuristic_of_design_3_by_hand():
-    cfg = EnvConfig(reward=RewardConfig(balance=1.0, bandwidth=0.5, hops=0.05, iteration=1.0))
-    cluster = line_cluster(bw=100.0)
-    job = ring_job("r", 2, Resources(0.5, 512), 4e6, 80.0, compute_s=0.1)
-    ep = PlacementEpisode(cluster, job, cfg)
-    # Step 1: w0 on a. Ū_a = (0.5 + 0.5) / 2 = 0.5, the others 0: std 0.2357.
-    r1, done, _ = ep.step(0, [], [])
-    assert not done
-    u = [0.5, 0.0, 0.0]
-    assert r1 == pytest.approx(-(np.std(u) - 0.0))
-    # Step 2: w1 on b, both flows at full demand: 80 each way on s1-s2 (100 free): all granted.
-    r2, done, info = ep.step(1, [0, 0], [3, 3])
-    assert done and info["placed"]
-    decision = ep.decision()
-    assert {f.rate_mbps for f in decision.flows} == {80.0}
-    hops = 2 * 3 / 10 * 80 / 160  # two flows of three hops, each half the job's demand
-    balance = np.std([0.5, 0.5, 0.0]) - np.std(u)
-    pred = predicted_iteration_s(cluster, job, decision)
-    assert info["iteration_s"] == pytest.approx(pred)
-    # Same speed, no delay, every flow at its demand: the reference is exactly the prediction.
-    assert ep.reference_s == pytest.approx(pred)
-    assert r2 == pytest.approx(-balance - 0.05 * hops + 1.0 * math.log(ep.reference_s / pred))
-    assert load_balance(_allocated(cluster, job, decision))[0] == pytest.approx(np.std([0.5, 0.5,
-                                                                                       0.0]))
+def test_the_return_is_the_log_speed_up_over_network_aware_by_hand():
+    """Two 0.5-cpu workers on 0.5-cpu nodes must split. a and c share s1 (1000 Mbit/s access
+    links): both flows get the 400 Mbit/s they ask. b sits behind the 100 Mbit/s s1-s2 link:
+    with the workers on a and b each flow gets 100. The returns, both against network-aware's
+    decision, differ by the log of the two iteration times, which differ by the communication."""
+    cluster = line_cluster(bw=100.0, cpu=0.5)
+    job = ring_job("r", 2, Resources(0.5, 512), 4e6, 400.0, compute_s=0.1)
+    returns, times = [], []
+    for second in (2, 1):  # c, then b
+        ep = PlacementEpisode(cluster, job)
+        ep.step(0)
+        ep.step(second)
+        reward, info = episode_return(ep)
+        ref = make_algorithm("network-aware").place(cluster, job)
+        assert info["iteration_s"] == pytest.approx(predicted_iteration_s(cluster, job,
+                                                                          ep.decision()))
+        assert info["heuristic_iteration_s"] == pytest.approx(
+            predicted_iteration_s(cluster, job, ref))
+        assert reward == pytest.approx(math.log(info["heuristic_iteration_s"] /
+                                                info["iteration_s"]))
+        assert {f.rate_mbps for f in ep.decision().flows} == {400.0 if second == 2 else 100.0}
+        returns.append(reward)
+        times.append(info["iteration_s"])
+    flows = [(f.bytes_per_iter, 1.0) for f in job.flows]
+    comm = {r: DEFAULT_MODEL.communication_s([(b, r) for b, _ in flows], steps=2)
+            for r in (400.0, 100.0)}
+    assert times[1] - times[0] == pytest.approx(comm[100.0] - comm[400.0])
+    assert returns[0] - returns[1] == pytest.approx(math.log(times[1] / times[0]))
 
 
-def _allocated(cluster: Cluster, job: Job, decision) -> Cluster:
-    c = cluster.copy()
-    c.allocate(job, decision)
-    return c
-
-
-def test_rate_levels_and_the_rate_split_set_the_granted_rates():
-    cluster = line_cluster(bw=100.0)
-    job = ring_job("r", 2, Resources(0.5, 512), 4e6, 80.0)
-    ep = PlacementEpisode(cluster, job)
-    ep.step(0, [], [])
-    r, done, info = ep.step(1, [0, 0], [0, 3])  # w0→w1 asks 25 % (20), w1→w0 asks all (80)
-    rates = {(f.src, f.dst): f.rate_mbps for f in ep.decision().flows}
-    assert rates == {("w0", "w1"): pytest.approx(20.0), ("w1", "w0"): pytest.approx(80.0)}
-    # 20 of 80 granted on one flow: satisfaction (20 + 80) / 160, weighted in the reward.
-    assert ep.satisfaction == pytest.approx((20 - 80) / 160)
+def test_the_network_part_is_ces_network_decision_for_the_placement():
+    draw = TrainingInstances(replace(SMALL, spread_share=1.0), 11)
+    rng = np.random.default_rng(0)
+    spread = 0
+    for _ in range(10):
+        cluster, job = draw.next()
+        ep = PlacementEpisode(cluster, job)
+        while not ep.done:
+            ep.step(int(rng.choice(np.flatnonzero(ep.observe().mask))))
+        if ep.failed:
+            continue
+        placement = ep.placement_names()
+        assert ep.decision().flows == route_placement(cluster, job, placement)
+        spread += len(set(placement.values())) > 1
+    assert spread >= 5  # jobs no node holds: their flows cross the network
 
 
 def test_colocated_tasks_need_no_flow_and_cost_no_communication():
@@ -200,8 +214,7 @@ def test_colocated_tasks_need_no_flow_and_cost_no_communication():
     job = star_job("s", 2, Resources(0.25, 128), 1e6, 50.0, compute_s=0.1)
     ep = PlacementEpisode(cluster, job)
     while not ep.done:
-        assert ep.options(0).flows == []
-        ep.step(0, [], [])
+        ep.step(0)
     d = ep.decision()
     assert d.flows == [] and set(d.placement.values()) == {"a"}
     assert predicted_iteration_s(cluster, job, d) == pytest.approx(
@@ -210,13 +223,11 @@ def test_colocated_tasks_need_no_flow_and_cost_no_communication():
 
 def test_a_saturated_link_masks_nodes_that_cannot_reach_the_peers():
     cluster = line_cluster(bw=100.0)
-    # Fill s1→s2 completely with a background flow a→b.
-    from scheduler.model import Decision, FlowAssignment, LogicalFlow, Task
     bg = Job("bg", [Task("x", Resources()), Task("y", Resources())],
              [LogicalFlow("x", "y", 100.0, 0.0)], collective="custom")
     cluster.allocate(bg, Decision("bg", {"x": "a", "y": "b"},
                                   [FlowAssignment("x", "y", ("a", "s1", "s2", "b"), 100.0)]))
     job = ring_job("r", 2, Resources(0.25, 128), 1e6, 10.0)
     ep = PlacementEpisode(cluster, job)
-    ep.step(0, [], [])  # w0 on a: w0→w1 cannot leave s1 towards s2
-    assert ep.observe().node_mask.tolist() == [True, False, True]
+    ep.step(0)  # w0 on a: w0→w1 cannot leave s1 towards s2
+    assert ep.observe().mask.tolist() == [True, False, True]

@@ -125,3 +125,26 @@ def test_route_placement_refuses_a_flow_without_bandwidth():
         cluster.reserved[link] = cluster.link_capacity(*link)
     with pytest.raises(NoPath, match="w0->w1"):
         route_placement(cluster, spread_job(), {"w0": "a", "w1": "b"})
+
+
+def test_the_lower_bound_is_below_the_exact_optimum_and_every_algorithm():
+    from scheduler.bounds import iteration_lower_bound
+    rng = np.random.default_rng(3)
+    exact = make_algorithm("exact")
+    tight = 0
+    for i in range(40):
+        cluster, job = random_instance(rng, max_switches=4, max_nodes=5, max_workers=4)
+        bound = iteration_lower_bound(cluster, job)
+        try:
+            best = predicted_iteration_s(cluster, job, exact.place(cluster, job))
+        except CannotPlace:
+            continue
+        assert bound <= best * (1 + 1e-9), (i, bound, best)
+        for name in ("network-aware", "k8s-spread", "first-fit"):
+            try:
+                d = make_algorithm(name, seed=i).place(cluster, job)
+            except CannotPlace:
+                continue
+            assert bound <= predicted_iteration_s(cluster, job, d) * (1 + 1e-9)
+        tight += bound >= 0.5 * best
+    assert tight >= 10  # not a trivial bound

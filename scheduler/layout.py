@@ -1,0 +1,187 @@
+"""G as index arrays, for the hot loops that read it many times per decision (the placement
+policy's features, CES's network decision): vertices and directed links numbered, the
+neighbours of every vertex, and what depends on structure only, kept per graph object.
+
+A Cluster's graph is read-only in structure (node leave/join and capacity changes do not touch
+it), so a layout is made once per graph; its vertex count is checked all the same (the edge
+count costs a pass over G in networkx). Compute nodes come
+first, then switches; directed link 2i is G's i-th link in its own order and 2i+1 the same link
+the other way.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import Cluster
+
+
+@dataclass
+class Layout:
+    size: int  # vertices
+    compute: list[str]
+    vertices: list[str]
+    index: dict[str, int]
+    src: np.ndarray  # (E,) int64
+    dst: np.ndarray  # (E,) int64
+    edge_id: dict[tuple[str, str], int]
+    out_edges: list[list[tuple[int, int]]]  # per vertex: (neighbour, directed link)
+    in_edges: list[list[tuple[int, int]]]
+    degree: np.ndarray  # (V,)
+    links: list[dict]  # G's link attribute dicts (live: a link's new bandwidth shows), G's order
+    delay_ms: list[float]  # per directed link
+    hop_cost: list[float]  # per directed link: 1 per hop plus a tiny delay tie-break
+    trees: dict[int, Tree] = field(default_factory=dict)
+
+    @property
+    def n_compute(self) -> int:
+        return len(self.compute)
+
+
+def hop_cost(link: dict) -> float:
+    """One per hop plus a tiny delay tie-break (the fewest-hop rule's weight of a link)."""
+    return 1.0 + link.get("delay_ms", 0.0) * 1e-6
+
+
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def layout(cluster: Cluster) -> Layout:
+    g = cluster.graph
+    size = len(g)
+    lay = _LAYOUTS.get(g)
+    if lay is None or lay.size != size:
+        compute = cluster.compute_nodes()
+        vertices = compute + [v for v, d in g.nodes(data=True) if d["kind"] == "switch"]
+        index = {v: i for i, v in enumerate(vertices)}
+        links = list(g.edges(data=True))
+        pairs = [(a, b) for u, v, _ in links for a, b in ((u, v), (v, u))]
+        src = np.array([index[a] for a, _ in pairs], np.int64)
+        dst = np.array([index[b] for _, b in pairs], np.int64)
+        out_edges: list[list[tuple[int, int]]] = [[] for _ in vertices]
+        in_edges: list[list[tuple[int, int]]] = [[] for _ in vertices]
+        for e, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
+            out_edges[a].append((b, e))
+            in_edges[b].append((a, e))
+        delay = [d.get("delay_ms", 0.0) for _, _, d in links for _ in (0, 1)]
+        cost = [hop_cost(d) for _, _, d in links for _ in (0, 1)]
+        lay = _LAYOUTS[g] = Layout(size, compute, vertices, index, src, dst,
+                                   {pr: e for e, pr in enumerate(pairs)}, out_edges, in_edges,
+                                   np.bincount(src, minlength=len(vertices)),
+                                   [d for _, _, d in links], delay, cost)
+    return lay
+
+
+def residuals(cluster: Cluster, lay: Layout) -> np.ndarray:
+    """(E,) unreserved Mbit/s of every directed link, as `Cluster.residual` (not clipped)."""
+    res = np.repeat(np.fromiter((d["bw_mbps"] for d in lay.links), float, len(lay.links)), 2)
+    reserved = cluster.reserved
+    if reserved:
+        res[np.fromiter(map(lay.edge_id.__getitem__, reserved), np.int64, len(reserved))] -= \
+            np.fromiter(reserved.values(), float, len(reserved))
+    return res
+
+
+@dataclass
+class Tree:
+    """The breadth-first shortest-path tree from one vertex through switches (a compute node ends
+    a path). Arrays over all vertices; -1 at the root and where unreachable."""
+    parent: np.ndarray
+    down: np.ndarray  # the link parent -> vertex
+    up: np.ndarray  # the link vertex -> parent
+    levels: list[np.ndarray]  # the vertices at 1, 2, ... hops
+    hops: np.ndarray  # inf where unreachable
+
+
+def shortest_tree(lay: Layout, v: int) -> Tree:
+    """The tree from vertex v, kept per layout."""
+    if v not in lay.trees:
+        nv = len(lay.vertices)
+        parent = np.full(nv, -1, np.int64)
+        down, up = np.full(nv, -1, np.int64), np.full(nv, -1, np.int64)
+        hops = np.full(nv, np.inf)
+        hops[v] = 0
+        levels, frontier, seen = [], [v], {v}
+        while frontier:
+            nxt = []
+            for u in frontier:
+                if u != v and u < lay.n_compute:
+                    continue  # compute nodes do not forward
+                for w, e in lay.out_edges[u]:
+                    if w not in seen:
+                        seen.add(w)
+                        parent[w], down[w] = u, e
+                        nxt.append(w)
+            if nxt:
+                levels.append(np.array(nxt, np.int64))
+                hops[nxt] = len(levels)
+            frontier = nxt
+        for w in seen - {v}:
+            up[w] = lay.edge_id[(lay.vertices[w], lay.vertices[parent[w]])]
+        lay.trees[v] = Tree(parent, down, up, levels, hops)
+    return lay.trees[v]
+
+
+def widest_route(lay: Layout, res: list[float], src: int, dst: int,
+                 tolerance: float) -> tuple[list[int], float] | None:
+    """The widest src→dst path by directed residual `res`, fewest hops (then least delay) among
+    those as wide: (its directed links, its width); None when dst is unreachable. Inner vertices
+    are switches. Links narrower than the width by more than `tolerance` are not used."""
+    width = [-math.inf] * len(lay.vertices)
+    width[src] = math.inf
+    done = [False] * len(lay.vertices)
+    heap = [(-math.inf, src)]
+    while heap:  # max-min Dijkstra: the best bottleneck
+        w, u = heapq.heappop(heap)
+        if done[u]:
+            continue
+        done[u] = True
+        if u == dst:
+            break
+        if u != src and u < lay.n_compute:
+            continue  # compute nodes do not forward
+        for v, e in lay.out_edges[u]:
+            cand = min(-w, res[e])
+            if cand > width[v]:
+                width[v] = cand
+                heapq.heappush(heap, (-cand, v))
+    if not done[dst]:
+        return None
+    path = fewest_hops(lay, res, src, dst, min(width[dst], max(width[dst], tolerance) - tolerance))
+    return (path, width[dst]) if path is not None else None
+
+
+def fewest_hops(lay: Layout, res: list[float], src: int, dst: int,
+                floor: float) -> list[int] | None:
+    """The fewest-hop (then least-delay) src→dst path over directed links with at least `floor`
+    residual: its directed links, or None. Inner vertices are switches."""
+    cost = [math.inf] * len(lay.vertices)
+    via = [-1] * len(lay.vertices)
+    cost[src] = 0.0
+    heap = [(0.0, src)]
+    while heap:
+        c, u = heapq.heappop(heap)
+        if c > cost[u]:
+            continue
+        if u == dst:
+            break
+        if u != src and u < lay.n_compute:
+            continue  # compute nodes do not forward
+        for v, e in lay.out_edges[u]:
+            if res[e] < floor:
+                continue
+            nc = c + lay.hop_cost[e]
+            if nc < cost[v]:
+                cost[v], via[v] = nc, e
+                heapq.heappush(heap, (nc, v))
+    if via[dst] < 0:
+        return None
+    path, v = [], dst
+    while v != src:
+        path.append(via[v])
+        v = int(lay.src[via[v]])
+    return path[::-1]
