@@ -34,6 +34,7 @@ class JobState:
     done_iters: float = 0.0
     attained: float = 0.0  # service received: workers × seconds run (Tiresias' measure)
     preemptions: int = 0
+    reroutes: int = 0  # runtime adjustments of its paths and rates (simulator: link changes)
     decision: Decision | None = None
     iter_s: float = math.inf  # iteration time at the rates the job gets now
     last_update: float = 0.0

@@ -10,6 +10,8 @@ What happens in simulated time:
   - metered flows (the granted rate, which the testbed enforces with OpenFlow meters) get their
     granted rate — scaled down in proportion only where a link's capacity drops below what is
     granted on it; background traffic takes what the grants leave, so it slows no metered job.
+    Where a link shrinks below its grants, the running enforced jobs on it get new paths and
+    rates for their placement (the Master's runtime adjustment; `SimConfig.adjust`);
     With `SimConfig.metered` off (plain TCP, nothing enforced) every job flow and every
     background flow shares the links' capacity by max-min fairness (`paths.fair_rates`, elastic
     flows, background flows capped at their demand);
@@ -31,8 +33,8 @@ from typing import Iterable, Literal
 import numpy as np
 
 from .metrics import bandwidth_satisfaction, node_utilisation, packable, predicted_iteration_s
-from .model import Cluster, Job, Resources
-from .paths import fair_rates, shortest_path
+from .model import ENFORCED, Cluster, Job, Resources
+from .paths import NoPath, fair_rates, route_placement, shortest_path
 from .perfmodel import IterationModel
 from .rounds import JobState, QueuePolicy, Round, State, estimated_iteration_s
 
@@ -82,6 +84,7 @@ class SimConfig:
     on_node_loss: Literal["requeue", "fail"] = "requeue"
     restart_overhead_s: float = 10.0  # a re-queued or preempted job reloads its checkpoint
     metered: bool = True  # False: no job flow is metered, all share max-min (plain TCP)
+    adjust: bool = True  # runtime adjustment: re-route enforced jobs off a link shrunk below them
     until: float = math.inf  # stop simulated time here
 
 
@@ -275,6 +278,8 @@ class Simulator:
             g.edges[ev.u, ev.v]["bw_mbps"] = ev.bw_mbps
             self._net_dirty = self._links_changed = True
             self.epoch += grew
+            if self.config.metered and self.config.adjust and not grew:
+                self._adjust()
             return grew
         if ev.node not in g or g.nodes[ev.node].get("kind") != "compute":
             raise ValueError(f"{type(ev).__name__} at t={ev.time}: unknown compute node {ev.node}")
@@ -293,6 +298,29 @@ class Simulator:
             self._advance(js)
             self._stop(js, "failed" if self.config.on_node_loss == "fail" else "queued")
         return bool(hit)
+
+    def _adjust(self) -> None:
+        """The Master's runtime adjustment: each running enforced job with a flow on a link whose
+        grants no longer fit gets CES's paths and rates for its placement (`route_placement`) on
+        what the others leave; one that finds none keeps its flows, scaled down on the link."""
+        g = self.cluster.graph
+        hot = {lk for lk, r in self.cluster.reserved.items() if r > g.edges[lk]["bw_mbps"] + 1e-9}
+        for js in sorted(self.running.values(), key=lambda j: j.name):
+            d = js.decision
+            if d.network != ENFORCED or not any(lk in hot for f in d.flows
+                                                for lk in f.directed_links()):
+                continue
+            view = self.cluster.copy(share_graph=True)
+            view.release(js.name)
+            try:
+                flows = route_placement(view, js.job, d.placement)
+            except NoPath:
+                continue
+            self.cluster.release(js.name)
+            js.decision = replace(d, flows=flows)
+            js.reroutes += 1
+            self.cluster.allocate(js.job, js.decision)
+            self._net_dirty = True
 
     def _ensure_tick(self) -> None:
         """Periodic rounds (policies with `period_s`) while jobs run."""

@@ -125,6 +125,36 @@ def test_capacity_drop_scales_metered_flows_and_keeps_progress():
     assert res.end_time == pytest.approx(expected, rel=1e-9)  # superseded events do not count
 
 
+def triangle_cluster() -> Cluster:
+    """a at s1, b at s2; s1 —10— s2 directly and over s3 (10 + 10)."""
+    doc = {"switches": [{"name": s} for s in ("s1", "s2", "s3")],
+           "nodes": [{"name": n, "cpu": 1, "mem_mb": 1024} for n in ("a", "b")],
+           "links": [{"ends": ["s1", "s2"], "bw_mbps": 10}, {"ends": ["s1", "s3"], "bw_mbps": 10},
+                     {"ends": ["s3", "s2"], "bw_mbps": 10}, {"ends": ["a", "s1"], "bw_mbps": 1000},
+                     {"ends": ["b", "s2"], "bw_mbps": 1000}]}
+    return Cluster.from_topology(parse_topology(doc, "triangle"))
+
+
+@pytest.mark.parametrize("adjust", [True, False])
+def test_a_shrunk_link_re_routes_enforced_jobs_unless_adjustment_is_off(adjust):
+    cluster = triangle_cluster()
+    job = pair_job(iterations=1000)
+    place, direct = {"w0": "a", "w1": "b"}, ("a", "s1", "s2", "b")
+    full = iteration_at(cluster, job, place, direct, 10.0)
+    t_drop = 100 * full + 1e-3
+    res = run(cluster, [job], [LinkChange(t_drop, "s1", "s2", 1.0)], adjust=adjust)
+    js = res.jobs[0]
+    assert js.decision.placement == place
+    if adjust:  # off the shrunk link, over s3, at the full rate: no slower than before
+        assert js.reroutes == 1 and js.decision.flows[0].path == ("a", "s1", "s3", "s2", "b")
+        assert js.finish == pytest.approx(job.iterations * full, rel=1e-9)
+    else:  # stays, scaled down to the link's 1 Mbit/s
+        slow = iteration_at(cluster, job, place, direct, 1.0)
+        assert js.reroutes == 0 and js.decision.flows[0].path == direct
+        assert js.finish == pytest.approx(t_drop + (job.iterations - t_drop / full) * slow,
+                                          rel=1e-9)
+
+
 def test_background_ending_speeds_the_job_up():
     cluster = line_cluster()
     job = pair_job(iterations=1000)
