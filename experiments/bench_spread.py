@@ -222,7 +222,7 @@ def plot(doc: dict, path: Path) -> None:
     ax.set_xticks(np.arange(len(where)) + 0.4 - width / 2, where, fontsize=8, rotation=15)
     ax.set_ylabel("CES-PPO iteration time / other's\n(geometric mean, jobs both placed)")
     ax.set_yscale("log")
-    ax.legend(fontsize=7, ncol=4)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"Jobs no node can hold, {doc['seeds']} seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -41,8 +41,8 @@ CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "ces_ppo.pt"
 @dataclass
 class PPOConfig:
     seed: int = 0
-    imitation: int = 3000  # instances of phase 1: imitation of the teacher
-    ppo: int = 1500  # instances of phase 2: PPO
+    imitation: int = 9600  # instances of phase 1: imitation of the teacher
+    ppo: int = 800  # instances of phase 2: PPO
     group: int = 4  # sampled rollouts per instance in phase 2 (their mean return: the baseline)
     teacher_starts: int = 8  # first nodes the teacher's search tries
     batch: int = 32  # episodes per update
