@@ -125,6 +125,7 @@ def test_an_enforced_job_is_re_routed_when_its_link_is_taken(stack: Stack, troub
     wait_for(lambda: all(job_entries(stack, "s3", dst) for dst in moved), REACT_S + 5,
              "the job's entries through s3")
     reacted = time.monotonic() - t0
+    print(f"\n{trouble}: the job's entries through s3 after {reacted:.1f} s")  # pytest -s
     assert reacted <= REACT_S, f"re-routed after {reacted:.1f} s"
     v = stack.master.job("en")
     assert v["state"] == "running" and len(v["attempts"]) == 1
