@@ -32,7 +32,7 @@ from typing import Callable, Hashable, Mapping
 import networkx as nx
 
 from .layout import Layout, fewest_hops, hop_cost, layout, residuals, widest_route
-from .model import EPS, CannotPlace, Cluster, FlowAssignment, Job
+from .model import EPS, CannotPlace, Cluster, FlowAssignment, Job, LogicalFlow
 from .perfmodel import IterationModel, collective_steps
 
 Path = tuple[str, ...]
@@ -242,7 +242,12 @@ def assign_flows(cluster: Cluster, job: Job, placement: Mapping[str, str], rule:
     demands = {(f.src, f.dst): f.demand_mbps for f in crossing}
     use_bytes = weighting == "bytes" and all(f.bytes_per_iter > 0 for f in crossing)
     weights = {(f.src, f.dst): (f.bytes_per_iter if use_bytes else 1.0) for f in crossing}
-    rates = fair_rates(cluster, paths, demands, weights)
+    return granted(crossing, paths, fair_rates(cluster, paths, demands, weights))
+
+
+def granted(crossing: list[LogicalFlow], paths: dict[tuple[str, str], Path],
+            rates: dict[tuple[str, str], float]) -> list[FlowAssignment]:
+    """The flows' assignments on their paths at their rates; `NoPath` for one left no bandwidth."""
     out = []
     for f in crossing:
         key = (f.src, f.dst)
@@ -363,15 +368,7 @@ def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k:
         if not moved:
             break
     paths = {fl: p for fl, (p, _) in chosen.items()}
-    rates = fair_rates(cluster, paths, demand, weight)
-    out = []
-    for f in crossing:
-        fl = (f.src, f.dst)
-        if rates[fl] <= EPS:
-            raise NoPath(f"flow {f.src}->{f.dst}: no residual bandwidth on "
-                         f"{' -> '.join(paths[fl])}")
-        out.append(FlowAssignment(f.src, f.dst, paths[fl], rates[fl]))
-    return out
+    return granted(crossing, paths, fair_rates(cluster, paths, demand, weight))
 
 
 def _pair_options(cluster: Cluster, lay: Layout, res: list[float], pair: tuple[str, str], k: int,
