@@ -87,7 +87,7 @@ def cleanup(prefix: str | None = None, client: docker.DockerClient | None = None
 
 def run_prefixes(client: docker.DockerClient) -> list[str]:
     """Prefixes of every run that left anything on this machine."""
-    names = [c.name for c in client.containers.list(all=True)]
+    names = [name for name, _ in _matching_containers(client, FAMILY_RE)]
     names += _vsctl("list-br").split() + _root_interfaces()
     names += [p.lstrip("/") for p in cgroups.find(FAMILY_RE)]
     names += [arg[len("mininet:"):] for _, arg in _shell_pids(FAMILY_RE)]
@@ -98,8 +98,8 @@ def run_alive(prefix: str, client: docker.DockerClient) -> bool:
     """Is the process that runs `prefix` still there? (the pid on its containers, or the
     parent of its Mininet shells — after a crash those are re-parented away)."""
     pattern = pattern_for(prefix)
-    pids = {c.labels.get(PID_LABEL) for c in client.containers.list(all=True)
-            if pattern.match(c.name)}
+    pids = {(c.attrs.get("Labels") or {}).get(PID_LABEL)
+            for _, c in _matching_containers(client, pattern)}
     pids |= {_parent_pid(pid) for pid, _ in _shell_pids(pattern)}
     return any(_is_owner(pid) for pid in pids if pid)
 
@@ -127,7 +127,7 @@ def leftovers(prefix: str | None = None, client: docker.DockerClient | None = No
     pattern = pattern_for(prefix)
     client = client or docker.from_env()
     return {
-        "containers": [c.name for c in client.containers.list(all=True) if pattern.match(c.name)],
+        "containers": [name for name, _ in _matching_containers(client, pattern)],
         "shells": [pid for pid, _ in _shell_pids(pattern)],
         "bridges": [b for b in _vsctl("list-br").split() if pattern.match(b)],
         "ports": [p for b in _vsctl("list-br").split() for p in _vsctl("list-ports", b).split()
@@ -139,13 +139,27 @@ def leftovers(prefix: str | None = None, client: docker.DockerClient | None = No
     }
 
 
-def _containers(client: docker.DockerClient, pattern: re.Pattern[str], removed: Removed) -> None:
-    doomed = [c for c in client.containers.list(all=True) if pattern.match(c.name)]
+def _matching_containers(client: docker.DockerClient,
+                         pattern: re.Pattern[str]) -> list[tuple[str, object]]:
+    """(name, container) of every container, in any state, whose name matches. Listed without
+    inspecting each one (`sparse`): inspecting a container that another run removes meanwhile
+    raises NotFound, and what is gone is no leftover."""
+    out = []
+    for c in client.containers.list(all=True, sparse=True):
+        name = (c.attrs.get("Names") or ["/"])[0].lstrip("/")
+        if pattern.match(name):
+            out.append((name, c))
+    return out
 
-    def remove(c) -> str | None:
+
+def _containers(client: docker.DockerClient, pattern: re.Pattern[str], removed: Removed) -> None:
+    doomed = _matching_containers(client, pattern)
+
+    def remove(item) -> str | None:
+        name, c = item
         try:
             c.remove(force=True)  # SIGKILL: the processes inside die with it
-            return c.name
+            return name
         except docker.errors.NotFound:
             return None
 
