@@ -236,16 +236,24 @@ def test_sigterm_during_run_tears_down(tiny: Path, prefix: str, worker_image: st
 
 
 def test_ctrl_c_during_bring_up_tears_down(tiny: Path, prefix: str, worker_image: str) -> None:
+    # As from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and a child
+    # that inherits SIG_IGN never gets Python's KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-c", BRING_UP, str(tiny), prefix, worker_image],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"PYTHONPATH": str(REPO)})
+                            env=os.environ | {"PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not leftovers(prefix)["containers"]:  # the bring-up has started creating nodes
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     # communicate, not wait: the teardown's log must not fill an unread pipe and block the child
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"no exit 60 s after Ctrl-C; its stderr: {err[-3000:]}")
     assert proc.returncode != 0, err[-2000:]
     assert nothing_left(prefix) == {}
 
