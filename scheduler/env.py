@@ -43,7 +43,7 @@ from topologies import Topology, load_topology
 from .baselines import make_algorithm, placement_order
 from .instances import GPU_CLUSTER_JOBS, JobDistribution, background_load, held_out, \
     load_background, random_job, random_topology, spread_jobs
-from .layout import layout, residuals, shortest_tree
+from .layout import capacities, layout, reservations, shortest_tree
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
 from .model import EPS, CannotPlace, Cluster, Decision, Job, LogicalFlow
 from .paths import route_placement
@@ -83,9 +83,9 @@ class PlacementEpisode:
         lay = self.layout = layout(cluster)
         self.compute, self.vertices, self.index = lay.compute, lay.vertices, lay.index
         self.src, self.dst = lay.src, lay.dst
-        self.cap = np.repeat([d["bw_mbps"] for d in lay.links], 2).astype(float)
+        self.cap = capacities(lay)
         self.delay = np.array(lay.delay_ms)
-        self.residual = residuals(cluster, lay).clip(min=0.0)
+        self.residual = (self.cap - reservations(cluster, lay)).clip(min=0.0)
         self.capacity, self.free, self.speed = cluster.resource_table(self.compute)
         self.online = np.array([c not in cluster.offline for c in self.compute], bool)
         self.cap_scale = np.maximum(self.capacity.max(axis=0), EPS)

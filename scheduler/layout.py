@@ -76,14 +76,24 @@ def layout(cluster: Cluster) -> Layout:
     return lay
 
 
-def residuals(cluster: Cluster, lay: Layout) -> np.ndarray:
-    """(E,) unreserved Mbit/s of every directed link, as `Cluster.residual` (not clipped)."""
-    res = np.repeat(np.fromiter((d["bw_mbps"] for d in lay.links), float, len(lay.links)), 2)
+def capacities(lay: Layout) -> np.ndarray:
+    """(E,) Mbit/s of every directed link (read from the live link attributes)."""
+    return np.repeat(np.fromiter((d["bw_mbps"] for d in lay.links), float, len(lay.links)), 2)
+
+
+def reservations(cluster: Cluster, lay: Layout) -> np.ndarray:
+    """(E,) Mbit/s reserved on every directed link."""
+    out = np.zeros(2 * len(lay.links))
     reserved = cluster.reserved
     if reserved:
-        res[np.fromiter(map(lay.edge_id.__getitem__, reserved), np.int64, len(reserved))] -= \
+        out[np.fromiter(map(lay.edge_id.__getitem__, reserved), np.int64, len(reserved))] = \
             np.fromiter(reserved.values(), float, len(reserved))
-    return res
+    return out
+
+
+def residuals(cluster: Cluster, lay: Layout) -> np.ndarray:
+    """(E,) unreserved Mbit/s of every directed link, as `Cluster.residual` (not clipped)."""
+    return capacities(lay) - reservations(cluster, lay)
 
 
 @dataclass

@@ -348,7 +348,7 @@ def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k:
         for e in chosen[fl][1]:
             load[e] = load.get(e, 0.0) + sign * weight[fl]
 
-    def best_of(fl: tuple[str, str]) -> int:
+    def best_of(fl: tuple[str, str]) -> tuple[int, list[tuple[float, float]]]:
         c = costs(fl)
         return min(range(len(c)), key=c.__getitem__), c
 
@@ -379,21 +379,20 @@ def _pair_options(cluster: Cluster, lay: Layout, res: list[float], pair: tuple[s
         found = [tuple(fixed[pair])]
     else:
         found = list(candidate_paths(cluster, *pair, k))
+    found_edges = [[lay.edge_id[lk] for lk in links(p)] for p in found]
+    if not (fixed and pair in fixed):
         a, b = lay.index[pair[0]], lay.index[pair[1]]
         # No path is wider than the ends' access links: where one is that wide, the fewest-hop
         # such path is the widest path, and it is found without a search of the whole graph.
         bound = min(max(res[e] for _, e in lay.out_edges[a]),
                     max(res[e] for _, e in lay.in_edges[b]))
-        if max(min(res[lay.edge_id[lk]] for lk in links(p)) for p in found) < bound - EPS:
+        if max(min(res[e] for e in edges) for edges in found_edges) < bound - EPS:
             edges = fewest_hops(lay, res, a, b, bound - EPS)
             if edges is None:
                 widest = widest_route(lay, res, a, b, EPS)
                 edges = widest[0] if widest else None
             if edges is not None and _vertex_path(lay, edges) not in found:
                 found.append(_vertex_path(lay, edges))
-    out = []
-    for p in found:
-        edges = [lay.edge_id[lk] for lk in links(p)]
-        if min(res[e] for e in edges) > EPS:
-            out.append((p, edges))
-    return out
+                found_edges.append(edges)
+    return [(p, edges) for p, edges in zip(found, found_edges)
+            if min(res[e] for e in edges) > EPS]
