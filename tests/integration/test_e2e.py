@@ -27,6 +27,8 @@ from master.client import MasterClient
 from testbed import Emulation, leftovers
 from topologies import load_topology
 
+from polling import wait_for
+
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, str(REPO / "experiments" / "run.py")]
@@ -147,16 +149,6 @@ LONG_JOB = {"name": "long", "collective": "ring", "workers": 2,
             "target_accuracy": 0.999,
             "workload": {"model": "mlp-small", "eval_every": 50, "max_seconds": 900}}
 DETECT_S = 10.0
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def event_time(view: dict, needle: str) -> float | None:

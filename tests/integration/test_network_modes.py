@@ -23,6 +23,8 @@ from rich.console import Console
 
 from topologies import load_topology
 
+from polling import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "experiments"))
 from e2e.scenario import Background  # noqa: E402
@@ -76,16 +78,6 @@ def training(stack: Stack, name: str) -> dict:
         rank0 = v["attempts"][-1]["workers"]["w0"]
         return v if any(r["type"] == "iter" for r in v["records"].get(rank0, [])) else None
     return wait_for(ready, 180, f"{name} training")
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_a_best_effort_job_installs_nothing(stack: Stack):
