@@ -272,7 +272,10 @@ def summary(results: dict) -> str:
     goodput = [x for r in all_rows for x in rate_ratios(r, "tcp_mbps")]
     ring = [x for r in all_rows for x in bottleneck_ratios(r)]
     if wire or ring:
-        lines += ["## Measured vs granted rate per flow", ""]
+        lines += ["## Measured vs granted rate per flow", "",
+                  "Granted: what the flow's meter and tc class let through (`rate_mbps`), the "
+                  "time-weighted mean over its job of its grant and its share of the spare "
+                  "capacity (docs/e2e.md, work-conserving rates).", ""]
     if wire:
         measured = sum(f.get("wire_mbps") is not None for r in all_rows for f in r["flows"])
         over = [(r, f) for r in all_rows for f in over_grant(r)]

@@ -37,7 +37,7 @@ def _serve(a: argparse.Namespace) -> int:
     sdn = SdnClient(a.sdn) if a.sdn else None
     cfg = MasterConfig(algorithm=a.algorithm, queue=a.queue, seed=a.seed, image=a.image,
                        heartbeat_timeout_s=a.heartbeat_timeout, max_attempts=a.max_attempts,
-                       adjust=a.adjust)
+                       adjust=a.adjust, spare=a.spare)
     master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id).start(a.host, a.port)
     print(f"master: {topo.name}, scheduler {cfg.algorithm}, listening on {master.url}",
           flush=True)
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-attempts", type=int, default=MasterConfig.max_attempts)
     s.add_argument("--no-adjust", dest="adjust", action="store_false",
                    help="no runtime adjustment: enforced jobs keep their paths and rates")
+    s.add_argument("--no-spare", dest="spare", action="store_false",
+                   help="rates capped at the grants: the capacity nobody is granted stays idle "
+                        "(default: enforced pairs share it, weighted by their grants)")
     s.set_defaults(run=_serve)
     for name, fn, helptext in (("submit", _submit, "submit a job file or folder"),
                                ("status", _status, "jobs, or one job in detail"),

@@ -19,7 +19,10 @@ meters, sender tc) and reserved; a best-effort one installs and reserves nothing
 adjustment (`adjust`): after every read of the link statistics, the enforced jobs whose grants no
 longer fit a link (`NetworkController.contended`) get new paths and rates for the placement they
 have (`scheduler.paths.route_placement`, on the view with the unscheduled traffic), installed in
-place — the SDN app adds the new entries before it removes the old ones.
+place — the SDN app adds the new entries before it removes the old ones. Work-conserving rates
+(`spare`): the enforced pairs also share the capacity nobody is granted, re-shared when the grants
+change and when unscheduled traffic moves the shares (`NetworkController`); each attempt's info
+notes its flows' installed rates as they change (`installed`).
 """
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ class MasterConfig:
     links_poll_s: float = 2.0  # how often the SDN app's link statistics are read
     first_port: int = RENDEZVOUS_PORT  # rendezvous ports: one per attempt, counting up
     adjust: bool = True  # re-route enforced jobs whose grants no longer fit (runtime adjustment)
+    spare: bool = True  # work-conserving rates: enforced pairs share the capacity nobody is granted
 
 
 class Master:
@@ -72,7 +76,8 @@ class Master:
         self.cluster = Cluster.from_topology(topo)
         self.manager = Manager(config.max_attempts)
         self.compute = ComputeController(config.heartbeat_timeout_s)
-        self.network = NetworkController(topo, self.cluster, self.compute, sdn, sdn_job_id)
+        self.network = NetworkController(topo, self.cluster, self.compute, sdn, sdn_job_id,
+                                         spare=config.spare)
         self.scheduler = Scheduler(config.algorithm, config.seed, config.queue)
         self.cordoned: set[str] = set()
         self.worker_job: dict[str, str] = {}  # every worker ever started -> its job
@@ -146,7 +151,7 @@ class Master:
             self._worker_ended(ev[1], ev[2])
         elif kind == "node_up":
             with self.lock:
-                state = self.network.desired()
+                state = self._desired()
             self.network.resync(ev[1], state)
             self._dirty = True
         elif kind == "cancel":
@@ -168,9 +173,28 @@ class Master:
             self._dirty = True
 
     def _poll_links(self) -> None:
-        links = self.sdn.links()
+        """Read the link statistics and the scheduled pairs' counters; push again when the spare
+        capacity's shares moved (`NetworkController.observe`)."""
+        links, flows = self.network.read_usage()
         with self.lock:
-            self.network.observe(links)
+            if not self.network.observe(links, flows):
+                return
+            state = self._desired()
+        self._push_quietly(state)
+
+    def _desired(self) -> NetworkState:
+        """What the network should hold (under the lock), each enforced attempt's installed
+        rates noted when they change: {"installed": [[t, {"src>dst": Mbit/s}], ...]}."""
+        state = self.network.desired()
+        now = time.time()
+        for rec in self.manager.active():
+            if rec.current.info.get("network") != ENFORCED:
+                continue
+            history = rec.current.info.setdefault("installed", [])
+            rates = self.network.installed(rec.name)
+            if rates and (not history or history[-1][1] != rates):
+                history.append([now, rates])
+        return state
 
     # --- scheduling ----------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -230,7 +254,7 @@ class Master:
             self.cluster.allocate(job, decision)
             if enforced:
                 self.network.add(job, decision)
-            state = self.network.desired()
+            state = self._desired()
             agents = {t.name: self.compute.agents[decision.placement[t.name]].reg
                       for t in job.tasks}
         try:
@@ -242,7 +266,7 @@ class Master:
                 self.manager.end_attempt(rec, f"the network refused the flows: {e}",
                                          retryable=False)
                 self.scheduler.finished(rec.name)
-                state = self.network.desired()
+                state = self._desired()
             self._push_quietly(state)
             return
         rank0 = agents[job.tasks[0].name]
@@ -282,7 +306,7 @@ class Master:
                 self.cluster.allocate(rec.job, decision)
                 self.network.add(rec.job, decision)
                 rec.current.decision = decision
-            state = self.network.desired()
+            state = self._desired()
         self._push_quietly(state)
         now = time.time()
         with self.lock:
@@ -370,7 +394,7 @@ class Master:
             self.compute.stop_worker(attempt.decision.placement[task], name)
         with self.lock:
             self._release(rec.name)
-            state = self.network.desired()
+            state = self._desired()
         self._push_quietly(state)
 
     def _fail_attempt(self, rec: JobRecord, reason: str, retryable: bool) -> None:

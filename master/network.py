@@ -10,6 +10,19 @@ Runtime adjustment: `contended` names the links where the grants no longer fit �
 down, its capacity fell below them, or unscheduled traffic leaves them less than `HEADROOM` of the
 link — so that the Master can re-route the jobs that use them.
 
+Work-conserving rates (`spare`, on by default): a grant is what a flow is guaranteed, and what the
+view reserves; capacity nobody is guaranteed is not left idle. Every scheduled pair gets, on top
+of its grants, a share of the spare capacity of its path — each link's `HEADROOM` less its grants
+and its unscheduled traffic — by weighted max-min fairness with the grants as weights (a job's
+flows keep the ratio its decision gave them, so its collective still finishes together). The
+shares are recomputed whenever the grants change (a job starts, ends or is re-routed) and when the
+unscheduled traffic moves them by more than `SPARE_STEP`; they are what the meters and the
+senders' tc classes let through. A demand says what a job needs to run at the pace its decision
+planned, not what it could use: a ring's iteration shortens with every Mbit/s it gets.
+
+Unscheduled traffic on a link is what the link carries less what the scheduled pairs' flow entries
+count (the SDN app's per-flow counters), so a grant left unused does not hide another tenant.
+
 Enforcement: per node pair. On the wire, the traffic between two compute nodes cannot be told
 apart by job (the workers of several jobs share their node's address, as the containers of a
 Kubernetes pod do, and gloo picks ephemeral ports), so every directed node pair carries at most one
@@ -31,6 +44,7 @@ from typing import Protocol
 
 from protocol.messages import ShapingRule
 from scheduler.model import Cluster, Decision, FlowAssignment, Job
+from scheduler.paths import fair_rates
 from topologies import Topology
 
 from .compute import AgentError, ComputeController
@@ -47,16 +61,29 @@ class SdnApi(Protocol):
     def put_job_flows(self, job_id: str, flows: list[dict]) -> object: ...
     def delete_job_flows(self, job_id: str) -> object: ...
     def links(self) -> list: ...  # objects with src, dst, mbps (None before two samples)
+    def job_flows(self, job_id: str) -> list[dict]: ...  # with per-hop "mbps" counters
 
 
 @dataclass
 class PairFlow:
     path: tuple[str, ...]  # compute node, switches..., compute node
     shares: dict[Share, float] = field(default_factory=dict)  # Mbit/s granted per job flow
+    spare: float = 0.0  # Mbit/s on top of the grants (work-conserving, see module doc)
 
     @property
     def rate_mbps(self) -> float:
+        """What the pair is guaranteed: the sum of its grants."""
         return sum(self.shares.values())
+
+    @property
+    def installed_mbps(self) -> float:
+        """What its meter and tc class let through."""
+        return self.rate_mbps + self.spare
+
+    def installed_share(self, share: Share) -> float:
+        """One job flow's part of the installed rate (the spare split as the grants are)."""
+        rate = self.rate_mbps
+        return self.shares[share] * (self.installed_mbps / rate if rate > 0 else 1.0)
 
 
 @dataclass(frozen=True)
@@ -71,14 +98,19 @@ class NetworkController:
     # Grants plus unscheduled traffic above this share of a link: TCP's competition on the
     # link's queue already eats into the grants (the measured total cannot exceed the link).
     HEADROOM = 0.95
+    # Unscheduled traffic re-shares the spare only when a pair's installed rate moves by more
+    # than this (of the larger of the two): each change re-programs a meter and a tc class.
+    SPARE_STEP = 0.1
 
     def __init__(self, topo: Topology, cluster: Cluster, compute: ComputeController,
-                 sdn: SdnApi | None = None, sdn_job_id: str = "ces"):
+                 sdn: SdnApi | None = None, sdn_job_id: str = "ces", spare: bool = True):
         self.cluster, self.compute, self.sdn = cluster, compute, sdn
-        self.sdn_job_id = sdn_job_id
+        self.sdn_job_id, self.work_conserving = sdn_job_id, spare
         self.pairs: dict[Pair, PairFlow] = {}
+        self._spare_stale = False  # the grants changed since the spare was last shared
         self.ip = {n.name: n.ip for n in topo.nodes}
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
+        self.carried: dict[Pair, float] = {}  # Mbit/s each pair's flow entries count
         self.down: set[tuple[str, str]] = set()  # directed links without link (port status)
         # What the network holds, as far as pushes know (the control loop's own state).
         self.shaped: dict[str, tuple[ShapingRule, ...]] = {}  # node -> rules its agent applied
@@ -90,10 +122,16 @@ class NetworkController:
         return sum(p.rate_mbps for p in self.pairs.values() if (u, v) in zip(p.path, p.path[1:]))
 
     def background(self) -> dict[tuple[str, str], float]:
-        """Unscheduled traffic per directed link: measured - granted, where above the floor."""
+        """Unscheduled traffic per directed link: measured less what the scheduled pairs on it
+        carry (their installed rate until their counters have two samples), above the floor."""
+        scheduled: dict[tuple[str, str], float] = {}
+        for pair, p in self.pairs.items():
+            for link in zip(p.path, p.path[1:]):
+                scheduled[link] = scheduled.get(link, 0.0) + \
+                    self.carried.get(pair, p.installed_mbps)
         out = {}
         for link, mbps in self.measured.items():
-            extra = mbps - self.granted(*link)
+            extra = mbps - scheduled.get(link, 0.0)
             if extra >= self.BACKGROUND_FLOOR_MBPS:
                 out[link] = extra
         return out
@@ -112,14 +150,50 @@ class NetworkController:
                                                                          view.residual(*link))
         return view
 
-    def observe(self, links: list) -> None:
-        """Take the SDN app's link usage (src, dst, mbps, up per directed link)."""
+    def observe(self, links: list, flows: list[dict]) -> bool:
+        """Take the SDN app's link usage (src, dst, mbps, up per directed link) and the scheduled
+        pairs' flows with their per-hop counters; True when the spare shares moved enough that
+        the network should be pushed again (`SPARE_STEP`)."""
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
         self.down = {(u.src, u.dst) for u in links if not u.up}
+        self.carried = {}
+        for f in flows:  # the last hop counts what the meter let through
+            mbps = f["hops"][-1].get("mbps") if f.get("hops") else None
+            if mbps is not None:
+                self.carried[(f["src"], f["dst"])] = float(mbps)
+        changed = self._share_spare(force=self._spare_stale)
+        self._spare_stale = False
+        return changed
+
+    def _share_spare(self, force: bool) -> bool:
+        """Re-share the spare capacity (module doc); `force` takes the new shares whatever they
+        are, otherwise only when one moves by more than `SPARE_STEP`. True when they changed."""
+        if not self.pairs:
+            return False
+        spare = {pair: 0.0 for pair in self.pairs}
+        weighted = {pair: p.rate_mbps for pair, p in self.pairs.items() if p.rate_mbps > 0}
+        if self.work_conserving and weighted:
+            room = self.view(set())  # grants and unscheduled traffic reserved, down links full
+            for u, v in room.graph.edges:
+                for link in ((u, v), (v, u)):
+                    room.reserved[link] = room.reserved.get(link, 0.0) + \
+                        (1 - self.HEADROOM) * room.link_capacity(*link)
+            spare |= fair_rates(room, {pair: self.pairs[pair].path for pair in weighted},
+                                {pair: float("inf") for pair in weighted}, weighted)
+        moved = any(abs(spare[pair] - p.spare) > self.SPARE_STEP * max(p.installed_mbps,
+                                                                        p.rate_mbps + spare[pair])
+                    for pair, p in self.pairs.items())
+        if not (force or moved):
+            return False
+        changed = any(abs(spare[pair] - p.spare) > 1e-3 for pair, p in self.pairs.items())
+        for pair, p in self.pairs.items():
+            p.spare = spare[pair]
+        return changed
 
     def set_capacity(self, u: str, v: str, bw_mbps: float) -> None:
         """A link's capacity changed (both directions): an operator or monitoring says so."""
         self.cluster.graph.edges[u, v]["bw_mbps"] = float(bw_mbps)
+        self._spare_stale = True
 
     def contended(self) -> set[tuple[str, str]]:
         """Directed links whose grants no longer fit (see module doc)."""
@@ -138,9 +212,12 @@ class NetworkController:
         out = []
         for u, v, d in self.cluster.graph.edges(data=True):
             for a, b in ((u, v), (v, u)):
+                installed = sum(p.installed_mbps for p in self.pairs.values()
+                                if (a, b) in zip(p.path, p.path[1:]))
                 out.append({"src": a, "dst": b, "capacity_mbps": d["bw_mbps"],
                             "up": (a, b) not in self.down,
                             "granted_mbps": round(self.granted(a, b), 3),
+                            "installed_mbps": round(installed, 3),
                             "measured_mbps": self.measured.get((a, b)),
                             "background_mbps": round(bg.get((a, b), 0.0), 3)})
         return out
@@ -164,6 +241,7 @@ class NetworkController:
             pair = (fa.path[0], fa.path[-1])
             self.pairs.setdefault(pair, PairFlow(fa.path)).shares[(job.name, fa.src, fa.dst)] = \
                 fa.rate_mbps
+        self._spare_stale = True
 
     def forget(self, job_name: str) -> None:
         for pair in list(self.pairs):
@@ -172,16 +250,26 @@ class NetworkController:
                 del p.shares[share]
             if not p.shares:
                 del self.pairs[pair]
+        self._spare_stale = True
+
+    def installed(self, job_name: str) -> dict[str, float]:
+        """The rate each of the job's flows gets now, grant and spare: {"src>dst" task: Mbit/s}."""
+        return {f"{src}>{dst}": round(p.installed_share((job, src, dst)), 3)
+                for p in self.pairs.values() for job, src, dst in p.shares if job == job_name}
 
     def desired(self) -> NetworkState:
-        """A snapshot of what the network should hold now."""
+        """A snapshot of what the network should hold now (the spare re-shared first when the
+        grants changed)."""
+        if self._spare_stale:
+            self._share_spare(force=True)
+            self._spare_stale = False
         flows = tuple({"src": s, "dst": d, "path": list(p.path[1:-1]),
-                       "rate_mbps": round(p.rate_mbps, 3),
+                       "rate_mbps": round(p.installed_mbps, 3),
                        "name": ",".join(sorted({j for j, _, _ in p.shares}))}
                       for (s, d), p in sorted(self.pairs.items()))
         rules: dict[str, list[ShapingRule]] = {}
         for (s, d), p in sorted(self.pairs.items()):
-            rules.setdefault(s, []).append(ShapingRule(self.ip[d], round(p.rate_mbps, 3)))
+            rules.setdefault(s, []).append(ShapingRule(self.ip[d], round(p.installed_mbps, 3)))
         return NetworkState(flows, {n: tuple(r) for n, r in rules.items()})
 
     # --- enforcement (I/O, no lock) -------------------------------------------------------------
@@ -201,6 +289,13 @@ class NetworkController:
             if rules == self.shaped.get(node, ()) and node not in self.dirty_shaping:
                 continue
             self._shape(node, rules)
+
+    def read_usage(self) -> tuple[list, list[dict]]:
+        """The SDN app's link usage and the scheduled pairs' flows with their counters, for
+        `observe` (I/O, no lock; the control loop is the only one that pushes, so the job it
+        asks for exists)."""
+        links = self.sdn.links()
+        return links, self.sdn.job_flows(self.sdn_job_id) if self._sdn_has_job else []
 
     def _shape(self, node: str, rules: tuple[ShapingRule, ...]) -> None:
         agent = self.compute.agents.get(node)

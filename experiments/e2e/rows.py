@@ -37,6 +37,21 @@ def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
             "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4)}
 
 
+def installed_mbps(history: list, flow: str, start: float, end: float | None) -> float | None:
+    """The time-weighted mean of what the network let `flow` ("src>dst") through from `start` to
+    `end` (its grant and its share of the spare capacity; the Master notes each change as
+    [t, {flow: Mbit/s}]); None without a note."""
+    steps = [(t, rates[flow]) for t, rates in history if flow in rates]
+    if not steps:
+        return None
+    end = max(end if end is not None else steps[-1][0], steps[-1][0])
+    total = weight = 0.0
+    for (t, mbps), (t_next, _) in zip(steps, steps[1:] + [(end, None)]):
+        span = max(t_next - max(t, start), 0.0)
+        total, weight = total + mbps * span, weight + span
+    return round(total / weight, 3) if weight > 0 else steps[-1][1]
+
+
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
     """One results row (see docs/e2e.md "results.json") from the Master's view of a job."""
     att = view["attempts"][-1] if view["attempts"] else None
@@ -57,7 +72,11 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
             receiver = records.get(att["workers"][f["dst"]], [])
             # A best-effort flow has no grant: its rate is only what the decision expected.
             grant = f["rate_mbps"] if network == "enforced" else None
-            flows.append({**f, "rate_mbps": grant,
+            rate = installed_mbps(att.get("installed", []), f"{f['src']}>{f['dst']}",
+                                  att.get("started_at", 0.0), att.get("ended_at")) \
+                if grant else None
+            flows.append({**f, "rate_mbps": rate if rate is not None else grant,
+                          "granted_mbps": grant,
                           "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
                           **tcp_view(sender, receiver)})
     state = "timeout" if timed_out else view["state"]

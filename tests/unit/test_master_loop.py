@@ -27,6 +27,7 @@ class FakeSdn:
         self.deletes = 0
         self.lock = threading.Lock()
         self.measured: list = []  # what links() reports (the switches' counters and ports)
+        self.carried: dict = {}  # (src, dst) -> Mbit/s a pair's flow entries count
 
     def put_job_flows(self, job_id: str, flows: list[dict]) -> dict:
         time.sleep(self.stall_s)
@@ -42,6 +43,12 @@ class FakeSdn:
 
     def links(self) -> list:
         return list(self.measured)
+
+    def job_flows(self, job_id: str) -> list[dict]:
+        """The last flows put, each counting what `carried` says it carries."""
+        with self.lock:
+            flows = self.puts[-1] if self.puts else []
+        return [{**f, "hops": [{"mbps": self.carried.get((f["src"], f["dst"]))}]} for f in flows]
 
     def report(self, src: str, dst: str, mbps: float, up: bool = True) -> None:
         self.measured = [SimpleNamespace(src=src, dst=dst, mbps=mbps, up=up)]
@@ -239,7 +246,8 @@ def test_a_job_is_re_routed_when_its_link_is_taken(trouble):
         assert direct_then(c) == ["a", "s1", "s2", "b"]
         t0 = time.monotonic()
         if trouble == "traffic":
-            c.sdn.report("s1", "s2", 99.0)  # 49 Mbit/s of another tenant's beside our 50
+            c.sdn.carried[("a", "b")] = 50.0  # our flow's entries count 50 Mbit/s ...
+            c.sdn.report("s1", "s2", 99.0)  # ... beside 49 Mbit/s of another tenant's
         else:
             c.sdn.report("s1", "s2", 0.0, up=False)
         wait_for(lambda: any(f["path"] == ["s1", "s3", "s2"] for f in c.sdn.puts[-1]),
@@ -259,9 +267,13 @@ def test_without_runtime_adjustment_the_paths_stay():
     c = two_paths(adjust=False)
     try:
         direct_then(c)
-        puts = len(c.sdn.puts)
+        assert {f["rate_mbps"] for f in c.sdn.puts[-1]} == {95.0}  # grant 50 + the spare
+        c.sdn.carried[("a", "b")] = 50.0
         c.sdn.report("s1", "s2", 99.0)
-        time.sleep(0.6)  # several link polls: nothing may happen
-        assert len(c.sdn.puts) == puts and not c.job("j")["attempts"][0]["adjustments"]
+        time.sleep(0.6)  # several link polls: the paths stay, the spare goes to the tenant
+        assert all(f["path"] == ["s1", "s2"] for f in c.sdn.puts[-1] if f["src"] == "a")
+        assert not c.job("j")["attempts"][0]["adjustments"]
+        rates = {(f["src"], f["dst"]): f["rate_mbps"] for f in c.sdn.puts[-1]}
+        assert rates == {("a", "b"): 50.0, ("b", "a"): 95.0}
     finally:
         c.stop()

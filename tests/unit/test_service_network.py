@@ -26,8 +26,9 @@ AROUND = ("a", "s1", "s3", "s2", "b")
 
 @pytest.fixture
 def nc() -> NetworkController:
+    """Rates capped at the grants (no spare), so what is installed is what was granted."""
     topo = parse_topology(TOPO, "twopaths.yaml")
-    return NetworkController(topo, Cluster.from_topology(topo), ComputeController())
+    return NetworkController(topo, Cluster.from_topology(topo), ComputeController(), spare=False)
 
 
 def install(nc: NetworkController, job, decision: Decision) -> None:
@@ -87,7 +88,6 @@ def test_pin_within_one_decision():
     """Two flows of one job between the same node pair share the first one's path."""
     topo = parse_topology(TOPO, "twopaths.yaml")
     nc = NetworkController(topo, Cluster.from_topology(topo), ComputeController())
-    j = ring_job("r4", 4, Resources(0.5, 256), 4e5, 10, iterations=5)
     d = Decision("r4", {"w0": "a", "w1": "b", "w2": "a", "w3": "b"},
                  [FlowAssignment("w0", "w1", DIRECT, 10), FlowAssignment("w1", "w2", DIRECT[::-1], 10),
                   FlowAssignment("w2", "w3", AROUND, 10), FlowAssignment("w3", "w0", AROUND[::-1], 10)])
@@ -102,7 +102,7 @@ def test_view_reserves_measured_background_and_marks_unschedulable(nc):
     nc.observe([link("s1", "s2", 75.0),  # 40 ours + 35 unscheduled
                 link("s2", "s1", 20.0),  # below our grant: no background
                 link("s1", "s3", 0.5),  # noise
-                link("s3", "s2", None)])  # not measured yet
+                link("s3", "s2", None)], [])  # not measured yet
     assert nc.background() == {("s1", "s2"): pytest.approx(35.0)}
     view = nc.view({"b"})
     assert view.offline == {"b"}
@@ -118,13 +118,100 @@ def test_contended_links_are_those_whose_grants_no_longer_fit(nc):
     j1 = two_task_job("j1")
     install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
     link = lambda s, d, mbps, up=True: SimpleNamespace(src=s, dst=d, mbps=mbps, up=up)  # noqa
-    nc.observe([link("s1", "s2", 60.0)])  # 40 ours + 20 unscheduled on 100: room enough
+    nc.observe([link("s1", "s2", 60.0)], [])  # 40 ours + 20 unscheduled on 100: room enough
     assert nc.contended() == set()
-    nc.observe([link("s1", "s2", 99.0)])  # 59 unscheduled: 40 + 59 > 95 % of the link
+    nc.observe([link("s1", "s2", 99.0)], [])  # 59 unscheduled: 40 + 59 > 95 % of the link
     assert nc.contended() == {("s1", "s2")}
-    nc.observe([link("s2", "s1", 0.0, up=False)])  # the link is down
+    nc.observe([link("s2", "s1", 0.0, up=False)], [])  # the link is down
     assert nc.contended() == {("s2", "s1")}
     assert nc.view(set()).residual("s2", "s1") == pytest.approx(0.0)
-    nc.observe([])
+    nc.observe([], [])
     nc.set_capacity("s1", "s2", 30.0)  # below the grants
     assert nc.contended() == {("s1", "s2"), ("s2", "s1")}
+
+
+# --- work-conserving rates: the spare capacity ---------------------------------------------------
+def with_c(spare: bool = True) -> NetworkController:
+    """TOPO and a third node c on s1, so that a->b and c->b share s1->s2."""
+    spec = {**TOPO, "nodes": TOPO["nodes"] + [{"name": "c", "cpu": 2, "mem_mb": 2048}],
+            "links": TOPO["links"] + [{"ends": ["c", "s1"], "bw_mbps": 1000}]}
+    topo = parse_topology(spec, "twopaths.yaml")
+    return NetworkController(topo, Cluster.from_topology(topo), ComputeController(), spare=spare)
+
+
+def one_way(job, src: str, rate: float) -> Decision:
+    """The job's w0 on `src`, w1 on b, both flows on the direct path."""
+    there = (src, "s1", "s2", "b")
+    return Decision(job.name, {"w0": src, "w1": "b"},
+                    [FlowAssignment("w0", "w1", there, rate),
+                     FlowAssignment("w1", "w0", there[::-1], rate)])
+
+
+def installed(nc: NetworkController) -> dict[tuple[str, str], float]:
+    return {(f["src"], f["dst"]): f["rate_mbps"] for f in nc.desired().sdn_flows}
+
+
+def counters(carried: dict[tuple[str, str], float]) -> list[dict]:
+    """The SDN app's view of the scheduled pairs: what each one's last hop counts."""
+    return [{"src": s, "dst": d, "hops": [{"mbps": 1.0}, {"mbps": mbps}]}
+            for (s, d), mbps in carried.items()]
+
+
+def test_the_spare_capacity_is_shared_in_proportion_to_the_grants():
+    nc = with_c()
+    j1, j2 = two_task_job("j1"), two_task_job("j2")
+    install(nc, j1, one_way(j1, "a", 40))
+    assert installed(nc)[("a", "b")] == pytest.approx(95.0)  # alone: up to the headroom
+    install(nc, j2, one_way(j2, "c", 20))
+    rates = installed(nc)
+    # s1->s2: 95 - 60 granted = 35 spare, split 2:1 like the grants
+    assert rates[("a", "b")] == pytest.approx(40 + 35 * 2 / 3, abs=1e-3)
+    assert rates[("c", "b")] == pytest.approx(20 + 35 / 3, abs=1e-3)
+    # the way back, b->s2->s1, is shared too; the senders' tc follows the installed rate
+    assert rates[("b", "a")] + rates[("b", "c")] == pytest.approx(95.0, abs=1e-3)
+    assert [r.rate_mbps for r in nc.desired().shaping["c"]] == [pytest.approx(rates[("c", "b")],
+                                                                              abs=1e-3)]
+    # a job's flows get its spare in its grants' ratio; the view still reserves the grants only
+    assert nc.installed("j2") == {"w0>w1": round(rates[("c", "b")], 3),
+                                  "w1>w0": round(rates[("b", "c")], 3)}
+    assert nc.cluster.residual("s1", "s2") == pytest.approx(40.0)
+    remove(nc, "j1")  # j2 takes what j1 left
+    assert installed(nc)[("c", "b")] == pytest.approx(95.0)
+
+
+def test_unscheduled_traffic_takes_back_the_spare_but_never_the_grants():
+    nc = with_c()
+    j1 = two_task_job("j1")
+    install(nc, j1, one_way(j1, "a", 40))
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
+    # the entries count 60 of our traffic; 30 more on s1->s2 belongs to another tenant
+    assert nc.observe([link("s1", "s2", 90.0)], counters({("a", "b"): 60.0})) is True
+    assert nc.background() == {("s1", "s2"): pytest.approx(30.0)}
+    assert installed(nc)[("a", "b")] == pytest.approx(95 - 30)
+    # a move smaller than SPARE_STEP is not worth re-programming a meter
+    assert nc.observe([link("s1", "s2", 93.0)], counters({("a", "b"): 60.0})) is False
+    assert installed(nc)[("a", "b")] == pytest.approx(65.0)
+    # a tenant taking the whole link leaves the grant, and the link contended
+    assert nc.observe([link("s1", "s2", 100.0)], counters({("a", "b"): 40.0})) is True
+    assert installed(nc)[("a", "b")] == pytest.approx(40.0)
+    assert nc.contended() == {("s1", "s2")}
+
+
+def test_a_grant_left_unused_does_not_hide_another_tenant():
+    """Background is what the link carries less what our entries count, not less our grant."""
+    nc = with_c(spare=False)
+    j1 = two_task_job("j1")
+    install(nc, j1, one_way(j1, "a", 40))
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
+    nc.observe([link("s1", "s2", 65.0)], counters({("a", "b"): 5.0}))  # ours idles at 5
+    assert nc.background() == {("s1", "s2"): pytest.approx(60.0)}
+    assert nc.contended() == {("s1", "s2")}  # 40 granted + 60 > 95
+    assert installed(nc)[("a", "b")] == 40.0  # no spare: the grant is the cap
+
+
+def test_a_down_link_has_no_spare():
+    nc = with_c()
+    j1 = two_task_job("j1")
+    install(nc, j1, one_way(j1, "a", 40))
+    nc.observe([SimpleNamespace(src="s1", dst="s2", mbps=0.0, up=False)], [])
+    assert installed(nc)[("a", "b")] == pytest.approx(40.0)
