@@ -37,10 +37,11 @@ def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
             "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4)}
 
 
-def installed_mbps(history: list, flow: str, start: float, end: float | None) -> float | None:
-    """The time-weighted mean of what the network let `flow` ("src>dst") through from `start` to
-    `end` (its grant and its share of the spare capacity; the Master notes each change as
-    [t, {flow: Mbit/s}]); None without a note."""
+def installed_mbps(history: list, flow: str, start: float,
+                   end: float | None) -> tuple[float, float] | None:
+    """What the network let `flow` ("src>dst") through from `start` to `end` (its grant and its
+    share of the spare capacity; the Master notes each change as [t, {flow: Mbit/s}]): (the
+    time-weighted mean, the highest); None without a note."""
     steps = [(t, rates[flow]) for t, rates in history if flow in rates]
     if not steps:
         return None
@@ -49,7 +50,8 @@ def installed_mbps(history: list, flow: str, start: float, end: float | None) ->
     for (t, mbps), (t_next, _) in zip(steps, steps[1:] + [(end, None)]):
         span = max(t_next - max(t, start), 0.0)
         total, weight = total + mbps * span, weight + span
-    return round(total / weight, 3) if weight > 0 else steps[-1][1]
+    mean = total / weight if weight > 0 else steps[-1][1]
+    return round(mean, 3), max(mbps for _, mbps in steps)
 
 
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
@@ -72,11 +74,11 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
             receiver = records.get(att["workers"][f["dst"]], [])
             # A best-effort flow has no grant: its rate is only what the decision expected.
             grant = f["rate_mbps"] if network == "enforced" else None
-            rate = installed_mbps(att.get("installed", []), f"{f['src']}>{f['dst']}",
-                                  att.get("started_at", 0.0), att.get("ended_at")) \
+            rates = installed_mbps(att.get("installed", []), f"{f['src']}>{f['dst']}",
+                                   att.get("started_at", 0.0), att.get("ended_at")) \
                 if grant else None
-            flows.append({**f, "rate_mbps": rate if rate is not None else grant,
-                          "granted_mbps": grant,
+            mean, peak = rates if rates else (grant, grant)
+            flows.append({**f, "rate_mbps": mean, "rate_max_mbps": peak, "granted_mbps": grant,
                           "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
                           **tcp_view(sender, receiver)})
     state = "timeout" if timed_out else view["state"]

@@ -158,14 +158,15 @@ def test_figures_are_made_from_the_json(tmp_path: Path):
 def test_a_flows_rate_is_the_time_weighted_mean_of_what_was_installed():
     """Grant 40 for the first 10 s, then 40 + spare = 100 for 30 s, until the attempt ended."""
     history = [[100.0, {"w0>w1": 40.0, "w1>w0": 40.0}], [110.0, {"w0>w1": 100.0, "w1>w0": 40.0}]]
-    assert rows.installed_mbps(history, "w0>w1", 100.0, 140.0) == pytest.approx(85.0)
-    assert rows.installed_mbps(history, "w1>w0", 100.0, 140.0) == pytest.approx(40.0)
-    assert rows.installed_mbps(history, "w0>w1", 105.0, 115.0) == pytest.approx(70.0)
-    assert rows.installed_mbps(history, "w0>w1", 100.0, None) == pytest.approx(40.0)
+    assert rows.installed_mbps(history, "w0>w1", 100.0, 140.0) == (pytest.approx(85.0), 100.0)
+    assert rows.installed_mbps(history, "w1>w0", 100.0, 140.0) == (pytest.approx(40.0), 40.0)
+    assert rows.installed_mbps(history, "w0>w1", 105.0, 115.0) == (pytest.approx(70.0), 100.0)
+    assert rows.installed_mbps(history, "w0>w1", 100.0, None) == (pytest.approx(40.0), 100.0)
     assert rows.installed_mbps([], "w0>w1", 100.0, 140.0) is None
     v = view(True)
     att = v["attempts"][-1]
     att.update(started_at=0.0, ended_at=10.0, installed=[[0.0, {"w0>w1": 160.0, "w1>w0": 40.0}]])
     w0_w1, w1_w0 = rows.job_row("ces-ppo", 0, "heavy", v, timed_out=False)["flows"]
-    assert (w0_w1["granted_mbps"], w0_w1["rate_mbps"]) == (80.0, 160.0)
+    assert (w0_w1["granted_mbps"], w0_w1["rate_mbps"], w0_w1["rate_max_mbps"]) == \
+        (80.0, 160.0, 160.0)
     assert (w1_w0["granted_mbps"], w1_w0["rate_mbps"]) == (40.0, 40.0)
