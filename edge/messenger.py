@@ -8,6 +8,7 @@ restarted): the Messenger registers again.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -22,6 +23,8 @@ from .compute import ComputeManager
 from .network import NetworkManager, ShapingError, UsageMeter
 
 log = logging.getLogger(__name__)
+# A worker's name becomes part of its container's name and of its metric file's name.
+WORKER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class Messenger:
@@ -61,6 +64,15 @@ class Messenger:
             spec = from_json(WorkerSpec, req.json())
         except ValueError as e:
             raise ApiError(400, str(e)) from None
+        if not WORKER_NAME_RE.fullmatch(spec.name):
+            raise ApiError(400, f"WorkerSpec.name: expected 1-128 letters, digits, '_', '.' or "
+                                f"'-', starting with a letter or digit; got {spec.name!r}",
+                           "name")
+        if not spec.cpu > 0:
+            raise ApiError(400, f"WorkerSpec.cpu: expected cores > 0, got {spec.cpu:g}", "cpu")
+        if not spec.mem_mb >= 6:  # Docker's least memory limit
+            raise ApiError(400, f"WorkerSpec.mem_mb: expected at least 6, got {spec.mem_mb:g}",
+                           "mem_mb")
         try:
             return 201, to_json(self.compute.start(spec))
         except docker.errors.ImageNotFound as e:

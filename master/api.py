@@ -60,6 +60,9 @@ class MasterApi:
     # --- the agents -----------------------------------------------------------------------------
     def _post_agent(self, req: Request) -> dict:
         reg = _msg(Registration, req)
+        if not reg.url.startswith(("http://", "https://")):  # the Master will call it
+            raise ApiError(400, f"Registration: field 'url' is {reg.url!r}, expected "
+                                "http://HOST:PORT", "url")
         if reg.node not in self.m.cluster.compute_nodes():
             raise ApiError(400, f"node '{reg.node}' is not a compute node of topology "
                                 f"'{self.m.topo.name}'", "node")
@@ -67,6 +70,10 @@ class MasterApi:
 
     def _post_heartbeat(self, req: Request, node: str) -> dict:
         hb = _msg(Heartbeat, req, node=node)
+        for i, line in enumerate(hb.records):  # the Master files each line under its worker
+            if not isinstance(line.get("worker", ""), str):
+                raise ApiError(400, f"Heartbeat: records[{i}].worker: expected a worker name "
+                                    f"(a string), got {line['worker']!r}", f"records[{i}].worker")
         try:
             return {"stop": self.m.heartbeat(hb)}
         except NotRegistered:
@@ -75,8 +82,13 @@ class MasterApi:
     # --- views ----------------------------------------------------------------------------------
     def health(self) -> dict:
         s = self.m.scheduler
+        with self.m.lock:
+            jobs: dict[str, int] = {}
+            for rec in self.m.manager.jobs.values():
+                jobs[rec.state.value] = jobs.get(rec.state.value, 0) + 1
         return {"ok": True, "topology": self.m.topo.name, "scheduler": s.default,
-                "queue": s.queue, "seed": s.seed, "nodes_online": len(self.m.compute.online())}
+                "queue": s.queue, "seed": s.seed, "nodes_online": len(self.m.compute.online()),
+                "jobs": jobs}
 
     def job_view(self, rec: JobRecord, records: bool = False) -> dict:
         job = rec.job
@@ -126,6 +138,7 @@ class MasterApi:
     # --- changes --------------------------------------------------------------------------------
     def _put_node(self, req: Request, node: str) -> dict:
         body = req.json()
+        _no_unknown(body, {"schedulable"})
         if node not in self.m.cluster.compute_nodes():
             raise ApiError(404, f"no compute node named '{node}'")
         if not isinstance(body, dict) or not isinstance(body.get("schedulable"), bool):
@@ -137,6 +150,7 @@ class MasterApi:
 
     def _put_link(self, req: Request, u: str, v: str) -> dict:
         body = req.json()
+        _no_unknown(body, {"bw_mbps"})
         if not self.m.cluster.graph.has_edge(u, v):
             raise ApiError(404, f"no link between '{u}' and '{v}'")
         bw = body.get("bw_mbps") if isinstance(body, dict) else None
@@ -148,10 +162,11 @@ class MasterApi:
 
     def _put_scheduler(self, req: Request) -> dict:
         body = req.json()
+        _no_unknown(body, {"algorithm", "seed", "queue"})
         if not isinstance(body, dict) or not isinstance(body.get("algorithm"), str) \
-                or not isinstance(body.get("seed", 0), int) \
+                or not isinstance(body.get("seed", 0), int) or body.get("seed", 0) < 0 \
                 or not isinstance(body.get("queue", ""), str):
-            raise ApiError(400, 'expected {"algorithm": name, "seed": integer, '
+            raise ApiError(400, 'expected {"algorithm": name, "seed": integer >= 0, '
                                 '"queue": policy (optional)}')
         with self.m.lock:
             try:
@@ -163,6 +178,7 @@ class MasterApi:
 
     def _post_job(self, req: Request) -> tuple[int, dict]:
         body = req.json()
+        _no_unknown(body, {"job", "algorithm", "source"})
         if not isinstance(body, dict) or "job" not in body:
             raise ApiError(400, 'expected {"job": {...job mapping...}, "algorithm": optional}')
         try:
@@ -171,6 +187,13 @@ class MasterApi:
             raise ApiError(400, str(e)) from None
         m = self.m
         with m.lock:
+            for t in job.tasks:  # waiting would never end: no node, online or not, holds it
+                if not any(t.demand.fits_in(m.cluster.capacity(n))
+                           for n in m.cluster.compute_nodes()):
+                    d = t.demand
+                    raise ApiError(422, f"job '{job.name}': task {t.name} (cpu {d.cpu:g}, "
+                                        f"mem {d.mem_mb:g} MB, gpu {d.gpu:g}) fits on no node of "
+                                        f"topology '{m.topo.name}'", "task")
             try:
                 algorithm = m.scheduler.resolve(body.get("algorithm"))
                 rec = m.manager.submit(job, algorithm)
@@ -196,6 +219,14 @@ def _result(rec: JobRecord) -> dict | None:
     end = rec.last_of("end", rec.job.tasks[0].name)
     return {k: end.get(k) for k in ("reached_target", "tta_s", "tta_iter", "stop_reason",
                                     "iters", "train_s", "startup_s", "jct_s")} if end else None
+
+
+def _no_unknown(body: Any, allowed: set[str]) -> None:
+    """A 400 naming a field the handler does not read: a typo ("algoritm") is not ignored."""
+    unknown = sorted(set(body) - allowed) if isinstance(body, dict) else []
+    if unknown:
+        raise ApiError(400, f"unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})",
+                       unknown[0])
 
 
 def _msg(cls: type, req: Request, **must: str):

@@ -22,7 +22,7 @@ from typing import Callable
 from scheduler.model import Decision, Job
 
 log = logging.getLogger(__name__)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # also a container-name fragment
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")  # fullmatch; a container-name fragment
 EXIT_BAD_PARAMETERS = 2  # workloads.train's exit code for a job that can never run
 
 
@@ -138,11 +138,11 @@ class Manager:
 
     # --- transitions ---------------------------------------------------------------------------
     def submit(self, job: Job, algorithm: str) -> JobRecord:
-        if not NAME_RE.match(job.name):
+        if not NAME_RE.fullmatch(job.name):
             raise ManagerError(400, f"job name '{job.name}': expected letters, digits, '_', '.', "
                                     "'-' (at most 40, starting with a letter or digit)")
         for t in job.tasks:
-            if not NAME_RE.match(t.name):
+            if not NAME_RE.fullmatch(t.name):
                 raise ManagerError(400, f"job '{job.name}': task name '{t.name}': expected "
                                         "letters, digits, '_', '.', '-'")
         old = self.jobs.get(job.name)

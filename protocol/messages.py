@@ -17,13 +17,14 @@ against the dataclass, so a malformed message is one clear `ValueError` naming t
 from __future__ import annotations
 
 import dataclasses
-import math
+import sys
 import types
 import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+_FLOAT_MAX = sys.float_info.max  # a JSON integer beyond it cannot become a float
 
 
 @dataclass
@@ -140,7 +141,7 @@ def _check(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
+                or not -_FLOAT_MAX < value < _FLOAT_MAX:  # also refuses nan and ±inf
             raise ValueError(f"{where}: expected a finite number, got {_kind(value)}")
         return float(value)
     if tp is str:

@@ -10,7 +10,7 @@ Bytes per flow per iteration follow `perfmodel.flow_bytes` for the collective.
 """
 from __future__ import annotations
 
-import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -21,6 +21,7 @@ from .model import Job, LogicalFlow, Resources, Task
 from .perfmodel import COLLECTIVES, flow_bytes
 
 BYTES_PER_PARAM = 4  # float32 parameters/gradients
+MAX_TASKS = 256  # per job: an all-to-all job of k workers has k(k-1) flows
 WORKLOAD_COLLECTIVE = {"ring": "ring", "star": "ps"}  # job collective -> the worker's --collective
 
 
@@ -128,7 +129,8 @@ def _num(d: dict, key: str, w: _Where, field: str, *, default: Any = ..., lo: fl
         return default
     v = d[key]
     kind = "an integer" if integer else "a number"
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+    if isinstance(v, bool) or not isinstance(v, (int, float)) \
+            or not -sys.float_info.max < v < sys.float_info.max \
             or (integer and not isinstance(v, int)):
         raise w.error(field, kind, v)
     if lo is not None and (v <= lo if strict else v < lo):
@@ -223,6 +225,8 @@ def parse_job(doc: Any, file: str = "<job>", index: int | None = None) -> Job:
     if "ps" in d and collective != "star":
         raise w.error("ps", "no such field for a non-star job")
     workers = _num(d, "workers", w, "workers", lo=1, integer=True)
+    if workers > MAX_TASKS:
+        raise w.error("workers", f"at most {MAX_TASKS}", workers)
     demand = _resources(d.get("task"), w, "task")
     mbps = float(_num(d, "demand_mbps", w, "demand_mbps", lo=0, strict=True))
     if collective == "star":
@@ -234,6 +238,8 @@ def parse_job(doc: Any, file: str = "<job>", index: int | None = None) -> Job:
 def _custom(d: dict, w: _Where, name: str, model_bytes: float, fields: dict) -> Job:
     if not isinstance(d.get("tasks"), list) or not d["tasks"]:
         raise w.error("tasks", "a non-empty list of {name, cpu, mem_mb, gpu}", d.get("tasks"))
+    if len(d["tasks"]) > MAX_TASKS:
+        raise w.error("tasks", f"at most {MAX_TASKS} tasks", len(d["tasks"]))
     tasks: list[Task] = []
     for i, t in enumerate(d["tasks"]):
         f = f"tasks[{i}]"
@@ -270,8 +276,10 @@ def _read_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except OSError as e:
         raise JobError(f"{path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: bad UTF-8, a date like 2020-13-45
         raise JobError(f"{path}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise JobError(f"{path}: not valid YAML: nested too deeply") from None
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ MAX_RATE_MBPS = 100_000.0
 MIN_RATE_MBPS = 0.001  # a meter's unit is 1 kbit/s
 MAX_FLOWS_PER_JOB = 20_000
 MAX_NAME = 1024  # a flow's free-form label (e.g. the jobs sharing it)
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: no trailing newline
 FLOW_KEYS = ("src", "dst", "path", "rate_mbps", "tcp_src", "tcp_dst", "name")
 
 
@@ -128,7 +128,7 @@ class MeterPolicy:
 # --- parsing -------------------------------------------------------------------------------------
 
 def parse_job_id(text: str) -> str:
-    if not JOB_ID_RE.match(text):
+    if not JOB_ID_RE.fullmatch(text):
         raise RequestError("a job id is 1-64 letters, digits, '_', '.' or '-', starting with a "
                            f"letter or digit; got {text!r}", "job")
     return text
@@ -174,8 +174,8 @@ def parse_flow(item: Any, resolver: "_Resolver", where: str) -> FlowSpec:
     if src == dst:
         raise RequestError(f"src and dst are the same node '{src}'", where)
     rate = item["rate_mbps"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) \
-            or not MIN_RATE_MBPS <= rate <= MAX_RATE_MBPS:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) \
+            or not MIN_RATE_MBPS <= rate <= MAX_RATE_MBPS:  # also refuses nan and inf
         raise RequestError(f"expected a number from {MIN_RATE_MBPS} to {MAX_RATE_MBPS:g}, "
                            f"got {rate!r}", f"{where}.rate_mbps")
     ports = {k: _tcp_port(item.get(k), f"{where}.{k}") for k in ("tcp_src", "tcp_dst")}
@@ -218,7 +218,8 @@ class _Resolver:
         dpid = parse_dpid(value)
         if dpid is not None and dpid in self.by_dpid:
             return self.by_dpid[dpid]
-        hint = " (a compute node, not a switch)" if value in self.nodes else ""
+        hint = " (a compute node, not a switch)" if isinstance(value, str) and \
+            value in self.nodes else ""
         raise RequestError(f"unknown switch {value!r}{hint} (expected a switch name or dpid "
                            f"in topology '{self.topo.name}')", where)
 

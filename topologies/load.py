@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import yaml
 from .model import ComputeNode, Link, Switch, Topology, node_address
 
 HERE = Path(__file__).resolve().parent
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,15}$")
+NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,15}")  # fullmatch: no trailing newline
 MAX_BW_MBPS = 100_000.0
 
 
@@ -82,8 +83,10 @@ TOP_KEYS = {"name", "description", "defaults", "nodes", "switches", "links"}
 def _from_yaml(path: Path) -> Topology:
     try:
         doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: bad UTF-8, a date like 2020-13-45
         raise TopologyError(f"{path}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise TopologyError(f"{path}: not valid YAML: nested too deeply") from None
     except OSError as e:
         raise TopologyError(f"{path}: cannot read: {e.strerror}") from None
     return parse_topology(doc, str(path), default_name=path.stem)
@@ -228,7 +231,7 @@ def _mapping(item: Any, where: str, el: str) -> None:
 
 
 def _no_unknown(item: dict, allowed: set[str], where: str, el: str) -> None:
-    unknown = sorted(set(item) - allowed)
+    unknown = sorted(str(k) for k in set(item) - allowed)  # YAML keys need not be strings
     if unknown:
         raise TopologyError(f"{where}: {el}: unknown field '{unknown[0]}' "
                             f"(allowed: {', '.join(sorted(allowed))})")
@@ -236,7 +239,7 @@ def _no_unknown(item: dict, allowed: set[str], where: str, el: str) -> None:
 
 def _name(item: dict, where: str, el: str, seen: set[str]) -> str:
     name = item.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise TopologyError(f"{where}: {el}: 'name' must be a letter followed by up to 15 "
                             f"letters, digits or '_', got {name!r}")
     if name in seen:
@@ -252,7 +255,8 @@ def _number(item: dict, key: str, where: str, el: str, default: Any = None,
         if required:
             raise TopologyError(f"{where}: {el}: '{key}' is missing (expected a number)")
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not -sys.float_info.max < value < sys.float_info.max:
         raise TopologyError(f"{where}: {el}: '{key}' must be a number, got {value!r}")
     if low is not None and value < low:
         raise TopologyError(f"{where}: {el}: '{key}' must be ≥ {low}, got {value}")

@@ -4,6 +4,7 @@ file, the field and what was expected."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,6 +63,7 @@ SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "time
                  "background", "jobs", "link_scale"}
 BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon"}
 TRAFFIC_CPU, TRAFFIC_MEM_MB = 0.25, 64  # an iperf3 end at most; less on a smaller node
+_FLOAT_MAX = sys.float_info.max  # numbers must be finite (and a YAML integer within a float)
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -70,8 +72,10 @@ def load_scenario(path: Path) -> Scenario:
         doc = yaml.safe_load(path.read_text())
     except OSError as e:
         raise ScenarioError(f"{where}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: bad UTF-8, a date like 2020-13-45
         raise ScenarioError(f"{where}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise ScenarioError(f"{where}: not valid YAML: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ScenarioError(f"{where}: expected a mapping with {', '.join(sorted(SCENARIO_KEYS))}")
 
@@ -79,7 +83,7 @@ def load_scenario(path: Path) -> Scenario:
         got = doc.get(field_.split(".")[0].split("[")[0], None)
         return ScenarioError(f"{where}: field '{field_}': expected {expected}, got {got!r}")
 
-    unknown = sorted(set(doc) - SCENARIO_KEYS)
+    unknown = sorted(str(k) for k in set(doc) - SCENARIO_KEYS)  # YAML keys need not be str
     if unknown:
         raise bad(unknown[0], f"one of the known keys ({', '.join(sorted(SCENARIO_KEYS))})")
     if not isinstance(doc.get("name"), str):
@@ -91,17 +95,17 @@ def load_scenario(path: Path) -> Scenario:
     seeds, timeout = doc.get("seeds", 1), doc.get("timeout_s", 600)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise bad("seeds", "an integer >= 1")
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
+            or not 0 < timeout < _FLOAT_MAX:  # also refuses nan and inf
         raise bad("timeout_s", "a number of seconds > 0")
     scale = doc.get("link_scale", 1.0)
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale <= 10:
         raise bad("link_scale", "a number in (0, 10]")
     jobs = doc.get("jobs")
     if isinstance(jobs, str):
-        jobs_path = (path.parent / jobs).resolve()
         try:
-            docs = load_job_documents(jobs_path)
-        except JobError as e:
+            docs = load_job_documents((path.parent / jobs).resolve())
+        except ValueError as e:  # a JobError, or a path the OS cannot take (a NUL byte)
             raise ScenarioError(f"{where}: field 'jobs': {e}") from None
     elif isinstance(jobs, list) and jobs:
         try:
@@ -127,11 +131,11 @@ def _background(b: object, where: str) -> Background:
     if not isinstance(b, dict) or set(b) - BACKGROUND_KEYS or \
             not isinstance(b.get("src"), str) or not isinstance(b.get("dst"), str) or \
             not isinstance(b.get("mbps"), number) or isinstance(b["mbps"], bool) or \
-            not b["mbps"] > 0 or not isinstance(b.get("path", []), list) or \
+            not 0 < b["mbps"] < _FLOAT_MAX or not isinstance(b.get("path", []), list) or \
             not all(isinstance(v, str) for v in b.get("path", [])) or \
             not (b.get("start_s") is None or (isinstance(b["start_s"], number) and
                                               not isinstance(b["start_s"], bool) and
-                                              b["start_s"] >= 0)) or \
+                                              0 <= b["start_s"] < _FLOAT_MAX)) or \
             not isinstance(b.get("cordon", True), bool):
         raise ScenarioError(f"{where}: expected {expected}, got {b!r}")
     start = b.get("start_s")

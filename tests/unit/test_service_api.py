@@ -66,6 +66,11 @@ def test_a_job_waits_with_a_reason_when_no_agent_is_online(master):
 
 def test_bad_requests_are_4xx_with_a_message(master):
     client = MasterClient(master.url)
+    with pytest.raises(ApiError) as e:  # would wait forever: campus's largest node has 1.5 cores
+        client.submit({**JOB, "task": {"cpu": 2.0, "mem_mb": 256}})
+    assert e.value.status == 422 and "task w0 (cpu 2, mem 256 MB, gpu 0) fits on no node of " \
+        "topology 'campus'" in e.value.message
+    assert client.jobs() == []
     with pytest.raises(ApiError) as e:
         client.submit({**JOB, "workers": 0})
     assert e.value.status == 400 and "workers" in e.value.message

@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Load: a burst of job submissions through the Master's API while hundreds of agents heartbeat.
+
+    python experiments/bench_load.py --seed 0 [--nodes 200] [--jobs 1000] [--out FILE]
+
+A real Master (`python -m master serve` in its own process on loopback, no SDN app, as it runs in
+a deployment) and `--nodes` simulated agents in this process (`edge.simulated`: the real
+Messenger — registration, a heartbeat every second, the command channel over HTTP — in front of
+workers that only exist as records). The nodes sit in racks of 20 under a top-of-rack switch, the
+racks under one core switch.
+
+1. Burst: `--jobs` submissions from 16 client threads at once; the seed draws each job (ring or
+   star, 1-4 workers, 0.25-1 core, 256-1024 MiB, 10-100 Mbit/s) and makes 5 % of them invalid
+   (a task no node can hold, an unknown collective, a negative demand). Each must be accepted or
+   refused with a 4xx naming the problem; none may go unanswered.
+2. Drain: a worker "runs" for `--work-s` seconds after its agent starts it, then exits 0. The
+   Master schedules the queue as nodes free up, until every accepted job has finished or
+   `--max-s` passed.
+3. Checks: every accepted job is listed exactly once and finished; every worker was started once
+   (no job run twice); the refused ones are not listed.
+
+Figures: submission latency (p50/p99), heartbeat round trip seen by the agents during the burst
+and the drain (p50/p99/max; target p99 ≤ 50 ms), nodes that went offline (target 0), jobs lost or
+run twice (target 0), time to drain. Writes results/bench_load.json with the machine it ran on.
+"""
+from __future__ import annotations
+
+import _venv  # noqa: F401  (re-exec under .venv)
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from edge.simulated import SimulatedAgent
+from master.client import MasterClient
+from protocol.http import ApiError, Unreachable
+from topologies import parse_topology
+
+from machine import machine
+
+RACK = 20  # nodes per top-of-rack switch
+CLIENTS = 16  # submitting threads
+INVALID_SHARE = 0.05
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def racks(nodes: int) -> dict:
+    """A topology document: `nodes` 1-core 2 GiB nodes, RACK to a top-of-rack switch, the racks
+    under one core."""
+    tors = (nodes + RACK - 1) // RACK
+    return {"name": f"racks{nodes}",
+            "switches": [{"name": "core"}] + [{"name": f"tor{r}"} for r in range(tors)],
+            "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 2048} for i in range(nodes)],
+            "links": [{"ends": [f"n{i}", f"tor{i // RACK}"], "bw_mbps": 1000}
+                      for i in range(nodes)] +
+                     [{"ends": [f"tor{r}", "core"], "bw_mbps": 10000} for r in range(tors)]}
+
+
+def start_master(topo_file: Path, log_file: Path, algorithm: str, seed: int) \
+        -> tuple[subprocess.Popen, str]:
+    """`python -m master serve` on a free loopback port; (the process, its URL)."""
+    proc = subprocess.Popen([sys.executable, "-m", "master", "serve", "--topo", str(topo_file),
+                             "--port", "0", "--algorithm", algorithm, "--seed", str(seed)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=log_file.open("w"),
+                            text=True)
+    line = proc.stdout.readline()
+    found = re.search(r"listening on (http://\S+)", line)
+    if not found:
+        proc.kill()
+        raise RuntimeError(f"the Master did not start: {line.strip()!r} "
+                           f"{log_file.read_text()[-500:]}")
+    return proc, found.group(1)
+
+
+def draw_jobs(rng: random.Random, n: int) -> list[tuple[dict, bool]]:
+    """(job document, valid?) × n."""
+    out = []
+    for i in range(n):
+        job = {"name": f"load{i}", "collective": rng.choice(["ring", "star"]),
+               "workers": rng.randint(1, 4),
+               "task": {"cpu": rng.choice([0.25, 0.5, 1.0]),
+                        "mem_mb": rng.choice([256, 512, 1024])},
+               "model_params": rng.choice([1e5, 1e6, 5e6]),
+               "demand_mbps": rng.choice([10, 50, 100]), "iterations": 10}
+        valid = rng.random() >= INVALID_SHARE
+        if not valid:
+            flaw = rng.randrange(3)
+            if flaw == 0:
+                job["task"] = {"cpu": 8.0, "mem_mb": 512}  # no node holds it
+            elif flaw == 1:
+                job["collective"] = "gossip"
+            else:
+                job["demand_mbps"] = -5
+        out.append((job, valid))
+    return out
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
+
+
+def ms(x: float | None) -> float | None:
+    return None if x is None else round(1000 * x, 2)
+
+
+class Runner:
+    """Ends every worker `work_s` after it was first seen running, as if its process exited 0."""
+
+    def __init__(self, agents: list[SimulatedAgent], work_s: float):
+        self.agents, self.work_s = agents, work_s
+        self.seen: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            now = time.monotonic()
+            for a in self.agents:
+                for w in a.compute.states():
+                    if w.state != "running":
+                        continue
+                    first = self.seen.setdefault(w.name, now)
+                    if now - first >= self.work_s:
+                        a.finish(w.name, 0)
+
+
+def run(args: argparse.Namespace) -> dict:
+    spec = racks(args.nodes)
+    topo = parse_topology(spec, "bench_load")
+    jobs = draw_jobs(random.Random(args.seed), args.jobs)
+    with tempfile.TemporaryDirectory(prefix="ces-bench-load-") as tmp:
+        topo_file = Path(tmp) / "racks.yaml"
+        topo_file.write_text(yaml.safe_dump(spec))
+        proc, url = start_master(topo_file, Path(tmp) / "master.log", args.algorithm, args.seed)
+        agents = [SimulatedAgent(n.name, url, n.ip, n.cpu, n.mem_mb, 1.0) for n in topo.nodes]
+        try:
+            return measure(MasterClient(url, timeout_s=60.0), agents, jobs, args)
+        finally:
+            for a in agents:  # first, so that none is seen going silent
+                a.stop()
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def measure(client: MasterClient, agents: list[SimulatedAgent], jobs: list[tuple[dict, bool]],
+            args: argparse.Namespace) -> dict:
+    runner = Runner(agents, args.work_s)
+    stop_health = threading.Event()
+    try:
+        for a in agents:
+            a.start()
+        client.wait_ready(len(agents), timeout_s=60)
+        for a in agents:
+            a.messenger.round_trips.clear()
+        runner.thread.start()
+        offline = 0
+
+        def watch_health() -> None:
+            nonlocal offline
+            while not stop_health.wait(0.5):
+                offline = max(offline, len(agents) - client.health()["nodes_online"])
+        threading.Thread(target=watch_health, daemon=True).start()
+
+        def submit(item: tuple[dict, bool]) -> dict:
+            job, valid = item
+            t0 = time.monotonic()
+            try:
+                client.submit(job)
+                outcome, detail = "accepted", ""
+            except ApiError as e:
+                outcome, detail = ("refused", f"{e.status} {e}") if 400 <= e.status < 500 \
+                    else ("error", f"{e.status} {e}")
+            except Unreachable as e:
+                outcome, detail = "unanswered", str(e)
+            return {"name": job["name"], "valid": valid, "outcome": outcome, "detail": detail,
+                    "s": time.monotonic() - t0}
+
+        t_burst = time.monotonic()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            answers = list(pool.map(submit, jobs))
+        burst_s = time.monotonic() - t_burst
+        accepted = {a["name"] for a in answers if a["outcome"] == "accepted"}
+        deadline = time.monotonic() + args.max_s
+        while time.monotonic() < deadline:  # the counts, not every job's view: as a monitor would
+            counts = client.health()["jobs"]
+            if sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled")) >= len(accepted):
+                break
+            time.sleep(1.0)
+        drain_s = time.monotonic() - t_burst
+        stop_health.set()
+        listed = [j["name"] for j in client.jobs()]
+        states = {j["name"]: j["state"] for j in client.jobs()}
+        views = {n: client.job(n) for n in accepted}
+    finally:
+        stop_health.set()
+        runner.stop.set()
+    trips = [t for a in agents for t in a.messenger.round_trips]
+    started = [w for a in agents for w in a.compute.specs]
+    by_state: dict[str, int] = {}
+    for n in accepted:
+        by_state[states.get(n, "missing")] = by_state.get(states.get(n, "missing"), 0) + 1
+    return {
+        "seed": args.seed, "nodes": args.nodes, "jobs": args.jobs, "algorithm": args.algorithm,
+        "work_s": args.work_s, "machine": machine(),
+        "submissions": {
+            "accepted": len(accepted),
+            "refused": sum(a["outcome"] == "refused" for a in answers),
+            "server_errors": [a for a in answers if a["outcome"] == "error"],
+            "unanswered": [a for a in answers if a["outcome"] == "unanswered"],
+            "valid_refused": [a for a in answers if a["valid"] and a["outcome"] != "accepted"],
+            "invalid_accepted": [a["name"] for a in answers
+                                 if not a["valid"] and a["outcome"] == "accepted"],
+            "refusal_examples": sorted({a["detail"] for a in answers
+                                        if a["outcome"] == "refused"})[:5],
+            "burst_s": round(burst_s, 3),
+            "latency_ms": {"p50": ms(percentile([a["s"] for a in answers], 0.5)),
+                           "p99": ms(percentile([a["s"] for a in answers], 0.99)),
+                           "max": ms(max(a["s"] for a in answers))}},
+        "jobs_by_state": by_state,
+        "lost": sorted(n for n in accepted if n not in states),
+        "listed_twice": sorted({n for n in listed if listed.count(n) > 1}),
+        "refused_but_listed": sorted(a["name"] for a in answers
+                                     if a["outcome"] != "accepted" and a["name"] in states),
+        "run_twice": sorted(n for n, v in views.items() if len(v["attempts"]) > 1),
+        "workers_started": len(started), "workers_started_twice": len(started) - len(set(started)),
+        "drain_s": round(drain_s, 1),
+        "heartbeats": {"count": len(trips), "p50_ms": ms(percentile(trips, 0.5)),
+                       "p99_ms": ms(percentile(trips, 0.99)), "max_ms": ms(max(trips, default=None))},
+        "nodes_offline_max": offline}
+
+
+def verdict(r: dict) -> list[str]:
+    """What failed (empty: all targets met)."""
+    s = r["submissions"]
+    bad = [f"{k}: {len(s[k])}" for k in ("server_errors", "unanswered", "valid_refused",
+                                         "invalid_accepted") if s[k]]
+    bad += [f"{k}: {r[k]}" for k in ("lost", "listed_twice", "refused_but_listed", "run_twice")
+            if r[k]]
+    if r["workers_started_twice"]:
+        bad.append(f"workers started twice: {r['workers_started_twice']}")
+    unfinished = {k: v for k, v in r["jobs_by_state"].items() if k != "finished"}
+    if unfinished:
+        bad.append(f"accepted jobs not finished: {unfinished}")
+    if r["nodes_offline_max"]:
+        bad.append(f"nodes offline: {r['nodes_offline_max']}")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nodes", type=int, default=200)
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--algorithm", default="network-aware")
+    p.add_argument("--work-s", type=float, default=2.0, help="how long a worker runs")
+    p.add_argument("--max-s", type=float, default=600.0, help="give up draining after this")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "results" /
+                                        "bench_load.json"))
+    a = p.parse_args(argv)
+    if a.nodes < 1 or a.jobs < 1 or a.work_s < 0 or a.max_s <= 0:
+        p.error("--nodes and --jobs must be ≥ 1, --work-s ≥ 0, --max-s > 0")
+    r = run(a)
+    bad = verdict(r)
+    s, hb = r["submissions"], r["heartbeats"]
+    print(f"{a.jobs} submissions in {s['burst_s']} s: {s['accepted']} accepted, {s['refused']} "
+          f"refused; latency p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms")
+    print(f"drained in {r['drain_s']} s: {r['jobs_by_state']}; {r['workers_started']} workers")
+    print(f"heartbeats ({a.nodes} agents, every 1 s): {hb['count']}, p50 {hb['p50_ms']} ms, "
+          f"p99 {hb['p99_ms']} ms (target ≤ 50), max {hb['max_ms']} ms; nodes offline "
+          f"{r['nodes_offline_max']}")
+    print("all checks passed" if not bad else "FAILED: " + "; ".join(bad))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({**r, "failed": bad}, indent=1) + "\n")
+    print(f"wrote {a.out}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
