@@ -187,11 +187,12 @@ class Master:
         rates noted when they change: {"installed": [[t, {"src>dst": Mbit/s}], ...]}."""
         state = self.network.desired()
         now = time.time()
+        installed = self.network.installed()
         for rec in self.manager.active():
             if rec.current.info.get("network") != ENFORCED:
                 continue
             history = rec.current.info.setdefault("installed", [])
-            rates = self.network.installed(rec.name)
+            rates = installed.get(rec.name)
             if rates and (not history or history[-1][1] != rates):
                 history.append([now, rates])
         return state

@@ -252,10 +252,14 @@ class NetworkController:
                 del self.pairs[pair]
         self._spare_stale = True
 
-    def installed(self, job_name: str) -> dict[str, float]:
-        """The rate each of the job's flows gets now, grant and spare: {"src>dst" task: Mbit/s}."""
-        return {f"{src}>{dst}": round(p.installed_share((job, src, dst)), 3)
-                for p in self.pairs.values() for job, src, dst in p.shares if job == job_name}
+    def installed(self) -> dict[str, dict[str, float]]:
+        """The rate each job flow gets now, grant and spare: {job: {"src>dst" task: Mbit/s}}."""
+        out: dict[str, dict[str, float]] = {}
+        for p in self.pairs.values():
+            for job, src, dst in p.shares:
+                out.setdefault(job, {})[f"{src}>{dst}"] = \
+                    round(p.installed_share((job, src, dst)), 3)
+        return out
 
     def desired(self) -> NetworkState:
         """A snapshot of what the network should hold now (the spare re-shared first when the

@@ -172,8 +172,8 @@ def test_the_spare_capacity_is_shared_in_proportion_to_the_grants():
     assert [r.rate_mbps for r in nc.desired().shaping["c"]] == [pytest.approx(rates[("c", "b")],
                                                                               abs=1e-3)]
     # a job's flows get its spare in its grants' ratio; the view still reserves the grants only
-    assert nc.installed("j2") == {"w0>w1": round(rates[("c", "b")], 3),
-                                  "w1>w0": round(rates[("b", "c")], 3)}
+    assert nc.installed()["j2"] == {"w0>w1": round(rates[("c", "b")], 3),
+                                    "w1>w0": round(rates[("b", "c")], 3)}
     assert nc.cluster.residual("s1", "s2") == pytest.approx(40.0)
     remove(nc, "j1")  # j2 takes what j1 left
     assert installed(nc)[("c", "b")] == pytest.approx(95.0)
