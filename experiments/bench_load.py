@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -202,9 +203,9 @@ def measure(client: MasterClient, agents: list[SimulatedAgent], jobs: list[tuple
                 break
             time.sleep(1.0)
         drain_s = time.monotonic() - t_burst
-        stop_health.set()
-        listed = [j["name"] for j in client.jobs()]
-        states = {j["name"]: j["state"] for j in client.jobs()}
+        final = client.jobs()
+        listed = Counter(j["name"] for j in final)
+        states = {j["name"]: j["state"] for j in final}
         views = {n: client.job(n) for n in accepted}
     finally:
         stop_health.set()
@@ -233,7 +234,7 @@ def measure(client: MasterClient, agents: list[SimulatedAgent], jobs: list[tuple
                            "max": ms(max(a["s"] for a in answers))}},
         "jobs_by_state": by_state,
         "lost": sorted(n for n in accepted if n not in states),
-        "listed_twice": sorted({n for n in listed if listed.count(n) > 1}),
+        "listed_twice": sorted(n for n, times in listed.items() if times > 1),
         "refused_but_listed": sorted(a["name"] for a in answers
                                      if a["outcome"] != "accepted" and a["name"] in states),
         "run_twice": sorted(n for n, v in views.items() if len(v["attempts"]) > 1),

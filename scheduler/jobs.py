@@ -10,12 +10,11 @@ Bytes per flow per iteration follow `perfmodel.flow_bytes` for the collective.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
+from topologies import is_number, read_yaml
 
 from .model import Job, LogicalFlow, Resources, Task
 from .perfmodel import COLLECTIVES, flow_bytes
@@ -129,9 +128,7 @@ def _num(d: dict, key: str, w: _Where, field: str, *, default: Any = ..., lo: fl
         return default
     v = d[key]
     kind = "an integer" if integer else "a number"
-    if isinstance(v, bool) or not isinstance(v, (int, float)) \
-            or not -sys.float_info.max < v < sys.float_info.max \
-            or (integer and not isinstance(v, int)):
+    if not is_number(v) or (integer and not isinstance(v, int)):
         raise w.error(field, kind, v)
     if lo is not None and (v <= lo if strict else v < lo):
         raise w.error(field, f"{kind} {'>' if strict else '>='} {lo:g}", v)
@@ -271,17 +268,6 @@ def _custom(d: dict, w: _Where, name: str, model_bytes: float, fields: dict) -> 
     return custom_job(name, tasks, flows, model_bytes, **fields)
 
 
-def _read_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise JobError(f"{path}: cannot read: {e.strerror}") from None
-    except (yaml.YAMLError, ValueError) as e:  # ValueError: bad UTF-8, a date like 2020-13-45
-        raise JobError(f"{path}: not valid YAML: {e}") from None
-    except RecursionError:
-        raise JobError(f"{path}: not valid YAML: nested too deeply") from None
-
-
 @dataclass(frozen=True)
 class JobDocument:
     """One job as a file gives it: where it came from, its mapping (what travels to the Master)
@@ -306,7 +292,7 @@ def load_job_documents(path: str | Path) -> list[JobDocument]:
     docs: list[JobDocument] = []
     seen: dict[str, Path] = {}
     for file in files:
-        doc = _read_yaml(file)
+        doc = read_yaml(file, JobError)
         if isinstance(doc, dict) and "jobs" in doc:
             if set(doc) != {"jobs"} or not isinstance(doc["jobs"], list) or not doc["jobs"]:
                 raise JobError(f"{file}: expected `jobs:` with a non-empty list of jobs and "

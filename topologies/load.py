@@ -80,16 +80,28 @@ LINK_KEYS = {"ends", "bw_mbps", "delay_ms", "ports"}
 TOP_KEYS = {"name", "description", "defaults", "nodes", "switches", "links"}
 
 
-def _from_yaml(path: Path) -> Topology:
+def read_yaml(path: Path, error: type[Exception]) -> Any:
+    """A YAML file's document; an unreadable or invalid file raises `error` naming the file (the
+    loaders of topologies, jobs and scenarios each have their own error type)."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, ValueError) as e:  # ValueError: bad UTF-8, a date like 2020-13-45
-        raise TopologyError(f"{path}: not valid YAML: {e}") from None
-    except RecursionError:
-        raise TopologyError(f"{path}: not valid YAML: nested too deeply") from None
+        return yaml.safe_load(path.read_text())
     except OSError as e:
-        raise TopologyError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_topology(doc, str(path), default_name=path.stem)
+        raise error(f"{path}: cannot read: {e.strerror}") from None
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: bad UTF-8, a date like 2020-13-45
+        raise error(f"{path}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise error(f"{path}: not valid YAML: nested too deeply") from None
+
+
+def is_number(value: Any) -> bool:
+    """A YAML/JSON number usable as a float: not a bool, not nan or ±inf, and (an integer) not
+    beyond the float range."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) \
+        and -sys.float_info.max < value < sys.float_info.max
+
+
+def _from_yaml(path: Path) -> Topology:
+    return parse_topology(read_yaml(path, TopologyError), str(path), default_name=path.stem)
 
 
 def parse_topology(doc: Any, where: str, default_name: str = "topology") -> Topology:
@@ -255,8 +267,7 @@ def _number(item: dict, key: str, where: str, el: str, default: Any = None,
         if required:
             raise TopologyError(f"{where}: {el}: '{key}' is missing (expected a number)")
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not -sys.float_info.max < value < sys.float_info.max:
+    if not is_number(value):
         raise TopologyError(f"{where}: {el}: '{key}' must be a number, got {value!r}")
     if low is not None and value < low:
         raise TopologyError(f"{where}: {el}: '{key}' must be ≥ {low}, got {value}")

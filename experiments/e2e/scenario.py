@@ -4,12 +4,9 @@ file, the field and what was expected."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import yaml
 
 from master.scheduling import QUEUES
 from scheduler import compose
@@ -18,7 +15,7 @@ from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_
 from scheduler.metrics import packable
 from scheduler.model import Cluster
 from scheduler.multi import make_policy
-from topologies import Topology, load_topology
+from topologies import Topology, is_number, load_topology, read_yaml
 
 HERE = Path(__file__).resolve().parent.parent
 REPO = HERE.parent
@@ -63,19 +60,11 @@ SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "time
                  "background", "jobs", "link_scale"}
 BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon"}
 TRAFFIC_CPU, TRAFFIC_MEM_MB = 0.25, 64  # an iperf3 end at most; less on a smaller node
-_FLOAT_MAX = sys.float_info.max  # numbers must be finite (and a YAML integer within a float)
 
 
 def load_scenario(path: Path) -> Scenario:
     where = str(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ScenarioError(f"{where}: cannot read: {e.strerror}") from None
-    except (yaml.YAMLError, ValueError) as e:  # ValueError: bad UTF-8, a date like 2020-13-45
-        raise ScenarioError(f"{where}: not valid YAML: {e}") from None
-    except RecursionError:
-        raise ScenarioError(f"{where}: not valid YAML: nested too deeply") from None
+    doc = read_yaml(path, ScenarioError)
     if not isinstance(doc, dict):
         raise ScenarioError(f"{where}: expected a mapping with {', '.join(sorted(SCENARIO_KEYS))}")
 
@@ -95,11 +84,10 @@ def load_scenario(path: Path) -> Scenario:
     seeds, timeout = doc.get("seeds", 1), doc.get("timeout_s", 600)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise bad("seeds", "an integer >= 1")
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
-            or not 0 < timeout < _FLOAT_MAX:  # also refuses nan and inf
+    if not is_number(timeout) or timeout <= 0:
         raise bad("timeout_s", "a number of seconds > 0")
     scale = doc.get("link_scale", 1.0)
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale <= 10:
+    if not is_number(scale) or not 0 < scale <= 10:
         raise bad("link_scale", "a number in (0, 10]")
     jobs = doc.get("jobs")
     if isinstance(jobs, str):
@@ -127,15 +115,12 @@ def load_scenario(path: Path) -> Scenario:
 def _background(b: object, where: str) -> Background:
     expected = ("{src: NODE, dst: NODE, mbps: RATE > 0, path: [SWITCH, ...] (optional), "
                 "start_s: SECONDS >= 0 (optional), cordon: true|false (optional)}")
-    number = (int, float)
     if not isinstance(b, dict) or set(b) - BACKGROUND_KEYS or \
             not isinstance(b.get("src"), str) or not isinstance(b.get("dst"), str) or \
-            not isinstance(b.get("mbps"), number) or isinstance(b["mbps"], bool) or \
-            not 0 < b["mbps"] < _FLOAT_MAX or not isinstance(b.get("path", []), list) or \
+            not is_number(b.get("mbps")) or b["mbps"] <= 0 or \
+            not isinstance(b.get("path", []), list) or \
             not all(isinstance(v, str) for v in b.get("path", [])) or \
-            not (b.get("start_s") is None or (isinstance(b["start_s"], number) and
-                                              not isinstance(b["start_s"], bool) and
-                                              0 <= b["start_s"] < _FLOAT_MAX)) or \
+            not (b.get("start_s") is None or (is_number(b["start_s"]) and b["start_s"] >= 0)) or \
             not isinstance(b.get("cordon", True), bool):
         raise ScenarioError(f"{where}: expected {expected}, got {b!r}")
     start = b.get("start_s")
