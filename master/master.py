@@ -303,21 +303,21 @@ class Master:
                 return
             for rec, _ in moved:
                 self._release(rec.name)
+            # Recorded with the change, before the push: nobody sees the network moved and the
+            # job's record not saying so.
+            now = time.time()
             for rec, decision in moved:
                 self.cluster.allocate(rec.job, decision)
                 self.network.add(rec.job, decision)
                 rec.current.decision = decision
-            state = self._desired()
-        self._push_quietly(state)
-        now = time.time()
-        with self.lock:
-            for rec, decision in moved:
                 where = ", ".join(f"{f.src}->{f.dst} {'-'.join(f.path[1:-1])} "
                                   f"{f.rate_mbps:.1f}" for f in decision.flows)
                 rec.current.info["adjustments"].append(
                     {"at": now, "links": sorted(f"{u}>{v}" for u, v in hot), "flows": where})
                 rec.log(now, f"re-routed ({', '.join(sorted(f'{u}>{v}' for u, v in hot))} "
                              f"contended): {where}")
+            state = self._desired()
+        self._push_quietly(state)
 
     def _reroute(self, hot: set[tuple[str, str]]) -> list[tuple[JobRecord, Decision]]:
         """New paths and rates for the adjustable jobs that use a `hot` link, and for those that
