@@ -173,7 +173,7 @@ class MasterApi:
                 self.m.scheduler.configure(body["algorithm"], body.get("seed", 0),
                                            body.get("queue") or "fifo-backfill")
             except UnknownAlgorithm as e:
-                raise ApiError(400, str(e)) from None
+                raise ApiError(400, str(e), e.field) from None
             return self._scheduler_view()
 
     def _post_job(self, req: Request) -> tuple[int, dict]:
@@ -199,7 +199,7 @@ class MasterApi:
                 rec = m.manager.submit(job, algorithm)
                 m.scheduler.submitted(job, rec.submitted_at)
             except UnknownAlgorithm as e:
-                raise ApiError(400, str(e)) from None
+                raise ApiError(400, str(e), e.field) from None
             except ManagerError as e:
                 raise ApiError(e.status, str(e)) from None
             view = self.job_view(rec)

@@ -30,7 +30,12 @@ NO_PREEMPTION = replace(MultiConfig(), preempt_ratio=None, reserve_preempts=Fals
 
 
 class UnknownAlgorithm(ValueError):
-    """A scheduler or queue name that is not known, or whose algorithm cannot be built."""
+    """A scheduler or queue name that is not known, or whose algorithm cannot be built;
+    `field`: the request field that named it."""
+
+    def __init__(self, message: str, field: str = "algorithm"):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -65,7 +70,8 @@ class Scheduler:
         re-created: seeded at construction). Fails, changing nothing, when the algorithm cannot
         be built (e.g. a missing checkpoint)."""
         if queue not in QUEUES:
-            raise UnknownAlgorithm(f"unknown queue policy '{queue}' (known: {', '.join(QUEUES)})")
+            raise UnknownAlgorithm(f"unknown queue policy '{queue}' (known: {', '.join(QUEUES)})",
+                                   "queue")
         policy = self._build(queue, self._check(default), seed)
         self._policies = {default: policy}
         self.default, self.seed, self.queue = default, seed, queue
