@@ -10,8 +10,8 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (sudo make ...): the testbed creates namespaces, bridges and containers"
 
 # --- system packages -------------------------------------------------------------------------
-PKGS=(openvswitch-switch mininet iproute2 ethtool iperf3 iperf iputils-ping net-tools telnet
-      debootstrap python3-venv python3-dev curl ca-certificates)
+PKGS=(openvswitch-switch openvswitch-testcontroller mininet iproute2 ethtool iperf3 iperf
+      iputils-ping net-tools telnet debootstrap python3-venv python3-dev curl ca-certificates)
 command -v dockerd >/dev/null 2>&1 || PKGS+=(docker.io)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -20,6 +20,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ " ${missing[*]} " == *" openvswitch-testcontroller "* ]]; then
+    # Mininet's reference controller, for Containernet scripts' `Controller` (started by them on
+    # loopback). Its Debian service would listen on :6653 on every interface: keep it off.
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now openvswitch-testcontroller >/dev/null 2>&1 || true
+    else
+      /etc/init.d/openvswitch-testcontroller stop >/dev/null 2>&1 || true
+    fi
+  fi
 fi
 
 # --- services ---------------------------------------------------------------------------------

@@ -5,9 +5,9 @@
         net.ping_all()
 """
 from .cleanup import cleanup, leftovers
-from .emulation import Emulation, EmulationError, detect_datapath
+from .containernet import Containernet, Docker, detect_datapath
+from .emulation import Emulation, EmulationError
 from .names import new_prefix
-from .node import DockerNode
 
-__all__ = ["DockerNode", "Emulation", "EmulationError", "cleanup", "detect_datapath",
+__all__ = ["Containernet", "Docker", "Emulation", "EmulationError", "cleanup", "detect_datapath",
            "leftovers", "new_prefix"]

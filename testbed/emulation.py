@@ -18,7 +18,6 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import docker
 import docker.errors
@@ -34,7 +33,8 @@ from edge import cgroups, tc, workers
 from . import ovs_sockets
 from .cleanup import PID_LABEL, cleanup
 from .names import Names, new_prefix
-from .node import DockerNet, DockerNode, EdgeSwitch, allow_congestion_control
+from .containernet import (Containernet, Docker, EdgeSwitch, allow_congestion_control,
+                           detect_datapath)
 
 log = logging.getLogger(__name__)
 PROJECT_LABEL = "ces.run"
@@ -47,11 +47,6 @@ TCP_CONGESTION_CONTROL = "cubic"
 
 class EmulationError(RuntimeError):
     pass
-
-
-def detect_datapath() -> str:
-    """'kernel' where the openvswitch module is loaded (ovs-ctl loads it), else 'user'."""
-    return "kernel" if Path("/sys/module/openvswitch").exists() else "user"
 
 
 class Emulation:
@@ -69,8 +64,8 @@ class Emulation:
         self.client = client or docker.from_env()
         self.converge_timeout_s = converge_timeout_s
         self.tcp_cc = tcp_cc
-        self.net: DockerNet | None = None
-        self.nodes: dict[str, DockerNode] = {}
+        self.net: Containernet | None = None
+        self.nodes: dict[str, Docker] = {}
         self.switches: dict[str, EdgeSwitch] = {}
         self.timings: dict[str, float] = {}  # up_s (built), converged_s (forwarding), down_s
         self._systemd_cgroups = False  # Docker's cgroup driver, learnt in start()
@@ -110,7 +105,8 @@ class Emulation:
             raise EmulationError(f"TCP congestion control of the nodes: {e}") from None
         t0 = time.monotonic()
         self._systemd_cgroups = self.client.info().get("CgroupDriver") == "systemd"
-        self.net = DockerNet(self.client)
+        self.net = Containernet(client=self.client, stop_at_exit=False, controller=None,
+                                build=False, listenPort=None)
         if self.controller:
             ip, port = self.controller
             self.net.addController("c0", controller=RemoteController, ip=ip, port=port)
@@ -182,15 +178,19 @@ class Emulation:
 
     # --- building blocks -------------------------------------------------------------------------
 
-    def _add_container(self, node: ComputeNode) -> DockerNode:
+    def _add_container(self, node: ComputeNode) -> Docker:
         assert self.net is not None
         name = self.names.container(node.name)
+        parent = cgroups.parent_name(self.names.cgroup_parent(node.name), self._systemd_cgroups)
         docker_node = self.net.addDocker(
-            name, dimage=self.image, cpu=node.cpu, mem_mb=node.mem_mb, hostname=node.name,
-            cgroup_parent=cgroups.parent_name(self.names.cgroup_parent(node.name),
-                                              self._systemd_cgroups),
-            labels=self._labels(node=node.name), tcp_cc=self.tcp_cc,
+            name, container_name=name, dimage=self.image, hostname=node.name,
+            network_mode="none", cgroup_parent=parent, labels=self._labels(node=node.name),
+            cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(node.cpu),
+            mem_limit=f"{node.mem_mb}m", memswap_limit=f"{node.mem_mb}m",
+            sysctls={"net.ipv4.tcp_congestion_control": self.tcp_cc},
             ip=f"{node.ip}/16", mac=node.mac)
+        # The parent caps the node container and every worker started under it together.
+        cgroups.set_limits(parent, node.cpu, node.mem_mb)
         self.nodes[node.name] = docker_node
         return docker_node
 
@@ -207,35 +207,28 @@ class Emulation:
 
     def _add_link(self, lk: Link):
         assert self.net is not None
-        a, b = (lk.a, lk.b) if lk.a in self.nodes or lk.b not in self.nodes else (lk.b, lk.a)
+        # A switch first: the veth pair is made in its (the root) namespace with the node's
+        # end created straight inside the container, where `eth0` clashes with nothing.
+        a, b = (lk.b, lk.a) if lk.a in self.nodes else (lk.a, lk.b)
         node1, if1, p1 = self._end(a, lk.port_of(a))
         node2, if2, p2 = self._end(b, lk.port_of(b))
-        # The veth pair is created in node1's namespace (a container first, so its end is
-        # `eth0` there without clashing with the host's eth0) and its peer moved to node2's.
-        macs = {"addr1": self.topo.node(a).mac} if a in self.nodes else {}
+        macs = {"addr2": self.topo.node(b).mac} if b in self.nodes else {}
         return self.net.addLink(node1, node2, port1=lk.port_of(a), port2=lk.port_of(b),
                                 intfName1=if1, intfName2=if2, **macs,
-                                params1=p1 | {"bw_mbps": lk.bw_mbps},
-                                params2=p2 | {"bw_mbps": lk.bw_mbps, "edge": "edge" in p1})
+                                params1=p1 | {"bw_mbps": lk.bw_mbps, "edge": "edge" in p2},
+                                params2=p2 | {"bw_mbps": lk.bw_mbps})
 
     def _pid(self, intf: Intf) -> int | None:
-        return intf.node.container_pid if isinstance(intf.node, DockerNode) else None
+        return intf.node.container_pid if isinstance(intf.node, Docker) else None
 
     def _prepare_interfaces(self, links) -> None:
-        """Checksum offload off (userspace datapath) and HTB shaping on both ends of `links`."""
+        """HTB shaping on both ends of `links` (Containernet.addLink did checksum offload)."""
         by_ends = {frozenset((lk.a, lk.b)): lk for lk in self.topo.links}
         for mlink in links:
             lk = by_ends[frozenset((self._topo_name(mlink.intf1.node),
                                     self._topo_name(mlink.intf2.node)))]
             for intf in (mlink.intf1, mlink.intf2):
-                pid = self._pid(intf)
-                if self.datapath == "user":
-                    # The userspace datapath does not complete checksums the veth left to
-                    # hardware: TCP would hang while ping works.
-                    prefix = [] if pid is None else ["nsenter", "-t", str(pid), "-n"]
-                    subprocess.run(prefix + ["ethtool", "-K", intf.name, "tx", "off"],
-                                   capture_output=True, check=True)
-                tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, pid)
+                tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, self._pid(intf))
 
     def _enlarge_port_buffers(self, ports: list[str]) -> None:
         """Room for the userspace datapath to fall behind without dropping (ovs_sockets)."""
@@ -336,12 +329,12 @@ class Emulation:
         """Run a shell command inside the node's container: (exit code, output)."""
         return self._node(node).exec(command)
 
-    def _node(self, name: str) -> DockerNode:
+    def _node(self, name: str) -> Docker:
         if name not in self.nodes:
             raise EmulationError(f"no compute node '{name}' (have: {', '.join(self.nodes)})")
         return self.nodes[name]
 
-    def add_node(self, node: ComputeNode, link: Link) -> DockerNode:
+    def add_node(self, node: ComputeNode, link: Link) -> Docker:
         """Add a compute node at run time, attached by `link` to an existing switch."""
         assert self.net is not None
         switch = link.other(node.name)
@@ -356,11 +349,10 @@ class Emulation:
         self.topo = dataclasses.replace(self.topo, nodes=self.topo.nodes + [node],
                                         links=self.topo.links + [link])
         docker_node = self._add_container(node)
-        mlink = self._add_link(link)
+        mlink = self._add_link(link)  # attached to the running switch by Containernet
         docker_node.configDefault()
         self._prepare_interfaces([mlink])
-        self.switches[switch].attach(mlink.intf2)
-        self._enlarge_port_buffers([mlink.intf2.name])
+        self._enlarge_port_buffers([mlink.intf1.name])
         if self.controller is None:
             self.wait_converged(self.converge_timeout_s)  # the new port starts discarding
         return docker_node
@@ -371,7 +363,8 @@ class Emulation:
         docker_node = self._node(name)
         for w in workers.find_workers(self.client, self.names.worker(name, "")):
             w.remove(force=True)
-        self.net.removeDocker(docker_node.name)
+        self.net.removeDocker(docker_node)
+        cgroups.remove(docker_node.cgroup_parent)  # its workers are gone already
         del self.nodes[name]
         self.topo = dataclasses.replace(
             self.topo, nodes=[n for n in self.topo.nodes if n.name != name],
@@ -412,8 +405,20 @@ class Emulation:
 
     def update_node(self, name: str, cpu: float | None = None, mem_mb: int | None = None) -> None:
         """Change a node's CPU/memory capacity (node container and the cgroup of its workers)."""
+        docker_node = self._node(name)
+        parent = docker_node.cgroup_parent
+        old_cpu, old_mem = cgroups.limits(parent)
+        cpu = old_cpu if cpu is None else cpu
+        mem_mb = old_mem if mem_mb is None else mem_mb
         try:
-            self._node(name).update(cpu, mem_mb)
+            # cgroup v1 refuses a child CPU quota above its parent's: widen the parent first,
+            # narrow it last.
+            if cpu >= old_cpu:
+                cgroups.set_limits(parent, cpu, max(mem_mb, old_mem))
+            docker_node.updateCpuLimit(cpu_period=cgroups.PERIOD_US,
+                                       cpu_quota=cgroups.quota_us(cpu))
+            docker_node.updateMemoryLimit(mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
+            cgroups.set_limits(parent, cpu, mem_mb)
         except (OSError, docker.errors.APIError) as e:
             raise EmulationError(f"update_node {name} (cpu={cpu}, mem_mb={mem_mb}): {e} — the "
                                  "node's workers or its memory in use may exceed the new limit")
@@ -426,7 +431,8 @@ class Emulation:
         env = {"GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
         return workers.start_worker(
             self.client, self.image, self.names.worker(node, name), command, cpu, mem_mb, env,
-            node_container=docker_node.name, cgroup_parent=docker_node.cgroup_parent,
+            node_container=docker_node.container.name,
+            cgroup_parent=docker_node.cgroup_parent,
             labels=self._labels(node=node, worker=name))
 
     def ping_all(self, timeout_s: float = 1.0) -> float:

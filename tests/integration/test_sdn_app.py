@@ -83,15 +83,18 @@ class ControllerProcess:
         self.client = SdnClient(f"http://127.0.0.1:{self.rest_port}", timeout_s=20)
         self.proc: subprocess.Popen | None = None
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "sdn_app", "--topo", str(self.topo_file),
+                "--of-port", str(self.of_port), "--of-host", "127.0.0.1",
+                "--rest", f"127.0.0.1:{self.rest_port}", "--stats-interval", "0.5",
+                "--state", str(self.state), "--lldp"]
+
     def start(self) -> None:
         with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sdn_app", "--topo", str(self.topo_file),
-                 "--of-port", str(self.of_port), "--of-host", "127.0.0.1",
-                 "--rest", f"127.0.0.1:{self.rest_port}", "--stats-interval", "0.5",
-                 "--state", str(self.state), "--lldp"],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1"})
+            self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log,
+                                         stderr=subprocess.STDOUT,
+                                         env=os.environ | {"PYTHONUNBUFFERED": "1",
+                                                           "PYTHONPATH": str(REPO)})
 
         def answering() -> bool:
             assert self.proc.poll() is None, f"controller exited:\n{self.log.read_text()}"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import node
+from testbed import containernet as node
 
 
 @pytest.fixture
