@@ -44,7 +44,7 @@ from ..baselines import NetworkAware, register
 from ..env import (JOB_FEATURES, NODE_FEATURES, STEP_FEATURES, EnvConfig, GraphInput,
                    PlacementEpisode, StepObservation, TrainingInstances, episode_return)
 from ..model import CannotPlace, Cluster, Decision, Job
-from ..ppo import _plain, threads
+from ..ppo import _plain, mlp, threads
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "eade" / "ces_eade_ddpg.pt"
 FEATURES = NODE_FEATURES + STEP_FEATURES + JOB_FEATURES  # per node token
@@ -131,7 +131,7 @@ class Actor(nn.Module):
     def __init__(self, features: int, hidden: int):
         super().__init__()
         self.encoder = NodeAttention(features, hidden)
-        self.head = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.head = mlp(2 * hidden, hidden, 1)
 
     def forward(self, x: Tensor, real: Tensor) -> Tensor:
         """(B, N) scores in [-1, 1]."""
@@ -147,7 +147,7 @@ class Critic(nn.Module):
         super().__init__()
         self.temperature = temperature
         self.encoder = NodeAttention(features + 1, hidden)
-        self.head = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.head = mlp(2 * hidden, hidden, 1)
 
     def forward(self, x: Tensor, mask: Tensor, real: Tensor, action: Tensor) -> Tensor:
         w = torch.softmax((action / self.temperature).masked_fill(~mask, -1e9), dim=1)
