@@ -205,14 +205,14 @@ def gap_to_exact(n: int, seed: int, budgets: list[int]) -> dict:
     return out
 
 
-def latency(reps: int, seed: int) -> dict:
-    """Warm: repeated decisions on one cluster (its candidate routes known). Cold: each on a
-    fresh copy of the cluster's graph, so the k shortest paths are computed inside `place`.
-    Wall time, and the process's CPU time (what the decision costs when the machine is shared:
-    wall time then also counts waiting for a core)."""
+def latency(reps: int, seed: int, name: str = "ces-ppo") -> dict:
+    """Decision latency of algorithm `name`. Warm: repeated decisions on one cluster (its
+    candidate routes known). Cold: each on a fresh copy of the cluster's graph, so the k shortest
+    paths are computed inside `place`. Wall time, and the process's CPU time (what the decision
+    costs when the machine is shared: wall time then also counts waiting for a core)."""
     topo = "gabriel/100/0"
     cluster = make_instance(Cluster.from_topology(load_topology(topo)), seed, 0.5)
-    algo = make_algorithm("ces-ppo")
+    algo = make_algorithm(name)
     algo.place(cluster, RING8)  # warm-up
     runs: dict[str, list[tuple[float, float]]] = {"warm": [], "cold": []}
     for _ in range(reps):
@@ -323,9 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
     torch.set_num_threads(1)
-    rng = np.random.default_rng(args.seed)
-    jobs = load_jobs(ROOT / "workloads" / "jobs") + \
-        [random_job(rng, f"random{i}") for i in range(args.random_jobs)]
+    jobs = benchmark_jobs(args.seed, args.random_jobs)
     load_before = os.getloadavg()
     t0 = time.time()
     doc = {"seeds": args.seeds, "seed": args.seed, "jobs": [j.name for j in jobs],
@@ -346,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
     plot_tradeoff(doc, args.out.parent / "tradeoff.png")
     _table(doc)
     return 0
+
+
+def benchmark_jobs(seed: int, random_jobs: int) -> list:
+    """The example jobs of workloads/jobs, then `random_jobs` `instances.random_job` jobs."""
+    rng = np.random.default_rng(seed)
+    return load_jobs(ROOT / "workloads" / "jobs") + \
+        [random_job(rng, f"random{i}") for i in range(random_jobs)]
 
 
 def _budgets(text: str) -> list[int]:

@@ -51,7 +51,8 @@ class Algorithm(Protocol):
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 # Algorithms defined in modules of their own, imported on first use (they register themselves).
-PLUGINS = {"exact": "scheduler.exact", "ces-ppo": "scheduler.ppo"}
+PLUGINS = {"exact": "scheduler.exact", "ces-ppo": "scheduler.ppo",
+           "eade-ddpg": "scheduler.eade.ces"}
 
 
 def register(name: str) -> Callable:

@@ -1,0 +1,91 @@
+"""The paper's heuristic baselines at cluster level, and the expert that fills EADE's buffer.
+
+The baselines are the cluster-level forms of `scheduler.baselines`' host-level rules. They see
+what the RL agents see — each cluster's aggregate remaining resources (`MultiCluster.free`) and
+the task — and consider the clusters whose aggregate covers the request (`aggregate_fit`); with
+none, they wait. Whether the chosen cluster can really host the task (its hosts and cards) only
+the member cluster knows: a fragmented cluster fails the deployment.
+  random       uniform among those clusters (seed 004's Random; `random`).
+  greedy       the first of them in cluster order (Greedy; `first-fit`).
+  bestfit      the one left with the least free resources: min Σ_r (free_r - d_r) / max_r, max_r
+               the largest cluster capacity of r (BestFit; `best-fit`).
+  utilization  the one whose free resources are most proportional to the request:
+               max cosine(d_r / cap_r, free_r / cap_r) (Utilization; `utilization`).
+The expert (§3.2, "expert demonstrations"): for every cluster that can host the task, the
+reward the deployment would earn by eqs. (15)–(17); the best one, else wait. It asks the member
+clusters whether they can host the task — historical deployment records know which deployments
+succeeded — so it never fails; it fills EADE-DDPG's expert buffer and is reported for reference.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .env import MultiClusterEnv, deployment_reward
+
+
+def _candidates(env: MultiClusterEnv) -> np.ndarray:
+    return np.flatnonzero(env.cluster.aggregate_fit(env.task))
+
+
+def greedy(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    fits = _candidates(env)
+    return int(fits[0]) if len(fits) else env.setting.wait
+
+
+def random_choice(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    fits = _candidates(env)
+    return int(rng.choice(fits)) if len(fits) else env.setting.wait
+
+
+def bestfit(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    fits = _candidates(env)
+    if not len(fits):
+        return env.setting.wait
+    c = env.cluster
+    leftover = (c.free()[fits] - env.task) / c.capacity.max(axis=0)
+    return int(fits[np.argmin(leftover.sum(axis=1))])
+
+
+def utilization(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    fits = _candidates(env)
+    if not len(fits):
+        return env.setting.wait
+    cap = env.cluster.capacity[fits]
+    want = env.task / cap
+    have = env.cluster.free()[fits] / cap
+    norm = np.linalg.norm(want, axis=1) * np.linalg.norm(have, axis=1)
+    cosine = np.divide((want * have).sum(axis=1), norm, out=np.zeros(len(fits)), where=norm > 0)
+    return int(fits[np.argmax(cosine)])
+
+
+def expert(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    c, task = env.cluster, env.task
+    hosts = np.flatnonzero(c.true_fit(task))
+    if not len(hosts):
+        return env.setting.wait
+    best, best_reward = env.setting.wait, -np.inf
+    used = c.used()
+    for n in hosts:  # eq. (15)–(17) as if deployed; aggregate use is all the score needs
+        after = used.copy()
+        after[n] += task
+        r = deployment_reward(after / c.capacity, int(n), env.setting.tau)
+        if r > best_reward:
+            best, best_reward = int(n), r
+    return best
+
+
+HEURISTICS: dict[str, Callable[[MultiClusterEnv, np.random.Generator], int]] = {
+    "BestFit": bestfit, "Greedy": greedy, "Random": random_choice, "Utilization": utilization}
+
+
+def run_episode(env: MultiClusterEnv, choose: Callable[[MultiClusterEnv], int],
+                tasks: np.ndarray | None = None, seed: int | None = None) -> dict[str, float]:
+    """One episode with a discrete chooser; the episode's metrics."""
+    env.reset(seed=seed, options=None if tasks is None else {"tasks": tasks})
+    while True:
+        _, _, done, _, info = env.choose(choose(env))
+        if done:
+            return info["metrics"]
+
