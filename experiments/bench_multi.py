@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parse_arrivals(arrivals)
         if args.seed_systems:
+            for topo in args.seed_topos.split(","):  # a typo fails now, not after the paper runs
+                load_topology(topo)
             result = seed_systems(args.seeds, args.seed_topos.split(","), single)
             (out / "seeds.json").write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))

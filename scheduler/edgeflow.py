@@ -34,6 +34,7 @@ number of workers); λ is one number for all edge nodes; no running job is preem
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -165,9 +166,12 @@ class EdgeFlow:
         state = (rnd.epoch, frozenset(view.offline))  # placements since only fill it up
         if self._failed.get(key) == state or not FreeSpace.of(view).may_fit(granted):
             return None
+        start = time.perf_counter()
         try:
             return self.algorithm.place(view, granted)
         except CannotPlace:
             self._failed[key] = state
             return None
+        finally:  # every attempt, as `Round.try_place` counts them (decision_ms)
+            js.decision_s.append(time.perf_counter() - start)
 

@@ -52,6 +52,7 @@ def test_running_jobs_get_their_minimum_satisfactory_share_again_at_every_event(
     assert a.migrations == 0 and a.preemptions == 0  # same node: no migration, no restart
     summary = result.summary()
     assert summary["deadline_satisfaction"] == 1.0 and summary["migrations_per_job"] == 0.0
+    assert summary["decision_ms"] > 0  # its placements are timed like every policy's
 
 
 def test_a_job_offloaded_to_an_idle_edge_node_migrates_when_the_node_turns_busy():
