@@ -4,6 +4,7 @@ chose CES-Multi's defaults.
 
     python experiments/bench_multi.py --seeds 5            # → results/multi/*.json + tables
     python experiments/bench_multi.py --sweep --seeds 3    # → results/multi/sweep.json
+    python experiments/bench_multi.py --seed-systems --seeds 5   # → results/multi/seeds.json
 
 Figures: on each topology of --topos (default campus, fattree and the real Abilene backbone from
 topohub), --jobs jobs per seed (`arrivals.JobMix`) under --arrivals (default: bursty arrivals at
@@ -13,6 +14,12 @@ with the same single-job algorithm (--single, default `multi.default_algorithm()
 and the issue's targets (CES-Multi best or within 5 % of the best on balance, bandwidth
 satisfaction and average wait; its maximum wait below fifo-backfill's) are printed and saved in
 results/multi/summary.json.
+
+Seed systems (issue 24, docs/seeds-multi.md): TapFinger against Tiresias (LAS), Optimus-like,
+Random and Min in TapFinger's own setting (average JCT in slots, `tapfinger.paper.compare`, the
+checkpoint's "paper" network); EdgeFlow against EDF and ElasticFlow-like admission on tidal edge
+nodes (`SEED_ARRIVALS` on --seed-topos: every job with a deadline, as in seed 001), the deadline
+satisfaction ratio and migrations per job.
 
 Sweep: coordinate descent over CES-Multi's knobs (`SWEEP`, in that order), starting from the
 MultiConfig defaults; each value is scored on --sweep-topos × seeds by
@@ -55,6 +62,8 @@ SWEEP: list[tuple[str, list]] = [
     ("age_every_s", [900.0, 3600.0, 14400.0]),
     ("max_reservations", [1, 2, 4]),
 ]
+SEED_ARRIVALS = "bursty:n=500,load=0.7,tidal=1,deadline_share=1"
+SEED_POLICIES = "edgeflow,elasticflow,edf"
 WAIT_FLOOR_S = 60.0  # keeps waits of seconds on a lightly loaded network from dominating J
 TARGET_BETTER = {"balance_std": min, "bw_satisfaction": max, "avg_wait_s": min}
 
@@ -136,6 +145,41 @@ def targets(result: dict) -> dict:
     return out
 
 
+def seed_systems(seeds: int, topos: list[str], single: str) -> dict:
+    """The seed systems' figures (module doc): mean ± sd over seeds 0..seeds-1."""
+    import torch
+
+    from scheduler.evaluate import RunProgress, mean_std
+    from scheduler.tapfinger import paper
+    from scheduler.tapfinger.net import load
+    from scheduler.tapfinger.policy import CHECKPOINT
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    net = load(CHECKPOINT, "paper", paper.DIMS, paper.GRID)
+    with RunProgress(5 * seeds) as progress:
+        jct = paper.compare(net, seeds, progress=progress.start)
+    tf = statistics.fmean(jct["tapfinger"])
+    out = {"machine": machine_info(), "seeds": seeds, "tapfinger_paper_setting": {
+        "setting": asdict(paper.PaperSetting()), "avg_jct_slots": {
+            k: mean_std(v) | {"runs": v} for k, v in jct.items()},
+        "tapfinger_vs": {k: tf / statistics.fmean(v) - 1 for k, v in jct.items()
+                         if k != "tapfinger"},
+        "paper_claim_vs_tiresias": -0.549, "wall_s": time.perf_counter() - start}}
+    out["edgeflow"] = {}
+    for topo in topos:
+        start = time.perf_counter()
+        result = evaluate_multi(argparse.Namespace(topo=topo, arrivals=SEED_ARRIVALS,
+                                                   algos=SEED_POLICIES, seeds=seeds,
+                                                   single=single))
+        out["edgeflow"][topo] = {
+            "arrivals": SEED_ARRIVALS, "single": single, "wall_s": time.perf_counter() - start,
+            **{k: {m: result["algorithms"][k][m] for m in
+                   ("deadline_satisfaction", "migrations_per_job", "avg_wait_s", "jct_s")}
+               for k in SEED_POLICIES.split(",")}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -149,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/multi")
     ap.add_argument("--sweep", action="store_true", help="run the sweep of CES-Multi's knobs")
     ap.add_argument("--sweep-topos", default="campus,topozoo/Abilene")
+    ap.add_argument("--seed-systems", action="store_true",
+                    help="TapFinger's and EdgeFlow's figures (results/multi/seeds.json)")
+    ap.add_argument("--seed-topos", default="campus")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         print("bench_multi: --seeds and --jobs must be ≥ 1", file=sys.stderr)
@@ -165,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         (f",{args.arrivals.split(':', 1)[1]}" if ":" in args.arrivals else "")
     try:
         parse_arrivals(arrivals)
+        if args.seed_systems:
+            for topo in args.seed_topos.split(","):  # a typo fails now, not after the paper runs
+                load_topology(topo)
+            result = seed_systems(args.seeds, args.seed_topos.split(","), single)
+            (out / "seeds.json").write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))
+            return 0
         if args.sweep:
             result = sweep(args.sweep_topos.split(","), arrivals, args.seeds, single)
             result["machine"] = machine_info()
@@ -193,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" × the best  ({result['wall_s']:.0f} s)\n", flush=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {out}/")
-    except (ArrivalError, TopologyError, ValueError) as e:
+    except (ArrivalError, TopologyError, ValueError, FileNotFoundError) as e:
         print(f"bench_multi: {e}", file=sys.stderr)
         return 2
     return 0

@@ -187,7 +187,7 @@ def print_table(doc: dict[str, Any]) -> None:
 MULTI_METRICS = ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction",
                  "balance_std", "balance_std_arrivals", "fairness", "deadline_hit_rate",
                  "utilisation", "finished", "unfinished", "preemptions", "decision_ms",
-                 "events_per_s")
+                 "events_per_s", "deadline_satisfaction", "migrations_per_job")
 
 
 def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,
@@ -227,11 +227,49 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
     out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
                  "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
                  "ces_multi_config": asdict(config), "machine": machine_info(), "algorithms": {}}
-    for name in names:
-        runs = [run_policy(name, cluster, spec, seed, single, config)
-                for seed in range(args.seeds)]
-        out["algorithms"][name] = {m: mean_std([r[m] for r in runs]) for m in MULTI_METRICS}
+    with RunProgress(len(names) * args.seeds) as progress:
+        for name in names:
+            runs = []
+            for seed in range(args.seeds):
+                progress.start(f"{topo.name}: {name}, seed {seed + 1}/{args.seeds}")
+                runs.append(run_policy(name, cluster, spec, seed, single, config))
+            out["algorithms"][name] = {m: mean_std([r[m] for r in runs]) for m in MULTI_METRICS}
     return out
+
+
+class RunProgress:
+    """Which run of a long evaluation is under way, on stderr: a rich progress bar on a terminal,
+    a line per run (with the previous one's time) in a log."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import Progress, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.bar = Progress(*Progress.get_default_columns(), TimeElapsedColumn(),
+                            console=self.console, transient=True) \
+            if self.console.is_terminal else None
+        self.total, self.done, self.since = total, -1, time.perf_counter()
+
+    def __enter__(self) -> RunProgress:
+        if self.bar:
+            self.bar.start()
+            self.task = self.bar.add_task("", total=self.total)
+        return self
+
+    def start(self, what: str) -> None:
+        """Run number done + 1 begins: `what` names it (topology, policy, seed)."""
+        self.done += 1
+        if self.bar:
+            self.bar.update(self.task, completed=self.done, description=what)
+        else:
+            took = f" (last {time.perf_counter() - self.since:.0f} s)" if self.done else ""
+            print(f"[{self.done + 1}/{self.total}] {what}{took}", file=sys.stderr, flush=True)
+        self.since = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        if self.bar:
+            self.bar.stop()
 
 
 def multi_table(result: dict) -> str:
@@ -239,7 +277,7 @@ def multi_table(result: dict) -> str:
     cols = [("avg_wait_s", "avg wait s"), ("p95_wait_s", "p95 wait s"), ("max_wait_s", "max wait s"),
             ("jct_s", "JCT s"), ("bw_satisfaction", "bw sat"), ("balance_std", "util std"),
             ("balance_std_arrivals", "std arriving"), ("fairness", "Jain"),
-            ("deadline_hit_rate", "deadline hit")]
+            ("deadline_hit_rate", "deadline hit"), ("migrations_per_job", "migr/job")]
     head = f"{'policy':<14}" + "".join(f"{h:>14}" for _, h in cols)
     lines = [f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "
              f"{result['seeds']} seeds, single-job algorithm {result['single_job_algorithm']}",

@@ -59,6 +59,14 @@ Baselines (all backfill past jobs that do not fit, except strict FIFO):
                  admitted while now + its nominal remaining run time still meets its deadline;
                  once it cannot, it is demoted for good — then the rest (demoted and
                  deadline-free jobs) in arrival order.
+  min            TapFinger's Min (seed 002): random order, each job at its minimum (what it asked).
+  optimus        TapFinger's Optimus-like baseline: minimum shares in arrival order, then spare
+                 cpu to the running jobs by marginal gain of a fitted speed curve (elastic).
+  edgeflow       seed 001 (`edgeflow.py`): deadline-aware elastic shares on always-on nodes
+                 plus idle tidal edge nodes, re-allocated at every event; `elasticflow` the
+                 same on the always-on nodes only (ElasticFlow-like admission).
+  tapfinger      seed 002 (`tapfinger/`): one MAPPO agent per node picks a job and a cpu share
+                 × bandwidth level; a Bayes arbiter settles conflicts (needs its checkpoint).
 """
 from __future__ import annotations
 
@@ -72,9 +80,10 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from .baselines import Algorithm, algorithm_names, make_algorithm
+from .edgeflow import EdgeFlow, EdgeFlowConfig
 from .metrics import load_balance, node_utilisation, predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job
-from .rounds import FreeSpace, JobState, Round
+from .rounds import ELASTIC_SHARES, FreeSpace, JobState, Round, scale_job
 
 # The single-job scheduler CES-Multi uses until CES-PPO is registered (bench_scheduler's best
 # heuristic on bandwidth satisfaction and iteration time).
@@ -179,6 +188,88 @@ class Edf(Fifo):
                           key=lambda j: (j.submit + j.job.deadline, j.seq))
         for js in admitted + [j for j in rnd.queue if not j.admitted]:
             rnd.try_place(js)
+
+
+@dataclass
+class Min(Fifo):
+    """TapFinger's Min baseline: queued jobs in random order, each started with its minimum
+    allocation — in CES what it asked — with backfilling."""
+    seed: int = 0
+    name: ClassVar[str] = "min"
+    rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+
+    def schedule(self, rnd: Round) -> None:
+        queue = list(rnd.queue)
+        for i in self.rng.permutation(len(queue)):
+            rnd.try_place(queue[i])
+
+
+@dataclass
+class Optimus(Fifo):
+    """Optimus-like (TapFinger's baseline, after Optimus, EuroSys'18): each round every running
+    job falls back to its minimum share (what it asked), queued jobs start in arrival order at
+    that share while they fit, then the spare cpu of the nodes goes one share step at a time to
+    the running job whose remaining time the step shortens most per core. The remaining time
+    comes from a speed curve fitted per job: iteration time t(s) = θ0/s + θ1 at cpu share s,
+    least squares over profiles at `PROFILE` shares (Optimus profiles a job at a few resource
+    configurations; here the profile is the shared iteration-time model on the job's nodes).
+    Shares change in place: the job keeps its nodes, paths and rates (no migration)."""
+    shares: tuple[float, ...] = ELASTIC_SHARES
+    name: ClassVar[str] = "optimus"
+    reallocates: ClassVar[bool] = True
+    PROFILE: ClassVar[tuple[float, ...]] = (1.0, 2.0, 4.0)
+
+    def schedule(self, rnd: Round) -> None:
+        for js in list(rnd.running):
+            if js.granted is not None:
+                rnd.regrant(js, None)
+        for js in list(rnd.queue):
+            rnd.try_place(js)
+        level = {js: 0 for js in rnd.running + rnd.placed}
+        curve = {js: speed_curve(rnd.cluster, js, self.PROFILE) for js in level}
+        free = {n: rnd.cluster.free(n).cpu for n in rnd.cluster.compute_nodes(online_only=True)}
+        while True:
+            best, gain = None, 0.0
+            for js, k in level.items():
+                if k + 1 == len(self.shares):
+                    continue
+                step = self.shares[k + 1] - self.shares[k]
+                need = cores_by_node(js, step)
+                if any(c > free.get(n, 0.0) + 1e-9 for n, c in need.items()):
+                    continue
+                t0, t1 = (curve[js][0] / s + curve[js][1] for s in self.shares[k:k + 2])
+                g = js.remaining_iters_at(rnd.now) * (t0 - t1) / sum(need.values())
+                if g > gain:
+                    best, gain = js, g
+            if best is None:
+                break
+            for n, c in cores_by_node(best, self.shares[level[best] + 1]
+                                      - self.shares[level[best]]).items():
+                free[n] -= c
+            level[best] += 1
+        for js, k in level.items():
+            if k:
+                rnd.regrant(js, scale_job(js.job, cpu=self.shares[k]))
+
+
+def cores_by_node(js: JobState, share_step: float) -> dict[str, float]:
+    """The cores a running job's share grows by per node when its share rises by `share_step`."""
+    need: dict[str, float] = {}
+    for task, node in js.decision.placement.items():
+        need[node] = need.get(node, 0.0) + share_step * js.job.task(task).demand.cpu
+    return need
+
+
+def speed_curve(cluster: Cluster, js: JobState, shares: tuple[float, ...]) -> tuple[float, float]:
+    """(θ0, θ1) of t(s) = θ0/s + θ1, fitted by least squares to a running job's iteration time
+    profiled at cpu `shares` on its nodes (`metrics.predicted_iteration_s`)."""
+    t = [predicted_iteration_s(cluster, scale_job(js.job, cpu=s), js.decision) for s in shares]
+    a = np.array([[1.0 / s, 1.0] for s in shares])
+    theta, *_ = np.linalg.lstsq(a, np.array(t), rcond=None)
+    return float(theta[0]), float(theta[1])
 
 
 # --- CES-Multi --------------------------------------------------------------------------------------
@@ -451,9 +542,19 @@ def fit(job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray],
 
 # --- the registry of queue policies -----------------------------------------------------------------
 
+def _edgeflow(algorithm: Algorithm, edge: bool = True):
+    return EdgeFlow(algorithm, EdgeFlowConfig(edge=edge))
+
+
+def _tapfinger(algorithm: Algorithm):
+    from .tapfinger.policy import TapFinger  # torch: imported only when asked for
+    return TapFinger.load(algorithm)
+
+
 POLICIES: dict[str, Callable[..., object]] = {
     "ces-multi": CesMulti, "fifo": Fifo, "fifo-backfill": FifoBackfill, "sjf": Sjf, "las": Las,
-    "edf": Edf,
+    "edf": Edf, "min": Min, "optimus": Optimus, "edgeflow": _edgeflow,
+    "elasticflow": functools.partial(_edgeflow, edge=False), "tapfinger": _tapfinger,
 }
 
 
@@ -468,6 +569,7 @@ def make_policy(name: str, algorithm: str | Algorithm | None = None, seed: int =
     return CesMulti(algo, config, seed) if name == "ces-multi" else POLICIES[name](algo)
 
 
-__all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "MultiConfig",
-           "POLICIES", "Sjf", "default_algorithm", "fit", "free_vector", "make_policy",
-           "preempt_until_fits", "shadow_decision", "shortness"]
+__all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "Min",
+           "MultiConfig", "Optimus", "POLICIES", "Sjf", "default_algorithm", "fit",
+           "free_vector", "make_policy", "preempt_until_fits", "shadow_decision", "shortness",
+           "speed_curve"]

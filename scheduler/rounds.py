@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Protocol, Sequence
 
 from .baselines import Algorithm
-from .model import CannotPlace, Cluster, Decision, Job, Resources, check_decision
+from .model import CannotPlace, Cluster, Decision, Job, Resources, Task, check_decision
 from .perfmodel import IterationModel, collective_steps, compute_time_s
 
 
@@ -45,6 +45,11 @@ class JobState:
     bw_satisfaction: float = 1.0  # granted/demanded of its last placement
     decision_s: list[float] = field(default_factory=list)
     admitted: bool | None = None  # queue-policy scratch (EDF's admission verdict)
+    # The job as an elastic policy granted it (`Round.commit`): its tasks' cpu and its flows'
+    # rates scaled from what it asked; None: as asked.
+    granted: Job | None = None
+    migrations: int = 0  # runs on a placement other than the previous run's
+    last_placement: dict[str, str] | None = None  # task -> node of its last run
     _nominal_iter_s: float | None = field(default=None, repr=False)
 
     @property
@@ -59,6 +64,17 @@ class JobState:
     def workers(self) -> int:
         return len(self.job.tasks)
 
+    @property
+    def allocated_job(self) -> Job:
+        """The job as it runs: as granted, else as asked."""
+        return self.granted or self.job
+
+    @property
+    def cpu_share(self) -> float:
+        """The cpu it runs with × what it asked (`scale_job` scales every task alike)."""
+        asked = self.job.tasks[0].demand.cpu
+        return self.allocated_job.tasks[0].demand.cpu / asked if asked > 0 else 1.0
+
     def wait(self, now: float) -> float:
         return self.waited_s + (now - self.queued_since if self.state == "queued" else 0.0)
 
@@ -69,6 +85,14 @@ class JobState:
 
     def remaining_iters(self) -> float:
         return max((self.job.iterations or 0) - self.done_iters, 0.0)
+
+    def remaining_iters_at(self, now: float) -> float:
+        """Remaining iterations at `now`: a running job's progress since its last update counted
+        at the pace it runs (`done_iters` is brought up to date only on its own events)."""
+        if self.state != "running" or not math.isfinite(self.iter_s):
+            return self.remaining_iters()
+        ran = max(now - max(self.last_update, self.ready_at), 0.0) / self.iter_s
+        return max(self.remaining_iters() - ran, 0.0)
 
     def estimated_remaining_s(self) -> float:
         """Remaining run time as known before placement (`estimated_iteration_s`)."""
@@ -92,7 +116,21 @@ def estimated_iteration_s(job: Job, model: IterationModel = IterationModel()) ->
     return model.iteration_s(compute, flows, collective_steps(job.collective, len(job.tasks)))
 
 
+# The cpu shares (× what a job asked) the elastic policies (Optimus-like, EdgeFlow) grant.
+ELASTIC_SHARES = (1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+def scale_job(job: Job, cpu: float = 1.0, bw: float = 1.0) -> Job:
+    """An elastic share of `job`: every task's cpu × `cpu`, every flow's demanded rate × `bw`
+    (memory and gpu as asked). Committed as `granted`, it is what the job runs with."""
+    return replace(job, tasks=[Task(t.name, replace(t.demand, cpu=t.demand.cpu * cpu))
+                               for t in job.tasks],
+                   flows=[replace(f, demand_mbps=f.demand_mbps * bw) for f in job.flows])
+
+
 class QueuePolicy(Protocol):
+    """Optional: `reallocates = True` for policies that re-allocate running jobs (elastic shares,
+    migrations) and so want a round on every event, also with an empty queue."""
     name: str
     algorithm: Algorithm  # places each job the policy starts
     period_s: float | None  # also run a round every period_s while jobs run (None: on events only)
@@ -115,6 +153,7 @@ class Round:
         self.queue, self.running = list(queue), list(running)
         self.placed: list[JobState] = []
         self.preempted: list[JobState] = []
+        self.moved: list[JobState] = []
         self.holds: dict[JobState, tuple[Decision, float]] = {}  # owner -> (decision, until)
         self._views: dict[frozenset, tuple[Cluster, FreeSpace]] = {}  # by holds applied
 
@@ -191,17 +230,43 @@ class Round:
         js.failed_at = key
         return None
 
-    def commit(self, js: JobState, decision: Decision) -> bool:
-        """Start `js` with `decision` if it is feasible on what `js` may use."""
-        if check_decision(self.view(js), js.job, decision):
+    def commit(self, js: JobState, decision: Decision, granted: Job | None = None) -> bool:
+        """Start `js` with `decision` if it is feasible on what `js` may use. An elastic policy
+        passes `granted`, the job as it grants it (`JobState.granted`). A running job preempted
+        earlier in this round is re-allocated instead (`moved`)."""
+        job = granted or js.job
+        if check_decision(self.view(js), job, decision):
             return False
-        self.cluster.allocate(js.job, decision)
-        js.decision = decision
+        self.cluster.allocate(job, decision)
+        js.decision, js.granted = decision, granted
         self.holds.pop(js, None)
-        self.queue.remove(js)
-        self.placed.append(js)
+        if js in self.preempted:
+            self.preempted.remove(js)
+            self.running.append(js)
+            if js not in self.moved:
+                self.moved.append(js)
+        else:
+            self.queue.remove(js)
+            self.placed.append(js)
         self._views.clear()
         return True
+
+    def regrant(self, js: JobState, granted: Job | None) -> bool:
+        """Give a running job (or one placed in this round) another elastic share in place (same
+        nodes, paths and rates); False (nothing changed) if it does not fit."""
+        trial = self.view(js).copy(share_graph=True)
+        trial.release(js.name)
+        if check_decision(trial, granted or js.job, js.decision):
+            return False
+        if js in self.placed:  # started in this round, not running yet
+            self.cluster.release(js.name)
+            self.cluster.allocate(granted or js.job, js.decision)
+            js.granted = granted
+            self._views.clear()
+            return True
+        decision = js.decision
+        self.preempt(js)
+        return self.commit(js, decision, granted)
 
     def preempt(self, js: JobState) -> None:
         """Stop a running job (it keeps its progress) and put it back in the queue."""

@@ -116,7 +116,10 @@ class SimResult:
         with the wait it has so far (censored: starvation shows). JCT and slowdown are over
         finished jobs; slowdown = JCT / (iterations × `estimated_iteration_s`), and fairness is
         Jain's index of the slowdowns, (Σx)² / (n·Σx²). The deadline hit rate is over jobs with
-        a deadline (unfinished ones miss); None when no job has one.
+        a deadline (unfinished ones miss); None when no job has one. The deadline satisfaction
+        ratio (seed 001's) is over every *submitted* job with a deadline: jobs rejected on arrival
+        miss too. Migrations per job: runs on another placement than the job's previous run
+        (re-allocation, preemption or a node leaving), per job not rejected.
         """
         jobs = [js for js in self.jobs if js.state != "rejected"]
         waits = sorted(js.wait(self.end_time) for js in jobs)
@@ -125,6 +128,9 @@ class SimResult:
         slow = [(js.finish - js.submit) / (js.job.iterations * estimated_iteration_s(js.job))
                 for js in done]
         due = [js for js in jobs if js.job.deadline is not None]
+        hits = sum(js.state == "finished" and js.finish <= js.submit + js.job.deadline + 1e-9
+                   for js in due)
+        submitted_due = sum(js.job.deadline is not None for js in self.jobs)
         started = [js for js in jobs if js.first_start is not None]
         decisions = [d for js in jobs for d in js.decision_s]
         out = {
@@ -142,10 +148,10 @@ class SimResult:
             "balance_std_arrivals": self.balance_std_arrivals,
             "utilisation": self.utilisation,
             "fairness": sum(slow) ** 2 / (len(slow) * sum(x * x for x in slow)) if slow else None,
-            "deadline_hit_rate": sum(js.state == "finished" and
-                                     js.finish <= js.submit + js.job.deadline + 1e-9
-                                     for js in due) / len(due) if due else None,
+            "deadline_hit_rate": hits / len(due) if due else None,
+            "deadline_satisfaction": hits / submitted_due if submitted_due else None,
             "preemptions": sum(js.preemptions for js in jobs),
+            "migrations_per_job": sum(js.migrations for js in jobs) / len(jobs) if jobs else 0.0,
             "makespan_s": self.end_time - min((js.submit for js in self.jobs), default=0.0),
             "decision_ms": 1000 * statistics.fmean(decisions) if decisions else 0.0,
             "job_events": self.job_events,
@@ -206,7 +212,7 @@ class Simulator:
             while self._heap and self._heap[0][0] == now:
                 _, kind, _, payload = heapq.heappop(self._heap)
                 wake |= self._handle(kind, payload)
-            if wake and self.queue:
+            if wake and (self.queue or getattr(self.policy, "reallocates", False)):
                 self._round()
             if self._net_dirty:
                 self._refresh_rates()
@@ -297,7 +303,7 @@ class Simulator:
         for js in hit:
             self._advance(js)
             self._stop(js, "failed" if self.config.on_node_loss == "fail" else "queued")
-        return bool(hit)
+        return bool(hit) or getattr(self.policy, "reallocates", False)
 
     def _adjust(self) -> None:
         """The Master's runtime adjustment: each running enforced job with a flow on a link whose
@@ -313,13 +319,13 @@ class Simulator:
             view = self.cluster.copy(share_graph=True)
             view.release(js.name)
             try:
-                flows = route_placement(view, js.job, d.placement)
+                flows = route_placement(view, js.allocated_job, d.placement)
             except NoPath:
                 continue
             self.cluster.release(js.name)
             js.decision = replace(d, flows=flows)
             js.reroutes += 1
-            self.cluster.allocate(js.job, js.decision)
+            self.cluster.allocate(js.allocated_job, js.decision)
             self._net_dirty = True
 
     def _ensure_tick(self) -> None:
@@ -338,6 +344,8 @@ class Simulator:
             self._advance(js)
             js.preemptions += 1
             self._stop(js, "queued", released=True)
+        for js in rnd.moved:
+            self._move(js)
         for js in rnd.placed:
             self._start(js)
 
@@ -350,15 +358,41 @@ class Simulator:
             js.first_start = self.now
         else:
             js.ready_at = self.now + self.config.restart_overhead_s
+        self._migrated(js)
         js.bw_satisfaction = bandwidth_satisfaction(js.job, js.decision)[0]
         self.running[js.name] = js
         self.starts.append((self.now, js.name, tuple(sorted(js.decision.placement.items()))))
         self._touch(js.decision.placement.values())
         self._net_dirty |= self._shares_network(js)
         if not self._net_dirty:  # its flows get exactly their granted rates
-            self._set_pace(js, predicted_iteration_s(self.cluster, js.job, js.decision,
+            self._set_pace(js, predicted_iteration_s(self.cluster, js.allocated_job, js.decision,
                                                      self.config.model))
         self._ensure_tick()
+
+    def _migrated(self, js: JobState) -> bool:
+        """Count a run on a placement other than the previous run's (a migration)."""
+        moved = js.last_placement is not None and js.last_placement != js.decision.placement
+        js.migrations += moved
+        js.last_placement = dict(js.decision.placement)
+        return moved
+
+    def _move(self, js: JobState) -> None:
+        """A running job re-allocated by the policy (`Round.moved`): progress up to now at the
+        old pace, then the new share; a new placement is a migration and pays the restart."""
+        self.job_events += 1
+        old = list(js.last_placement.values())
+        self._advance(js)
+        if self._migrated(js):
+            js.ready_at = max(js.ready_at, self.now + self.config.restart_overhead_s)
+        js.bw_satisfaction = bandwidth_satisfaction(js.job, js.decision)[0]
+        self.starts.append((self.now, js.name, tuple(sorted(js.decision.placement.items()))))
+        self._touch([*old, *js.decision.placement.values()])
+        js.version += 1  # its completion event is stale whatever the new pace
+        js.iter_s = js.expected_end = math.inf
+        self._net_dirty |= not self.config.metered or self._shares_network(js)
+        if not self._net_dirty:
+            self._set_pace(js, predicted_iteration_s(self.cluster, js.allocated_job, js.decision,
+                                                     self.config.model))
 
     def _stop(self, js: JobState, state: State, released: bool = False) -> None:
         """End a job's run: finished, failed, or back in the queue (progress kept)."""
@@ -438,8 +472,8 @@ class Simulator:
         for js in moving:
             flows = [replace(f, rate_mbps=actual[(js.name, f.src, f.dst)])
                      for f in js.decision.flows]
-            iter_s = predicted_iteration_s(self.cluster, js.job, replace(js.decision, flows=flows),
-                                           self.config.model)
+            iter_s = predicted_iteration_s(self.cluster, js.allocated_job,
+                                           replace(js.decision, flows=flows), self.config.model)
             if not math.isclose(iter_s, js.iter_s, rel_tol=1e-12):
                 self._advance(js)
                 self._set_pace(js, iter_s)

@@ -14,8 +14,8 @@ from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
 from scheduler.evaluate import evaluate_multi, multi_table, run_policy
-from scheduler.multi import (BEST_HEURISTIC, BalancedChoice, CesMulti, Edf, FifoBackfill, Las,
-                             MultiConfig, Sjf, default_algorithm, shortness)
+from scheduler.multi import (BEST_HEURISTIC, POLICIES, BalancedChoice, CesMulti, Edf,
+                             FifoBackfill, Las, MultiConfig, Sjf, default_algorithm, shortness)
 from scheduler.rounds import JobState, Round
 from scheduler.simulator import Simulator
 from topologies import load_topology, parse_topology
@@ -369,7 +369,7 @@ def test_evaluate_multi_writes_the_documented_json(tmp_path):
     args = argparse.Namespace(topo="campus", arrivals="poisson:n=25,load=0.5", algos="all",
                               seeds=2, single="first-fit")
     result = evaluate_multi(args)
-    assert list(result["algorithms"]) == ["ces-multi", "fifo", "fifo-backfill", "sjf", "las", "edf"]
+    assert list(result["algorithms"]) == list(POLICIES)
     for metrics in result["algorithms"].values():
         for key in ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction",
                     "balance_std", "fairness", "deadline_hit_rate"):

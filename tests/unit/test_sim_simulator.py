@@ -14,7 +14,7 @@ from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow,
 from scheduler.evaluate import run_policy
 from scheduler.multi import Fifo, FifoBackfill
 from scheduler.arrivals import parse_arrivals
-from scheduler.rounds import Round, estimated_iteration_s
+from scheduler.rounds import Round, estimated_iteration_s, scale_job
 from scheduler.simulator import BackgroundFlow, LinkChange, NodeJoin, NodeLeave, SimConfig, \
     Simulator
 from topologies import load_topology, parse_topology
@@ -125,10 +125,10 @@ def test_capacity_drop_scales_metered_flows_and_keeps_progress():
     assert res.end_time == pytest.approx(expected, rel=1e-9)  # superseded events do not count
 
 
-def triangle_cluster() -> Cluster:
+def triangle_cluster(cpu: float = 1) -> Cluster:
     """a at s1, b at s2; s1 —10— s2 directly and over s3 (10 + 10)."""
     doc = {"switches": [{"name": s} for s in ("s1", "s2", "s3")],
-           "nodes": [{"name": n, "cpu": 1, "mem_mb": 1024} for n in ("a", "b")],
+           "nodes": [{"name": n, "cpu": cpu, "mem_mb": 1024} for n in ("a", "b")],
            "links": [{"ends": ["s1", "s2"], "bw_mbps": 10}, {"ends": ["s1", "s3"], "bw_mbps": 10},
                      {"ends": ["s3", "s2"], "bw_mbps": 10}, {"ends": ["a", "s1"], "bw_mbps": 1000},
                      {"ends": ["b", "s2"], "bw_mbps": 1000}]}
@@ -153,6 +153,24 @@ def test_a_shrunk_link_re_routes_enforced_jobs_unless_adjustment_is_off(adjust):
         assert js.reroutes == 0 and js.decision.flows[0].path == direct
         assert js.finish == pytest.approx(t_drop + (job.iterations - t_drop / full) * slow,
                                           rel=1e-9)
+
+
+class Doubled(FifoBackfill):
+    """Starts every job at twice the cpu it asked (an elastic share, `Round.commit`'s granted)."""
+
+    def schedule(self, rnd: Round) -> None:
+        for js in list(rnd.queue):
+            granted = scale_job(js.job, cpu=2.0)
+            rnd.commit(js, self.algorithm.place(rnd.view(js), granted), granted)
+
+
+def test_a_re_route_keeps_the_share_a_job_was_granted():
+    cluster = triangle_cluster(cpu=2)
+    job = pair_job(iterations=1000)
+    sim = Simulator(cluster, Doubled(make_algorithm("first-fit")), SimConfig(until=50.0))
+    js = sim.run([job], [LinkChange(10.0, "s1", "s2", 1.0)]).jobs[0]
+    assert js.state == "running" and js.reroutes == 1
+    assert cluster.free("a").cpu == cluster.free("b").cpu == 0.0  # still 2 cpu each, as granted
 
 
 def test_background_ending_speeds_the_job_up():

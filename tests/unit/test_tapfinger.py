@@ -1,0 +1,144 @@
+"""TapFinger (seed 002): allocation masks checked by hand (its own grid and CES's), the Bayes
+arbiter's posterior on a tiny case, losers left out of the loss, its own setting and baselines,
+the CES policy in the simulator, the training command (smoke) and its checkpoint."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scheduler import train_tapfinger
+from scheduler.baselines import make_algorithm
+from scheduler.jobs import custom_job, ring_job
+from scheduler.model import Cluster, Resources, Task
+from scheduler.rounds import JobState, Round
+from scheduler.simulator import Simulator
+from scheduler.tapfinger import mappo, paper, policy
+from scheduler.tapfinger.net import Obs, act, allocation_mask, arbitrate, posterior
+from topologies import parse_topology
+
+torch.set_num_threads(1)
+
+
+def test_allocation_mask_keeps_the_cells_between_the_minimum_and_what_is_free():
+    # cpu levels 0..3, gpu levels 0..2; minimum (2, 1); free (3, 1)
+    mask = allocation_mask([np.arange(4), np.arange(3)], np.array([2, 1]), np.array([3, 1]))
+    # cell 0 waits; cell 1 + 3c + g is (c, g): allowed (2, 1) → 8 and (3, 1) → 11
+    assert np.flatnonzero(mask).tolist() == [0, 8, 11]
+
+
+def test_the_paper_setting_masks_a_servers_grid_by_minimum_and_free_resources():
+    env = paper.PaperEnv(paper.PaperSetting(tasks=40), seed=0)
+    obs, tasks = env.obs()
+    i = 0  # capacity (4, 4): c in 2..4, g in 1..4
+    s = int(np.flatnonzero(obs.slots[i] >= 0)[0])
+    cells = {tuple(paper.cell_alloc(c)) for c in np.flatnonzero(obs.masks[i, s][1:]) + 1}
+    assert cells == {(c, g) for c in range(2, 5) for g in range(1, 5)}
+    assert obs.ratio[i, s] == pytest.approx(2.0)  # min(4/2, 4/1): the arbiter's prior
+    env.start(i, tasks[obs.slots[i, s]], np.array([3, 2]))  # leaves (1, 2): below the minimum
+    obs, _ = env.obs()
+    assert not obs.masks[i, :, 1:].any() and obs.masks[i, :, 0].all()
+    assert set(obs.ratio[i][obs.slots[i] >= 0]) <= {0.5}  # min(1/2, 2/1)
+
+
+def test_the_arbiter_weighs_the_selection_probability_by_available_over_required():
+    # prior ∝ (2, 6) = (0.25, 0.75); likelihood (0.6, 0.3); posterior ∝ (0.15, 0.225)
+    assert posterior(np.array([2.0, 6.0]), np.array([0.6, 0.3])) == pytest.approx([0.4, 0.6])
+    ratio, prob = np.array([2.0, 6.0, 1.0]), np.array([0.6, 0.3, 0.9])
+    assert arbitrate({7: [0, 1], 8: [2]}, ratio, prob) == {7: 1, 8: 2}
+    assert arbitrate({7: [0, 1]}, np.array([1.0, 1.0]), np.array([0.5, 0.5])) == {7: 0}
+
+
+def two_agents_one_task() -> Obs:
+    masks = np.zeros((2, 1, 3), bool)
+    masks[..., :2] = True  # wait or cell 1
+    return Obs(np.ones((2, 2), np.float32), np.ones((1, 2), np.float32),
+               np.zeros((0, 2), np.float32), np.zeros((2, 0), int), np.zeros((2, 1), int),
+               masks, np.array([[1.0], [3.0]]))
+
+
+def test_a_conflict_has_one_winner_and_the_losers_log_probabilities_leave_the_loss():
+    torch.manual_seed(0)
+    net = mappo.build({"server": 2, "task": 2, "running": 2, "central": 1}, 3, mappo.Hyper())
+    with torch.no_grad():
+        net.alloc[-1].bias[1] = 20.0  # both agents claim the task
+    obs = two_agents_one_task()
+    step = act(net, obs, greedy=True)
+    assert step.cell.tolist() == [1, 1] and step.winners == {0: 1}  # agent 1 has 3× the room
+    assert step.active.tolist() == [False, True]
+    hp = mappo.Hyper()
+    adv = np.array([1.0, -2.0])
+    base = mappo.ppo_loss(net, [(obs, step, adv, np.zeros(2))], 0.0, 1.0, hp)
+    changed = mappo.ppo_loss(net, [(obs, step, np.array([50.0, -2.0]), np.zeros(2))], 0.0,
+                             1.0, hp)
+    assert base.item() == pytest.approx(changed.item())  # the loser's advantage does not count
+    changed = mappo.ppo_loss(net, [(obs, step, np.array([1.0, 5.0]), np.zeros(2))], 0.0, 1.0, hp)
+    assert base.item() != pytest.approx(changed.item())  # the winner's does
+
+
+def test_speed_functions_and_the_baselines_in_the_paper_setting():
+    assert paper.speed(0, np.array([1, 4]), 0.0) == 0.0  # below the minimum
+    assert paper.speed(0, np.array([2, 1]), 0.5) == 0.25
+    assert paper.speed(1, np.array([2, 16]), 0.2) == pytest.approx(np.tanh(1.0))
+    theta = paper.optimus_fit()
+    assert 1 / (theta[0] @ [1, 1, 0.5, 1, 2]) == pytest.approx(0.25, rel=1e-6)  # vision: exact
+    setting = paper.PaperSetting(tasks=30)
+    for schedule in (paper.tiresias_policy(), paper.optimus_policy(),
+                     paper.random_policy(False), paper.random_policy(True)):
+        env = paper.PaperEnv(setting, seed=1)
+        jct = paper.run(env, schedule)
+        assert env.done and len(env.jct) == 30 and jct >= 1.0
+        assert (env.free == env.cap).all()
+
+
+def cluster_of(cpus: list[float], mem_mb: int = 1024, bw: float = 100.0) -> Cluster:
+    doc = {"switches": [{"name": "s"}],
+           "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": mem_mb} for i, c in enumerate(cpus)],
+           "links": [{"ends": [f"n{i}", "s"], "bw_mbps": bw} for i in range(len(cpus))]}
+    return Cluster.from_topology(parse_topology(doc, "test"))
+
+
+def test_the_ces_masks_by_share_bandwidth_memory_and_online_nodes():
+    cluster = cluster_of([1.0, 0.5, 4.0, 4.0], mem_mb=1024)
+    cluster.offline.add("n3")
+    ring = ring_job("r", 2, Resources(0.25, 100), 1e6, 40.0, compute_s=0.25, iterations=10)
+    solo = custom_job("s", [Task("w0", Resources(0.25, 2000))], [], compute_s=0.25,
+                      iterations=10)
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"),
+                [JobState(ring, 0, "queued"), JobState(solo, 1, "queued")], [])
+    obs, jobs = policy.observe(rnd, cluster.compute_nodes())
+    shares = lambda i, s: {policy.cell_share(c) for c in  # noqa: E731
+                           np.flatnonzero(obs.masks[i, s][1:]) + 1}
+    # ring: a task's flows leave at 40 Mbit/s; every bandwidth level fits a 100 Mbit/s link
+    assert shares(0, 0) == {(c, b) for c in (1.0, 1.5, 2.0, 3.0) for b in policy.BW_LEVELS}
+    assert shares(1, 0) == {(c, b) for c in (1.0, 1.5, 2.0) for b in policy.BW_LEVELS}
+    assert not obs.masks[3, :, 1:].any()  # offline
+    assert not obs.masks[:, 1, 1:].any()  # 2000 MB fit no node: only waiting
+    assert obs.ratio[1, 0] == pytest.approx(2.0)  # 0.5 free cpu / 0.25 asked
+
+
+def test_the_ces_policy_runs_in_the_simulator_and_grants_what_it_chose():
+    torch.manual_seed(0)
+    net = mappo.build(policy.DIMS, policy.GRID, mappo.Hyper())
+    agent = policy.TapFinger(make_algorithm("first-fit"), net, greedy=False, seed=1,
+                             recorder=policy.Recorder())
+    jobs = [custom_job(f"j{i}", [Task("w0", Resources(0.25, 100))], [], compute_s=0.25,
+                       iterations=50, submit_time=10.0 * i) for i in range(6)]
+    result = Simulator(cluster_of([1.0, 1.0]), agent).run(jobs)
+    assert all(js.state == "finished" for js in result.jobs)
+    for js in result.jobs:  # a job at share s runs an iteration in 1 / s seconds
+        share = js.allocated_job.tasks[0].demand.cpu / 0.25
+        assert js.finish - js.submit >= 50 / share - 1e-6
+    assert len(agent.recorder.rewards) == len(agent.recorder.steps) > 0
+    assert sum(r.sum() for r in agent.recorder.rewards) < 0
+
+
+def test_the_training_command_writes_a_checkpoint_the_policy_loads(tmp_path, capsys):
+    out = tmp_path / "tf.pt"
+    assert train_tapfinger.main(["--smoke", "--out", str(out)]) == 0
+    loaded = policy.TapFinger.load(make_algorithm("first-fit"), out)
+    assert isinstance(loaded.net, torch.nn.Module) and not loaded.greedy
+    assert train_tapfinger.main(["--out", str(tmp_path / "no" / "tf.pt")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --out")
+    with pytest.raises(FileNotFoundError, match="train_tapfinger"):
+        policy.TapFinger.load(make_algorithm("first-fit"), tmp_path / "none.pt")
