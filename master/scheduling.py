@@ -9,7 +9,8 @@ Two pluggable parts, the same objects the simulator runs:
     `ces-ppo`, ...), with its network part composed in (`scheduler.compose`: `k8s-spread` runs
     best-effort, `k8s-spread/ces` on CES's paths and rates, `ces-ppo/best-effort`, ...).
 Every decision the Round commits has passed `check_decision` on the view it was made on.
-Preempting policies (`las`) are refused: the testbed does not checkpoint jobs.
+Preempting policies (`las`) are refused: the testbed does not checkpoint jobs; so are the ones
+that re-allocate running jobs (`multi.REALLOCATING`: elastic shares, migrations).
 """
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from dataclasses import dataclass, replace
 from scheduler.baselines import algorithm_names
 from scheduler import compose
 from scheduler.model import CannotPlace, Cluster, Decision, Job
-from scheduler.multi import POLICIES, MultiConfig, make_policy
+from scheduler.multi import POLICIES, REALLOCATING, MultiConfig, make_policy
 from scheduler.rounds import JobState, Round
 
 # The testbed does not checkpoint workers, so nothing on it may be preempted: no LAS, and
-# CES-Multi without its preemption (its reservations are held until they drain instead).
-QUEUES = tuple(name for name in POLICIES if name != "las")
+# CES-Multi without its preemption (its reservations are held until they drain instead). Nor
+# does it resize or move a running worker: no policy that re-allocates running jobs.
+QUEUES = tuple(name for name in POLICIES if name != "las" and name not in REALLOCATING)
 NO_PREEMPTION = replace(MultiConfig(), preempt_ratio=None, reserve_preempts=False)
 
 

@@ -551,6 +551,10 @@ def _tapfinger(algorithm: Algorithm):
     return TapFinger.load(algorithm)
 
 
+# The policies that change running jobs' shares or placements (their `reallocates`; named here
+# so that the Master can refuse them without building TapFinger's network).
+REALLOCATING = frozenset({"optimus", "edgeflow", "elasticflow", "tapfinger"})
+
 POLICIES: dict[str, Callable[..., object]] = {
     "ces-multi": CesMulti, "fifo": Fifo, "fifo-backfill": FifoBackfill, "sjf": Sjf, "las": Las,
     "edf": Edf, "min": Min, "optimus": Optimus, "edgeflow": _edgeflow,
@@ -570,6 +574,6 @@ def make_policy(name: str, algorithm: str | Algorithm | None = None, seed: int =
 
 
 __all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "Min",
-           "MultiConfig", "Optimus", "POLICIES", "Sjf", "default_algorithm", "fit",
+           "MultiConfig", "Optimus", "POLICIES", "REALLOCATING", "Sjf", "default_algorithm", "fit",
            "free_vector", "make_policy", "preempt_until_fits", "shadow_decision", "shortness",
            "speed_curve"]
