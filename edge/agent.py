@@ -32,7 +32,7 @@ import docker.errors
 from protocol.http import JsonApp, Server
 from protocol.messages import Registration
 
-from . import cgroups
+from . import cgroups, tc
 from .compute import ComputeManager
 from .messenger import Messenger
 from .network import NetworkManager, ShapingError, UsageMeter
@@ -68,8 +68,7 @@ def _node_pid(client: docker.DockerClient, name: str) -> tuple[int, str]:
 
 
 def _iface_ip(iface: str, pid: int | None) -> str:
-    cmd = (["nsenter", "-t", str(pid), "-n"] if pid else []) + ["ip", "-4", "-o", "addr", "show",
-                                                                "dev", iface]
+    cmd = tc.netns_prefix(pid) + ["ip", "-4", "-o", "addr", "show", "dev", iface]
     out = subprocess.run(cmd, capture_output=True, text=True).stdout.split()
     if "inet" not in out:
         raise RuntimeError(f"{iface} has no IPv4 address (give --ip)")

@@ -33,12 +33,14 @@ class TcError(RuntimeError):
     pass
 
 
-def _prefix(pid: int | None) -> list[str]:
+def netns_prefix(pid: int | None) -> list[str]:
+    """The command prefix that runs a host tool in the network namespace of `pid` (None: the
+    root namespace)."""
     return [] if pid is None else ["nsenter", "-t", str(pid), "-n"]
 
 
 def tc(pid: int | None, *args: str, check: bool = True) -> str:
-    done = subprocess.run(_prefix(pid) + ["tc", *args], capture_output=True, text=True)
+    done = subprocess.run(netns_prefix(pid) + ["tc", *args], capture_output=True, text=True)
     if check and done.returncode != 0:
         raise TcError(f"tc {' '.join(args)}{'' if pid is None else f' (in netns of {pid})'}: "
                       f"{done.stderr.strip()}")
@@ -46,7 +48,7 @@ def tc(pid: int | None, *args: str, check: bool = True) -> str:
 
 
 def _batch(pid: int | None, lines: list[str]) -> None:
-    done = subprocess.run(_prefix(pid) + ["tc", "-batch", "-"], input="\n".join(lines) + "\n",
+    done = subprocess.run(netns_prefix(pid) + ["tc", "-batch", "-"], input="\n".join(lines) + "\n",
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise TcError(f"tc -batch{'' if pid is None else f' (in netns of {pid})'}: "

@@ -78,8 +78,7 @@ def allow_congestion_control(name: str) -> None:
 
 def netns_run(pid: int | None, *cmd: str) -> subprocess.CompletedProcess:
     """Run a host tool in the network namespace of `pid` (None: the root namespace)."""
-    prefix = [] if pid is None else ["nsenter", "-t", str(pid), "-n"]
-    return subprocess.run(prefix + list(cmd), capture_output=True, text=True)
+    return subprocess.run(tc.netns_prefix(pid) + list(cmd), capture_output=True, text=True)
 
 
 class Docker(Host):

@@ -34,7 +34,7 @@ from . import ovs_sockets
 from .cleanup import PID_LABEL, cleanup
 from .names import Names, new_prefix
 from .containernet import (Containernet, Docker, EdgeSwitch, allow_congestion_control,
-                           detect_datapath)
+                           detect_datapath, netns_run)
 
 log = logging.getLogger(__name__)
 PROJECT_LABEL = "ces.run"
@@ -394,12 +394,10 @@ class Emulation:
             raise EmulationError(f"set_link_up: no link between '{a}' and '{b}'")
         for end in (a, b):
             if end in self.nodes:
-                cmd = ["nsenter", "-t", str(self.nodes[end].container_pid), "-n", "ip", "link",
-                       "set", "eth0", "up" if up else "down"]
+                pid, dev = self.nodes[end].container_pid, "eth0"
             else:
-                cmd = ["ip", "link", "set", self.interface_name(end, lk.port_of(end)),
-                       "up" if up else "down"]
-            done = subprocess.run(cmd, capture_output=True, text=True)
+                pid, dev = None, self.interface_name(end, lk.port_of(end))
+            done = netns_run(pid, "ip", "link", "set", dev, "up" if up else "down")
             if done.returncode != 0:
                 raise EmulationError(f"set_link_up {a}-{b}: {done.stderr.strip()}")
 

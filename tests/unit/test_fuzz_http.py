@@ -299,6 +299,7 @@ def test_master_post_job(master, m):
 @given(m=mutated({"algorithm": "first-fit", "seed": 1, "queue": "fifo-backfill"}))
 @example(m=Mutation({"algorithm": "first-fit", "seed": -1}, "seed", "value"))
 @example(m=Mutation({"algorithm": "k8s-spread", "sede": 4}, "sede", "unknown"))  # was ignored
+@example(m=Mutation({"algorithm": "1", "seed": 1}, "algorithm", "value"))  # field unnamed
 def test_master_put_scheduler(master, m):
     before = master_state(master)
     answer = send_json(master.url, "PUT", "/scheduler", m.body)
