@@ -11,6 +11,10 @@ host (workers on the host's network, `--iface` the data interface, `--line-mbps`
 beside an emulated node (`--node-container`: workers join that container's network namespace and
 cgroup parent; tc runs in its namespace).
 
+Beyond loopback the agent requires the deployment's shared secret (`--token-file`, default
+$CES_TOKEN_FILE) of every command and sends it to the Master: it runs only what a Master that
+knows the secret sends it.
+
 SIGTERM/SIGINT: the agent leaves — it stops its workers, removes its tc classes and exits; the
 Master notices the silence and reschedules. A killed agent (SIGKILL) leaves its workers running;
 when it comes back, the Master's answer to its registration says which of them to keep.
@@ -29,7 +33,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from protocol.http import JsonApp, Server
+from protocol.http import JsonApp, Server, TokenError, default_token_file, listen_token
 from protocol.messages import Registration
 
 from . import cgroups, tc
@@ -54,6 +58,7 @@ class AgentConfig:
     name_prefix: str = ""  # worker container names (default: "<node container>-" / "ces-<node>-")
     workdir: str = ""
     heartbeat_s: float = 2.0
+    token_file: str = ""
     cpu: float = 0.0  # capacity reported (default: the cgroup parent's limits / the host)
     mem_mb: float = 0.0
 
@@ -87,6 +92,9 @@ def _capacity(cfg: AgentConfig, parent: str) -> tuple[float, float]:
 
 
 def serve(cfg: AgentConfig) -> int:
+    host, _, port = cfg.listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    token = listen_token(host, cfg.token_file)  # before anything is made
     client = docker.from_env(max_pool_size=64)  # one streaming log connection per worker
     pid, parent = (_node_pid(client, cfg.node_container) if cfg.node_container else (None, ""))
     parent = cfg.cgroup_parent or parent
@@ -96,15 +104,14 @@ def serve(cfg: AgentConfig) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     network = NetworkManager(cfg.iface, pid, cfg.line_mbps or None)
     cpu, mem = _capacity(cfg, parent)
-    host, _, port = cfg.listen.rpartition(":")
-    app = JsonApp()
-    server = Server(app, host or "127.0.0.1", int(port or 0))
+    app = JsonApp(token=token)
+    server = Server(app, host, int(port or 0))
     reg = Registration(cfg.node, cfg.advertise or server.url, cfg.ip or _iface_ip(cfg.iface, pid),
                        cfg.iface, cpu, mem)
     compute = ComputeManager(client, cfg.node, prefix, workdir, cfg.node_container or None,
                              parent or None)
     messenger = Messenger(reg, cfg.master, compute, network, UsageMeter(network, parent),
-                          cfg.heartbeat_s)
+                          cfg.heartbeat_s, token)
     messenger.routes(app)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: messenger.leave())
@@ -139,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--name-prefix", default="", help="prefix of worker container names")
     p.add_argument("--workdir", default="", help="where the workers' metric lines are kept")
     p.add_argument("--heartbeat", dest="heartbeat_s", type=float, default=2.0)
+    p.add_argument("--token-file", default=default_token_file(),
+                   help="the deployment's shared secret (default $CES_TOKEN_FILE)")
     p.add_argument("--cpu", type=float, default=0.0)
     p.add_argument("--mem-mb", type=float, default=0.0)
     a = p.parse_args(argv)
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{cfg.node}] %(message)s")
     try:
         return serve(cfg)
-    except (docker.errors.DockerException, RuntimeError, OSError) as e:
+    except (docker.errors.DockerException, RuntimeError, OSError, TokenError) as e:
         print(f"agent {cfg.node}: {e}", file=sys.stderr)
         return 2
 

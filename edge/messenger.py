@@ -31,8 +31,9 @@ class Messenger:
     """Registration, heartbeats and the command channel."""
 
     def __init__(self, reg: Registration, master: str, compute: ComputeManager,
-                 network: NetworkManager, usage: UsageMeter, heartbeat_s: float = 2.0):
-        self.reg, self.master = reg, master.rstrip("/")
+                 network: NetworkManager, usage: UsageMeter, heartbeat_s: float = 2.0,
+                 token: str | None = None):
+        self.reg, self.master, self._token = reg, master.rstrip("/"), token
         self.compute, self.network, self.usage = compute, network, usage
         self.heartbeat_s = heartbeat_s
         self.wake = threading.Event()  # a worker ended: heartbeat at once
@@ -95,7 +96,8 @@ class Messenger:
 
     # --- talking to the Master ------------------------------------------------------------------
     def register(self) -> None:
-        reply = call("POST", f"{self.master}/agents", to_json(self.reg), timeout=10)
+        reply = call("POST", f"{self.master}/agents", to_json(self.reg), timeout=10,
+                     token=self._token)
         self.compute.reconcile(reply.get("expected_workers", []))
         self.registered = True
         log.info("registered with %s as %s", self.master, self.node)
@@ -108,7 +110,7 @@ class Messenger:
                        self._unsent)
         t0 = time.perf_counter()
         reply = call("POST", f"{self.master}/agents/{self.node}/heartbeat", to_json(hb),
-                     timeout=5)
+                     timeout=5, token=self._token)
         self.round_trips.append(time.perf_counter() - t0)
         self._unsent = []
         for name in reply.get("stop", []):

@@ -80,13 +80,13 @@ class _IdleUsage:
 
 class SimulatedAgent:
     def __init__(self, node: str, master: str, ip: str, cpu: float = 1.0,
-                 mem_mb: float = 2048.0, heartbeat_s: float = 1.0):
+                 mem_mb: float = 2048.0, heartbeat_s: float = 1.0, token: str | None = None):
         self.compute, self.network = SimulatedCompute(), SimulatedNetwork()
-        app = JsonApp()
+        app = JsonApp(token=token)
         self.server = Server(app)
         reg = Registration(node, self.server.url, ip, "eth0", cpu, mem_mb)
         self.messenger = Messenger(reg, master, self.compute, self.network, _IdleUsage(),
-                                   heartbeat_s)
+                                   heartbeat_s, token)
         self.messenger.routes(app)
         self._thread: threading.Thread | None = None
 

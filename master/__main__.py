@@ -8,7 +8,9 @@
     python -m master nodes
 
 `--master URL` (or $CES_MASTER) points the client commands at a Master (default
-http://127.0.0.1:7070). Bad input — a malformed job file, an unknown topology or scheduler — is
+http://127.0.0.1:7070). `--token-file FILE` (or $CES_TOKEN_FILE) holds the deployment's shared
+secret: the Master requires it of its callers and sends it to the agents and the SDN app; it must
+be given when the Master listens beyond loopback. Bad input — a malformed job file, an unknown topology or scheduler — is
 one line on stderr and exit code 2.
 """
 from __future__ import annotations
@@ -22,7 +24,8 @@ import threading
 from rich.console import Console
 from rich.table import Table
 
-from protocol.http import ApiError, Unreachable
+from protocol.http import ApiError, TokenError, Unreachable, default_token_file, listen_token, \
+    read_token
 from scheduler.jobs import JobError
 from sdn_app.client import SdnClient
 from topologies import TopologyError, load_topology
@@ -34,11 +37,12 @@ from .scheduling import UnknownAlgorithm
 
 def _serve(a: argparse.Namespace) -> int:
     topo = load_topology(a.topo)
-    sdn = SdnClient(a.sdn) if a.sdn else None
+    token = listen_token(a.host, a.token_file)
+    sdn = SdnClient(a.sdn, token=token) if a.sdn else None
     cfg = MasterConfig(algorithm=a.algorithm, queue=a.queue, seed=a.seed, image=a.image,
                        heartbeat_timeout_s=a.heartbeat_timeout, max_attempts=a.max_attempts,
                        adjust=a.adjust, spare=a.spare)
-    master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id).start(a.host, a.port)
+    master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token).start(a.host, a.port)
     print(f"master: {topo.name}, scheduler {cfg.algorithm}, listening on {master.url}",
           flush=True)
     done = threading.Event()
@@ -49,14 +53,18 @@ def _serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def _client(a: argparse.Namespace) -> MasterClient:
+    return MasterClient(a.master, token=read_token(a.token_file) if a.token_file else None)
+
+
 def _submit(a: argparse.Namespace) -> int:
-    for view in MasterClient(a.master).submit_file(a.file, a.algorithm):
+    for view in _client(a).submit_file(a.file, a.algorithm):
         print(f"{view['name']}: {view['state']} (scheduler {view['algorithm']})")
     return 0
 
 
 def _status(a: argparse.Namespace) -> int:
-    client = MasterClient(a.master)
+    client = _client(a)
     console = Console()
     if a.job:
         view = client.job(a.job)
@@ -84,7 +92,7 @@ def _status(a: argparse.Namespace) -> int:
 
 
 def _cancel(a: argparse.Namespace) -> int:
-    view = MasterClient(a.master).cancel(a.job)
+    view = _client(a).cancel(a.job)
     print(f"{view['name']}: {view['state']}")
     return 0
 
@@ -92,7 +100,7 @@ def _cancel(a: argparse.Namespace) -> int:
 def _nodes(a: argparse.Namespace) -> int:
     table = Table("node", "online", "cpu alloc/cap", "cpu used", "mem MB", "tx Mbit/s",
                   "rx Mbit/s", "workers")
-    for n in MasterClient(a.master).nodes():
+    for n in _client(a).nodes():
         u = n.get("usage", {})
         table.add_row(n["node"], "cordoned" if n["cordoned"] else str(n["online"]),
                       f"{n['allocated']['cpu']}/{n['capacity']['cpu']}",
@@ -106,8 +114,11 @@ def _nodes(a: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m master",
                                 description="The CES Master (control plane) and its client.")
+    secret = argparse.ArgumentParser(add_help=False)
+    secret.add_argument("--token-file", default=default_token_file(),
+                        help="the deployment's shared secret (default $CES_TOKEN_FILE)")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the Master")
+    s = sub.add_parser("serve", help="run the Master", parents=[secret])
     s.add_argument("--topo", default="campus", help="topology name or file")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7070)
@@ -131,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                                ("status", _status, "jobs, or one job in detail"),
                                ("cancel", _cancel, "cancel a job"),
                                ("nodes", _nodes, "the nodes as the Master sees them")):
-        c = sub.add_parser(name, help=helptext)
+        c = sub.add_parser(name, help=helptext, parents=[secret])
         c.add_argument("--master", default=DEFAULT_URL, help="the Master's URL")
         if name == "submit":
             c.add_argument("file")
@@ -147,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(message)s")
     try:
         return args.run(args)
-    except (TopologyError, JobError, UnknownAlgorithm) as e:
+    except (TopologyError, JobError, UnknownAlgorithm, TokenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ApiError as e:

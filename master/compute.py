@@ -32,12 +32,13 @@ class NotRegistered(LookupError):
 class AgentClient:
     """The Master's side of one agent's command channel."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0):
-        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+    def __init__(self, url: str, timeout_s: float = 60.0, token: str | None = None):
+        self.url, self.timeout_s, self.token = url.rstrip("/"), timeout_s, token
 
     def _call(self, method: str, path: str, body: object = None, timeout_s: float | None = None):
         try:
-            return call(method, self.url + path, body, timeout=timeout_s or self.timeout_s)
+            return call(method, self.url + path, body, timeout=timeout_s or self.timeout_s,
+                        token=self.token)
         except (ApiError, Unreachable) as e:
             raise AgentError(f"agent {self.url}: {e}") from None
 
@@ -60,19 +61,19 @@ class Agent:
     workers: dict[str, WorkerState] = field(default_factory=dict)
     online: bool = True
 
-    @property
-    def client(self) -> AgentClient:
-        return AgentClient(self.reg.url)
-
 
 class ComputeController:
     def __init__(self, heartbeat_timeout_s: float = 6.0, missing_grace_s: float = 5.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, token: str | None = None):
+        self._token = token  # the agents' command channels require it
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.missing_grace_s = missing_grace_s  # a just-started worker may miss one heartbeat
         self.clock = clock
         self.agents: dict[str, Agent] = {}
         self.started: dict[str, float] = {}  # worker -> when its start was acknowledged
+
+    def client(self, node: str) -> AgentClient:
+        return AgentClient(self.agents[node].reg.url, token=self._token)
 
     # --- the Messenger's side ------------------------------------------------------------------
     def register(self, reg: Registration) -> bool:
@@ -120,7 +121,7 @@ class ComputeController:
     # --- commands -------------------------------------------------------------------------------
     def start_worker(self, node: str, spec: WorkerSpec) -> WorkerState:
         self.started[spec.name] = math.inf  # being started: never "missing" meanwhile
-        state = self.agents[node].client.start(spec)
+        state = self.client(node).start(spec)
         self.started[spec.name] = self.clock()
         return state
 
@@ -132,7 +133,7 @@ class ComputeController:
         if agent is None or not agent.online:  # a silent agent would only time out
             return False
         try:
-            agent.client.stop(name)
+            self.client(node).stop(name)
             return True
         except AgentError:
             return False

@@ -70,12 +70,14 @@ class MasterConfig:
 
 class Master:
     def __init__(self, topo: Topology, config: MasterConfig = MasterConfig(),
-                 sdn: SdnApi | None = None, sdn_job_id: str = "ces"):
-        self.topo, self.cfg, self.sdn = topo, config, sdn
+                 sdn: SdnApi | None = None, sdn_job_id: str = "ces", token: str | None = None):
+        """`token`: the deployment's shared secret, required of the API's callers and sent to
+        the agents (kept out of `config`, which results record)."""
+        self.topo, self.cfg, self.sdn, self._token = topo, config, sdn, token
         self.lock = threading.RLock()
         self.cluster = Cluster.from_topology(topo)
         self.manager = Manager(config.max_attempts)
-        self.compute = ComputeController(config.heartbeat_timeout_s)
+        self.compute = ComputeController(config.heartbeat_timeout_s, token=token)
         self.network = NetworkController(topo, self.cluster, self.compute, sdn, sdn_job_id,
                                          spare=config.spare)
         self.scheduler = Scheduler(config.algorithm, config.seed, config.queue)
@@ -89,8 +91,8 @@ class Master:
         self.server: Server | None = None
 
     # --- life ----------------------------------------------------------------------------------
-    def start(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> Master:
-        self.server = Server(MasterApi(self, token).app, host, port).start()
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> Master:
+        self.server = Server(MasterApi(self, self._token).app, host, port).start()
         self._thread = threading.Thread(target=self._loop, name="control", daemon=True)
         self._thread.start()
         log.info("master on %s (scheduler %s)", self.server.url, self.scheduler.default)

@@ -307,7 +307,7 @@ class NetworkController:
             self.dirty_shaping.add(node)
             return
         try:
-            agent.client.shape(list(rules))
+            self.compute.client(node).shape(list(rules))
             self.shaped[node] = rules
             self.dirty_shaping.discard(node)
         except AgentError as e:

@@ -11,12 +11,17 @@ value) or a (status, body) pair, and raises `ApiError` for a 4xx answer. Errors 
 reading them, requests without the bearer token when one is set (401, nothing else runs), and
 answers an unexpected exception with a 500 whose details stay in the log. The server drops a
 client that sends nothing for `REQUEST_TIMEOUT_S`.
+
+Every CES server that listens beyond loopback requires the deployment's shared secret, read from a
+token file (`--token-file`, default $CES_TOKEN_FILE) by `listen_token`; clients send it with `call`.
 """
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
+import os
 import re
 import socket
 import threading
@@ -36,6 +41,58 @@ _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized",
             404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
             409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error",
             502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+TOKEN_FILE_ENV = "CES_TOKEN_FILE"
+
+
+class TokenError(ValueError):
+    """No usable shared secret: the file is unreadable, too open or too short, or a server would
+    listen beyond loopback without one."""
+
+
+def read_token(path: str | os.PathLike) -> str:
+    """The shared secret in `path` (its first line); a TokenError naming the file otherwise. A file
+    others may read is refused: the secret would not be one."""
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenError(f"token file {path}: cannot read it ({getattr(e, 'strerror', e)})") \
+            from None
+    if mode & 0o077:
+        raise TokenError(f"token file {path}: readable by others (mode {mode & 0o777:o}); "
+                         f"chmod 600 it")
+    if len(token) < 16:
+        raise TokenError(f"token file {path}: expected a secret of at least 16 characters on its "
+                         f"first line")
+    return token
+
+
+def default_token_file() -> str:
+    return os.environ.get(TOKEN_FILE_ENV, "")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def listen_token(host: str, token_file: str = "") -> str | None:
+    """The token a server listening on `host` requires: the token file's; none on loopback
+    without one; beyond loopback without one, a TokenError (every caller on the network could
+    otherwise start containers and rewrite flows)."""
+    if token_file:
+        return read_token(token_file)
+    if not is_loopback(host):
+        raise TokenError(f"listening on {host} (beyond loopback) needs a shared secret: give "
+                         f"--token-file FILE or set ${TOKEN_FILE_ENV}")
+    return None
 
 
 class ApiError(Exception):

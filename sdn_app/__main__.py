@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+from protocol.http import default_token_file, listen_token
 from topologies import TopologyError, load_topology
 
 from .flows import MeterPolicy
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lldp", action="store_true",
                    help="discover links with LLDP and check them against the topology "
                         "(GET /switches → lldp)")
+    p.add_argument("--token-file", default=default_token_file(),
+                   help="the shared secret the REST API requires (default $CES_TOKEN_FILE; "
+                        "needed when --rest is beyond loopback)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -55,6 +59,7 @@ def check(args: argparse.Namespace) -> None:
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
     rest = parse_address(args.rest)
+    listen_token(rest[0], args.token_file)
     of = parse_address(f"{args.of_host}:{args.of_port}")
     if args.state:
         JobTable(topo).load(Path(args.state))
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     conf.set_override("ofp_listen_host", args.of_host)
     for name, value in (("topo", args.topo), ("rest", args.rest),
                         ("stats_interval", args.stats_interval), ("state", args.state),
-                        ("burst_s", args.burst_s), ("barrier_timeout", args.barrier_timeout)):
+                        ("burst_s", args.burst_s), ("barrier_timeout", args.barrier_timeout),
+                        ("token_file", args.token_file)):
         conf.set_override(name, value, group="ces_sdn")
     if args.lldp:
         conf.set_override("observe_links", True)

@@ -56,7 +56,8 @@ class CesSdnApp(BaseApp):
 
     def start(self) -> Any:
         thread = super().start()
-        self.rest = WsgiServer(rest_api(self), self.settings.rest_host, self.settings.rest_port)
+        self.rest = WsgiServer(rest_api(self, self.settings.token), self.settings.rest_host,
+                               self.settings.rest_port)
         self.logger.info("OpenFlow 1.3 app on %s: topology '%s' (%d switches), %d job(s) from "
                          "state, REST on http://%s:%d", FRAMEWORK, self.topo.name,
                          len(self.topo.switches), len(self.table.jobs), self.settings.rest_host,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.http import listen_token
 from topologies import Topology, load_topology
 
 from .compat import cfg
@@ -21,6 +22,9 @@ cfg.CONF.register_opts([
     cfg.FloatOpt("burst_s", default=MeterPolicy.burst_s,
                  help="meter burst as seconds of traffic at the granted rate"),
     cfg.FloatOpt("barrier_timeout", default=5.0, help="seconds to wait for a switch's barrier"),
+    cfg.StrOpt("token_file", default="",
+               help="file holding the shared secret the REST API requires (needed beyond "
+                    "loopback)"),
 ], group=GROUP)
 
 
@@ -33,6 +37,7 @@ class Settings:
     state: Path | None
     policy: MeterPolicy
     barrier_timeout_s: float
+    token: str | None = field(default=None, repr=False)  # never in a log line
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -63,4 +68,5 @@ def settings() -> Settings:
                     stats_interval=conf.stats_interval,
                     state=Path(conf.state) if conf.state else None,
                     policy=MeterPolicy(burst_s=conf.burst_s),
-                    barrier_timeout_s=conf.barrier_timeout)
+                    barrier_timeout_s=conf.barrier_timeout,
+                    token=listen_token(host, conf.token_file))
