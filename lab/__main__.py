@@ -1,0 +1,117 @@
+"""Deploy CES's edge agents to the real hosts of an inventory.
+
+    python -m lab check   --hosts lab.yaml --topo lab-topo.yaml [--accept-new-host-keys]
+    python -m lab install --hosts lab.yaml --topo lab-topo.yaml [--force-copy]
+    python -m lab start   --hosts lab.yaml --topo lab-topo.yaml --master URL --token-file F \\
+                          [--prefix cesXXXX]
+    python -m lab stop    --hosts lab.yaml --topo lab-topo.yaml --prefix cesXXXX
+    python -m lab cleanup --hosts lab.yaml --topo lab-topo.yaml --prefix cesXXXX
+
+`check` connects to every host and checks its Docker engine, data interface and address, clock
+and capacity against the topology; `install` copies the worker image (which holds the agent) to
+hosts that lack it; `start` checks, installs and starts one agent per host, registering with the
+Master at URL; `stop` stops them (they stop their workers); `cleanup` removes every container of
+the run on every host. `experiments/run.py --hosts` does all of this around a scenario.
+
+A problem with the inventory or a host is one line naming the host and the problem, exit code 2;
+`start` then removes what it started on every host.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import docker
+import docker.errors
+
+from protocol.http import TokenError, default_token_file, read_token
+from testbed.image import worker_image_tag
+from testbed.names import check_prefix, new_prefix
+from topologies import TopologyError, load_topology
+
+from .deploy import cleanup, deploy_agents, each_host, install, probe, stop_agent
+from .inventory import InventoryError, load_inventory
+from .ssh import HostError
+
+
+def _report(errors: list[HostError]) -> int:
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return 2 if errors else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab", description=__doc__.split("\n")[0])
+    p.add_argument("action", choices=["check", "install", "start", "stop", "cleanup"])
+    p.add_argument("--hosts", required=True, help="the inventory (YAML)")
+    p.add_argument("--topo", required=True, help="the topology the hosts are nodes of")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="add unknown host keys to known_hosts (a changed key is always refused)")
+    p.add_argument("--force-copy", action="store_true", help="copy the image even if present")
+    p.add_argument("--master", default="", help="start: the Master's URL the agents register at")
+    p.add_argument("--token-file", default=default_token_file(),
+                   help="start: the deployment's shared secret (default $CES_TOKEN_FILE)")
+    p.add_argument("--prefix", default="", help="the run's prefix (start: default a new one)")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s lab %(message)s")
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # our errors say it in one line
+    try:
+        topo = load_topology(a.topo)
+        inv = load_inventory(a.hosts, topo)
+        prefix = check_prefix(a.prefix) if a.prefix else ""
+        if a.action in ("stop", "cleanup") and not prefix:
+            raise ValueError(f"{a.action}: give the run's --prefix")
+        if a.action == "start":
+            if not a.master or not a.token_file:
+                raise ValueError("start: give --master URL and --token-file (or "
+                                 "$CES_TOKEN_FILE)")
+            token = read_token(a.token_file)
+    except (TopologyError, InventoryError, TokenError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    if a.action == "check":
+        facts, errors = each_host(inv, a.accept_new_host_keys, lambda r: probe(r, topo))
+        for node, f in facts.items():
+            print(f"{inv.host(node).label()}: ok (docker {f.docker}, {f.cpu:g} CPUs, "
+                  f"{f.mem_mb:.0f} MB, clock {f.clock_offset_s * 1000:+.0f} ms)")
+        return _report(errors)
+    if a.action in ("stop", "cleanup"):
+        fn = ((lambda r: stop_agent(r, prefix, r.host.node)) if a.action == "stop"
+              else (lambda r: cleanup(r, prefix)))
+        done, errors = each_host(inv, a.accept_new_host_keys, fn)
+        for node, names in done.items():
+            print(f"{inv.host(node).label()}: {a.action} done"
+                  + (f" ({len(names)} containers removed)" if isinstance(names, list) else ""))
+        return _report(errors)
+    try:
+        client, tag = docker.from_env(), worker_image_tag()
+        client.images.get(tag)
+    except docker.errors.DockerException as e:
+        print(f"error: the worker image {worker_image_tag()} is not on this machine ({e}); "
+              f"run `python -m testbed.image ensure`", file=sys.stderr)
+        return 2
+    if a.action == "install":
+        copied, errors = each_host(inv, a.accept_new_host_keys,
+                                   lambda r: install(r, client, tag, a.force_copy))
+        for node, n in copied.items():
+            print(f"{inv.host(node).label()}: {tag} "
+                  + (f"copied ({n / 2**20:.0f} MB)" if n else "already there"))
+        print(f"{time.monotonic() - t0:.1f} s")
+        return _report(errors)
+    prefix = prefix or new_prefix()
+    names, errors = deploy_agents(inv, topo, a.accept_new_host_keys, client, tag, prefix, a.master,
+                          token)
+    if errors:
+        return _report(errors)
+    for node, name in names.items():
+        print(f"{inv.host(node).label()}: agent {name}")
+    print(f"run prefix {prefix}; {time.monotonic() - t0:.1f} s "
+          f"(stop: python -m lab stop --hosts {a.hosts} --topo {a.topo} --prefix {prefix})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

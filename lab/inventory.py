@@ -1,0 +1,150 @@
+"""The inventory of a lab: which real host is which compute node of the topology, and how to
+reach it. YAML, checked like topology files: every problem is one `InventoryError` naming the
+file, the field and what was expected.
+
+    master: 192.168.50.1            # the Master's address on the management network (required)
+    known_hosts: ~/.ssh/known_hosts # SSH host keys to trust (default: this one)
+    agent_port: 7071                # where each agent listens on its host's address (default)
+    defaults: {user: ces, port: 22, key_file: ~/.ssh/id_ed25519, iface: eth1}
+    hosts:
+      - {node: lab1, address: 192.168.50.11}
+      - {node: lab2, address: 192.168.50.12, iface: enp3s0, ip: 10.0.0.2}
+
+Per host: `node` (a compute node of the topology), `address` (SSH and the agent's command
+channel), `port`, `user`, `key_file`, `iface` (the data interface) and `ip` (its address: the
+topology's, which the SDN app's flows match on, unless given — and then it must agree). Every
+compute node of the topology needs a host: the Master schedules on all of them.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topologies import Topology
+
+HOST_FIELDS = ("node", "address", "port", "user", "key_file", "iface", "ip")
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_AGENT_PORT = 7071
+
+
+class InventoryError(ValueError):
+    """An inventory that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Host:
+    node: str
+    address: str
+    port: int
+    user: str
+    key_file: Path
+    iface: str
+    ip: str
+
+    def label(self) -> str:
+        return f"{self.node} ({self.user}@{self.address}:{self.port})"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    master: str
+    known_hosts: Path
+    agent_port: int
+    hosts: tuple[Host, ...]
+
+    def host(self, node: str) -> Host:
+        return next(h for h in self.hosts if h.node == node)
+
+
+def load_inventory(path: str | Path, topo: Topology) -> Inventory:
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise InventoryError(f"{path}: cannot read it ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise InventoryError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return parse_inventory(doc, topo, path)
+
+
+def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) -> Inventory:
+    def fail(field: str, message: str) -> InventoryError:
+        return InventoryError(f"{path}: {field}: {message}")
+
+    if not isinstance(doc, dict):
+        raise fail("(top)", "expected a mapping with 'master' and 'hosts'")
+    unknown = set(doc) - {"master", "known_hosts", "agent_port", "defaults", "hosts"}
+    if unknown:
+        raise fail(sorted(unknown)[0], "unknown field (allowed: master, known_hosts, "
+                                       "agent_port, defaults, hosts)")
+    master = _address(doc.get("master"), lambda m: fail("master", m))
+    agent_port = _port(doc.get("agent_port", DEFAULT_AGENT_PORT), lambda m: fail("agent_port", m))
+    known = doc.get("known_hosts", DEFAULT_KNOWN_HOSTS)
+    if not isinstance(known, str) or not known:
+        raise fail("known_hosts", "expected a file path")
+    defaults = doc.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise fail("defaults", "expected a mapping of host fields")
+    for key in defaults:
+        if key not in HOST_FIELDS or key in ("node", "address", "ip"):
+            raise fail(f"defaults.{key}", "not a field every host can share (allowed: port, "
+                                          "user, key_file, iface)")
+    entries = doc.get("hosts")
+    if not isinstance(entries, list) or not entries:
+        raise fail("hosts", "expected a list of hosts")
+    compute = {n.name: n for n in topo.nodes}
+    hosts: list[Host] = []
+    for i, entry in enumerate(entries):
+        where = f"hosts[{i}]"
+        if not isinstance(entry, dict):
+            raise fail(where, "expected a mapping")
+        for key in entry:
+            if key not in HOST_FIELDS:
+                raise fail(f"{where}.{key}", f"unknown field (allowed: {', '.join(HOST_FIELDS)})")
+        h = {"port": 22, **defaults, **entry}
+        for key in ("node", "address", "user", "key_file", "iface"):
+            if not isinstance(h.get(key), str) or not h[key]:
+                raise fail(f"{where}.{key}", "missing (a non-empty string)")
+        node = h["node"]
+        if node not in compute:
+            raise fail(f"{where}.node", f"'{node}' is not a compute node of topology "
+                                        f"'{topo.name}' ({', '.join(sorted(compute))})")
+        if any(o.node == node for o in hosts):
+            raise fail(f"{where}.node", f"'{node}' is given twice")
+        ip = h.get("ip", compute[node].ip)
+        _address(ip, lambda m: fail(f"{where}.ip", m))
+        if ip != compute[node].ip:
+            raise fail(f"{where}.ip", f"{ip} differs from node {node}'s address in the topology "
+                                      f"({compute[node].ip}), which the SDN app's flows match")
+        host = Host(node, h["address"], _port(h["port"], lambda m: fail(f"{where}.port", m)),
+                    h["user"], Path(h["key_file"]).expanduser(), h["iface"], ip)
+        if any((o.address, o.port) == (host.address, host.port) for o in hosts):
+            raise fail(f"{where}.address", f"{host.address}:{host.port} is another host's too")
+        if not host.key_file.is_file():
+            raise fail(f"{where}.key_file", f"{host.key_file} is not a readable file")
+        hosts.append(host)
+    missing = sorted(set(compute) - {h.node for h in hosts})
+    if missing:
+        raise fail("hosts", f"no host for compute node(s) {', '.join(missing)} of topology "
+                            f"'{topo.name}'")
+    return Inventory(path, master, Path(known).expanduser(), agent_port, tuple(hosts))
+
+
+def _address(value: Any, fail) -> str:
+    if not isinstance(value, str):
+        raise fail(f"expected an IP address, got {value!r}")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise fail(f"expected an IP address, got {value!r}") from None
+
+
+def _port(value: Any, fail) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise fail(f"expected a port number 1-65535, got {value!r}")
+    return value
