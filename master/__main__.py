@@ -1,7 +1,7 @@
 """The Master's command line.
 
     python -m master serve --topo campus [--port 7070] [--sdn http://127.0.0.1:8080]
-                                      [--algorithm NAME] [--seed N] [--image TAG]
+                                      [--algorithm NAME] [--seed N] [--image TAG] [--state FILE]
     python -m master submit JOB.yaml [--algorithm NAME]
     python -m master status [JOB]
     python -m master cancel JOB
@@ -10,8 +10,10 @@
 `--master URL` (or $CES_MASTER) points the client commands at a Master (default
 http://127.0.0.1:7070). `--token-file FILE` (or $CES_TOKEN_FILE) holds the deployment's shared
 secret: the Master requires it of its callers and sends it to the agents and the SDN app; it must
-be given when the Master listens beyond loopback. Bad input — a malformed job file, an unknown topology or scheduler — is
-one line on stderr and exit code 2.
+be given when the Master listens beyond loopback. `--state FILE` keeps every job in SQLite: a
+Master killed and started again on the same file takes its jobs over. Bad input — a malformed job
+file, an unknown topology or scheduler, an unusable state file — is one line on stderr and exit
+code 2.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from topologies import TopologyError, load_topology
 from .client import DEFAULT_URL, MasterClient
 from .master import Master, MasterConfig
 from .scheduling import UnknownAlgorithm
+from .store import StateError
 
 
 def _serve(a: argparse.Namespace) -> int:
@@ -42,7 +45,8 @@ def _serve(a: argparse.Namespace) -> int:
     cfg = MasterConfig(algorithm=a.algorithm, queue=a.queue, seed=a.seed, image=a.image,
                        heartbeat_timeout_s=a.heartbeat_timeout, max_attempts=a.max_attempts,
                        adjust=a.adjust, spare=a.spare)
-    master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token).start(a.host, a.port)
+    master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token,
+                    state=a.state or None).start(a.host, a.port)
     print(f"master: {topo.name}, scheduler {cfg.algorithm}, listening on {master.url}",
           flush=True)
     done = threading.Event()
@@ -124,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=7070)
     s.add_argument("--sdn", default="", help="the SDN app's REST URL (none: tc shaping only)")
     s.add_argument("--sdn-job-id", default="ces", help="the SDN job that holds our flows")
+    s.add_argument("--state", default="",
+                   help="SQLite file keeping every job: a Master restarted on it takes its jobs "
+                        "over (default: none, jobs live in memory)")
     s.add_argument("--algorithm", default=MasterConfig.algorithm,
                    help="default scheduler (a name of the scheduler registry)")
     s.add_argument("--queue", default=MasterConfig.queue,
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(message)s")
     try:
         return args.run(args)
-    except (TopologyError, JobError, UnknownAlgorithm, TokenError) as e:
+    except (TopologyError, JobError, UnknownAlgorithm, TokenError, StateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ApiError as e:

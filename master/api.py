@@ -182,7 +182,8 @@ class MasterApi:
         if not isinstance(body, dict) or "job" not in body:
             raise ApiError(400, 'expected {"job": {...job mapping...}, "algorithm": optional}')
         try:
-            job = parse_job(body["job"], str(body.get("source", "<request>")))
+            source = str(body.get("source", "<request>"))
+            job = parse_job(body["job"], source)
         except JobError as e:
             raise ApiError(400, str(e)) from None
         m = self.m
@@ -196,13 +197,14 @@ class MasterApi:
                                         f"topology '{m.topo.name}'", "task")
             try:
                 algorithm = m.scheduler.resolve(body.get("algorithm"))
-                rec = m.manager.submit(job, algorithm)
+                rec = m.manager.submit(job, algorithm, body["job"], source)
                 m.scheduler.submitted(job, rec.submitted_at)
             except UnknownAlgorithm as e:
                 raise ApiError(400, str(e), e.field) from None
             except ManagerError as e:
                 raise ApiError(e.status, str(e)) from None
             view = self.job_view(rec)
+        m.persist()  # acknowledged means on disk
         m.wake()
         return 201, view
 
@@ -211,6 +213,7 @@ class MasterApi:
             self.m.cancel(name)
         except ManagerError as e:
             raise ApiError(e.status, str(e)) from None
+        self.m.persist()
         return self._locked(lambda: self.job_view(self.m.manager.get(name)))
 
 

@@ -70,6 +70,10 @@ class JobRecord:
     events: list[tuple[float, str]] = field(default_factory=list)
     records: dict[str, list[dict]] = field(default_factory=dict)  # worker -> metric lines
     finished_at: float | None = None
+    document: dict | None = None  # the job mapping as submitted (what `master.store` keeps)
+    source: str = ""  # where it came from (a file name, for messages)
+    changed: bool = True  # since `master.store` last wrote it
+    unsaved_lines: list[tuple[str, dict]] = field(default_factory=list)  # (worker, line) for it
 
     @property
     def name(self) -> str:
@@ -80,7 +84,9 @@ class JobRecord:
         return self.attempts[-1] if self.attempts and self.state in ACTIVE else None
 
     def log(self, now: float, text: str) -> None:
+        """Every transition is logged: the record has changed."""
         self.events.append((now, text))
+        self.changed = True
         log.info("job %s: %s", self.name, text)
 
     def task_records(self, task: str, attempt: Attempt | None = None) -> list[dict]:
@@ -137,7 +143,8 @@ class Manager:
                 for t, n in r.current.decision.placement.items() if n == node]
 
     # --- transitions ---------------------------------------------------------------------------
-    def submit(self, job: Job, algorithm: str) -> JobRecord:
+    def submit(self, job: Job, algorithm: str, document: dict | None = None,
+               source: str = "") -> JobRecord:
         if not NAME_RE.fullmatch(job.name):
             raise ManagerError(400, f"job name '{job.name}': expected letters, digits, '_', '.', "
                                     "'-' (at most 40, starting with a letter or digit)")
@@ -149,7 +156,7 @@ class Manager:
         if old is not None and old.state not in TERMINAL:
             raise ManagerError(409, f"job '{job.name}' already exists and is {old.state.value}")
         now = self.clock()
-        rec = JobRecord(job, algorithm, now)
+        rec = JobRecord(job, algorithm, now, document=document, source=source)
         rec.log(now, f"submitted (scheduler {algorithm})")
         self.jobs[job.name] = rec
         return rec

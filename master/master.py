@@ -49,6 +49,7 @@ from .compute import AgentError, ComputeController, NotRegistered, worker_comman
 from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, Manager, ManagerError
 from .network import NetworkController, NetworkState, SdnApi
 from .scheduling import Scheduler, expected_end
+from .store import Store, take_changes
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +71,11 @@ class MasterConfig:
 
 class Master:
     def __init__(self, topo: Topology, config: MasterConfig = MasterConfig(),
-                 sdn: SdnApi | None = None, sdn_job_id: str = "ces", token: str | None = None):
+                 sdn: SdnApi | None = None, sdn_job_id: str = "ces", token: str | None = None,
+                 state: str | None = None):
         """`token`: the deployment's shared secret, required of the API's callers and sent to
-        the agents (kept out of `config`, which results record)."""
+        the agents (kept out of `config`, which results record). `state`: a file (SQLite) that
+        keeps every job; a Master started on an existing one takes its jobs over."""
         self.topo, self.cfg, self.sdn, self._token = topo, config, sdn, token
         self.lock = threading.RLock()
         self.cluster = Cluster.from_topology(topo)
@@ -89,9 +92,55 @@ class Master:
         self._dirty = True
         self._thread: threading.Thread | None = None
         self.server: Server | None = None
+        self.store = Store(state) if state else None
+        self._persisting = threading.Lock()
+        self._adopting: float | None = None  # when restored jobs began waiting for their agents
+        if self.store:
+            self._restore()
 
     # --- life ----------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        """Take over the stored jobs: queued ones queue again; active ones keep their attempt —
+        resources, flows, rendezvous port — and their workers, which the agents keep when they
+        register (the registration reply names them); a node of theirs that does not come back
+        within the heartbeat timeout ends the attempt (`_check_heartbeats`)."""
+        now, last_port = time.time(), self.cfg.first_port - 1
+        for rec in self.store.load():
+            self.manager.jobs[rec.name] = rec
+            for attempt in rec.attempts:
+                self.worker_job.update({w: rec.name for w in attempt.workers.values()})
+                last_port = max(last_port, attempt.master_port)
+            if rec.state in TERMINAL:
+                continue
+            self.scheduler.submitted(rec.job, rec.submitted_at)
+            if rec.current is not None:
+                decision = rec.current.decision
+                self.cluster.allocate(rec.job, decision)
+                if decision.network == ENFORCED:
+                    self.network.add(rec.job, decision)
+                for w in rec.current.workers.values():
+                    self.compute.started[w] = now  # missing from its agent past the grace: ended
+                self._adopting = now
+            rec.log(now, "taken over by a restarted Master")
+        self._ports = itertools.count(last_port + 1)
+        log.info("state %s: %d jobs (%d active)", self.store.path, len(self.manager.jobs),
+                 len(self.manager.active()))
+
+    def persist(self) -> None:
+        """Write the job records that changed (no-op without a state file)."""
+        if self.store is None:
+            return
+        with self._persisting:  # taken and written in order: an older copy never lands last
+            with self.lock:
+                docs = take_changes(self.manager.jobs.values())
+            if docs:
+                self.store.save(docs)
+
     def start(self, host: str = "127.0.0.1", port: int = 0) -> Master:
+        if self._adopting is not None and self.sdn is not None:
+            with self.lock:  # the SDN app holds the flows still; make sure it holds these
+                state = self._desired()
+            self._push_quietly(state)
         self.server = Server(MasterApi(self, self._token).app, host, port).start()
         self._thread = threading.Thread(target=self._loop, name="control", daemon=True)
         self._thread.start()
@@ -109,6 +158,9 @@ class Master:
             self._thread.join(timeout=10)
         if self.server:
             self.server.stop()
+        if self.store:
+            self.persist()
+            self.store.close()
 
     def wake(self) -> None:
         self._dirty = True
@@ -140,6 +192,7 @@ class Master:
             if self._dirty:
                 self._dirty = False
                 self._guarded(self._schedule)
+            self._guarded(self.persist)
 
     def _guarded(self, fn, *args) -> None:
         try:
@@ -165,6 +218,14 @@ class Master:
             for node, _ in stale:
                 self.compute.mark_offline(node)
                 self.cluster.offline.add(node)
+            now = time.time()
+            if self._adopting is not None and now - self._adopting > self.cfg.heartbeat_timeout_s:
+                placed = {n for r in self.manager.active()
+                          for n in r.current.decision.placement.values()}
+                for node in sorted(placed - set(self.compute.agents)):  # never came back
+                    self.cluster.offline.add(node)
+                    stale.append((node, now - self._adopting))
+                self._adopting = None
         for node, silent in stale:
             log.warning("node %s stopped heartbeating (%.1f s)", node, silent)
             with self.lock:
@@ -197,6 +258,7 @@ class Master:
             rates = installed.get(rec.name)
             if rates and (not history or history[-1][1] != rates):
                 history.append([now, rates])
+                rec.changed = True
         return state
 
     # --- scheduling ----------------------------------------------------------------------------
@@ -481,7 +543,10 @@ class Master:
             for line in hb.records:
                 job = self.worker_job.get(line.get("worker", ""))
                 if job in self.manager.jobs:
-                    self.manager.jobs[job].records.setdefault(line["worker"], []).append(line)
+                    rec = self.manager.jobs[job]
+                    rec.records.setdefault(line["worker"], []).append(line)
+                    if self.store:
+                        rec.unsaved_lines.append((line["worker"], line))
             stop = self.compute.unwanted(hb.node, expected)
         for w in ended:
             self._events.put(("ended", hb.node, w))

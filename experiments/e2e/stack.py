@@ -103,7 +103,9 @@ class Stack:
             raise RunError(f"{loss:.0%} of pings lost with no job scheduled")
         self._spawn("master", ["-m", "master", "serve", "--topo", topo_arg,
                                "--port", str(master_port), "--sdn", self.sdn.url,
-                               "--sdn-job-id", f"{self.prefix}-jobs", "--image", image])
+                               "--sdn-job-id", f"{self.prefix}-jobs", "--image", image,
+                               # a Master restarted in this run (not the next) takes its jobs over
+                               "--state", str(self.logs / f"master-{self.prefix}.sqlite")])
         self.master = MasterClient(f"http://127.0.0.1:{master_port}")
         for n in self.topo.nodes:
             self._spawn(f"agent-{n.name}", [
