@@ -54,6 +54,11 @@ class LabHosts(NetnsNetwork):
             self._sshd(net.name, n.name, n.cpu, docker_access)
         for name in self.spares:
             self._sshd(net.name, name, 0.5, {})
+        first = self.topo.nodes[0].name
+        cli = self.exec(first, "docker version --format '{{.Server.Version}}'")
+        if cli.returncode != 0:  # e.g. a dynamically linked CLI built for a newer libc
+            raise RuntimeError(f"this machine's Docker CLI ({DOCKER_CLI}) does not run in the "
+                               f"worker image: {cli.stderr.strip()}")
         super().start()
 
     def _sshd(self, network: str, name: str, cpu: float, volumes: dict) -> None:
