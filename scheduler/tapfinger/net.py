@@ -37,9 +37,9 @@ class Obs:
 
     servers (A, FS), tasks (T, FT) — every pending task once —, running (R, FR) features;
     hosts (2, E): (server, running task) pairs; slots (A, K): the task in each of an agent's K
-    pending slots, -1 if empty; masks (A, K, G): the allowed allocation cells (cell 0, wait, is
-    always allowed); ratio (A, K): the agent's available / required resources for the slot's
-    task (the arbiter's prior)."""
+    pending slots, -1 if empty; masks (A, K, G): the allowed allocation cells (cell 0: wait);
+    ratio (A, K): the agent's available / required resources for the slot's task (the arbiter's
+    prior)."""
     servers: np.ndarray
     tasks: np.ndarray
     running: np.ndarray

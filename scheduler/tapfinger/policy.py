@@ -6,13 +6,16 @@ job (pointer) and an allocation cell: a cpu share (× what each task asked: `CPU
 bandwidth level (× what each flow asked: `BW_LEVELS`), or waits. Masks: a node that is offline or
 lacks a task's memory or gpu (the minimum demand) allows only waiting; a share is allowed while a
 task at that share fits the node's free cpu and the job may fit the cluster at all
-(`FreeSpace.may_fit`); a bandwidth level while a task's outgoing flows at that level fit the
-node's free access link (jobs without flows: level 1 only). The arbiter settles conflicts. The
-winner's job, at the granted share, goes on the winning node whole when it fits there (no
-network traffic), else wherever the policy's single-job algorithm places it. Steps repeat
-within a round until no agent takes a job (while the cluster is idle, until one does or
-`MAX_STEPS`: no event would bring the agents back). Actions are sampled, seeded, as in training:
-"wait" is one cell against twelve, so the likeliest cell is often "wait" while going is likelier.
+(`FreeSpace.may_fit`); a bandwidth level while what a task's outgoing flows take of the node's
+access link at that level fits what the link has free (jobs without flows: level 1 only). The
+arbiter settles conflicts. The winner's job, at the granted share, goes on the winning node whole
+when it fits there (no network traffic), else wherever the policy's single-job algorithm places
+it. Steps repeat within a round until no agent takes a job. A placement that failed is not tried
+again in the round (the cluster only fills up within it). While the cluster is idle (nothing
+running or started) no event would bring the agents back, so waiting is not allowed then: the
+agents act until a job starts or every allowed allocation has failed. Actions are sampled, seeded,
+as in training: "wait" is one cell against twelve, so the likeliest cell is often "wait" while
+going is likelier.
 
 The reward of agent i is -(jobs queued + jobs running on node i), integrated over time (hours),
 given to the agents' last step before it accrues (`Recorder`); TapFinger asks for a round at
@@ -40,7 +43,6 @@ CPU_SHARES = (1.0, 1.5, 2.0, 3.0)
 BW_LEVELS = (0.25, 0.5, 1.0)
 GRID = 1 + len(CPU_SHARES) * len(BW_LEVELS)
 PENDING = 10  # K
-MAX_STEPS = 20  # steps per round at most
 DIMS = {"server": 7, "task": 8, "running": 5, "central": 1}
 
 
@@ -65,8 +67,15 @@ def out_demand(js: JobState) -> float:
     return max(out.values(), default=0.0)
 
 
-def observe(rnd: Round, nodes: list[str]) -> tuple[Obs, list[JobState]]:
-    """The agents' view of a round: nodes, the first K queued jobs, the running jobs, masks."""
+def idle(rnd: Round) -> bool:
+    """Nothing runs or was started in the round: no event of the agents' making is to come."""
+    return not (rnd.running or rnd.placed)
+
+
+def observe(rnd: Round, nodes: list[str], failed: frozenset[tuple[JobState, str, int]] = frozenset()
+            ) -> tuple[Obs, list[JobState]]:
+    """The agents' view of a round: nodes, the first K queued jobs, the running jobs, masks.
+    `failed`: the (job, node, cell) whose placement failed earlier in the round, masked."""
     view = rnd.view()
     jobs = rnd.queue[:PENDING]
     a, k = len(nodes), PENDING
@@ -81,7 +90,6 @@ def observe(rnd: Round, nodes: list[str]) -> tuple[Obs, list[JobState]]:
     space = FreeSpace.of(view)
     tasks, slots = [], np.full((a, k), -1)
     masks = np.zeros((a, k, GRID), bool)
-    masks[..., 0] = True
     ratio = np.zeros((a, k))
     for s, js in enumerate(jobs):
         job, nominal = js.job, estimated_iteration_s(js.job)
@@ -99,14 +107,20 @@ def observe(rnd: Round, nodes: list[str]) -> tuple[Obs, list[JobState]]:
             if n in view.offline or not top or free[n].mem_mb < demand.mem_mb - 1e-9 \
                     or free[n].gpu < demand.gpu - 1e-9:
                 continue
-            levels = [np.array(CPU_SHARES) * demand.cpu, np.array(BW_LEVELS) * flows]
+            # What a task's flows take of the link: at most its capacity, whatever they ask (CES
+            # grants rates below the demand). So every level fits an idle link; else a job whose
+            # lowest level exceeded every link's capacity was never allowed and held a slot.
+            levels = [np.array(CPU_SHARES) * demand.cpu,
+                      np.minimum(np.array(BW_LEVELS) * flows, up[n][1])]
             lo = [demand.cpu, 0.0]
             hi = [min(free[n].cpu, top * demand.cpu), up[n][0] if flows else 0.0]
             if not flows:
                 levels[1], lo[1], hi[1] = np.array(BW_LEVELS), 1.0, 1.0
             masks[i, s] = allocation_mask(levels, np.array(lo), np.array(hi))
+            masks[i, s, [c for c in range(1, GRID) if (js, n, c) in failed]] = False
             ratio[i, s] = min(free[n].cpu / max(demand.cpu, 1e-9),
                               free[n].mem_mb / max(demand.mem_mb, 1e-9))
+    masks[..., 0] = not idle(rnd)  # a wait lasts until the next event; idle, none may come
     running, hosts = [], [[], []]
     for r, js in enumerate(rnd.running):
         share = js.cpu_share
@@ -174,17 +188,17 @@ class TapFinger:
         nodes = rnd.cluster.compute_nodes()
         if self.recorder:
             self.recorder.accrue(rnd.now)
-        for _ in range(MAX_STEPS):
-            if not rnd.queue:
-                break
-            obs, jobs = observe(rnd, nodes)
+        failed: set[tuple[JobState, str, int]] = set()
+        while rnd.queue:
+            obs, jobs = observe(rnd, nodes, frozenset(failed))
             step = act(self.net, obs, self.greedy, self.rng)
             if self.recorder:
                 self.recorder.record(obs, step)
-            started = [self._start(rnd, jobs[t], nodes[i], int(step.cell[i]))
-                       for t, i in step.winners.items()]
-            if not any(started) and rnd.running:
-                break  # an idle cluster gets no event to bring the agents back: act again
+            tries = [(jobs[t], nodes[i], int(step.cell[i])) for t, i in step.winners.items()]
+            started = [self._start(rnd, *t) for t in tries]
+            failed |= {t for t, ok in zip(tries, started) if not ok}
+            if not any(started) and (not idle(rnd) or not tries):
+                break  # the agents wait for the next event, or no agent can take a job
         if self.recorder:
             self.recorder.count(rnd, nodes)
 

@@ -1,6 +1,7 @@
 """TapFinger (seed 002): allocation masks checked by hand (its own grid and CES's), the Bayes
 arbiter's posterior on a tiny case, losers left out of the loss, its own setting and baselines,
-the CES policy in the simulator, the training command (smoke) and its checkpoint."""
+the CES policy in the simulator (every job it admits passes the masks on an idle cluster, where
+the agents start one), the training command (smoke) and its checkpoint."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,14 +9,16 @@ import pytest
 import torch
 
 from scheduler import train_tapfinger
+from scheduler.arrivals import make_scenario, parse_arrivals
 from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job, ring_job
-from scheduler.model import Cluster, Resources, Task
+from scheduler.metrics import packable
+from scheduler.model import CannotPlace, Cluster, Resources, Task
 from scheduler.rounds import JobState, Round
 from scheduler.simulator import Simulator
 from scheduler.tapfinger import mappo, paper, policy
 from scheduler.tapfinger.net import Obs, act, allocation_mask, arbitrate, posterior
-from topologies import parse_topology
+from topologies import load_topology, parse_topology
 
 torch.set_num_threads(1)
 
@@ -142,3 +145,66 @@ def test_the_training_command_writes_a_checkpoint_the_policy_loads(tmp_path, cap
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --out")
     with pytest.raises(FileNotFoundError, match="train_tapfinger"):
         policy.TapFinger.load(make_algorithm("first-fit"), tmp_path / "none.pt")
+
+
+def biased_net(cells: dict[int, float]) -> torch.nn.Module:
+    """An untrained CES network whose allocation head prefers `cells` (cell -> logit bias)."""
+    torch.manual_seed(0)
+    net = mappo.build(policy.DIMS, policy.GRID, mappo.Hyper())
+    with torch.no_grad():
+        for cell, bias in cells.items():
+            net.alloc[-1].bias[cell] = bias
+    return net
+
+
+def test_a_job_asking_more_than_every_access_link_carries_still_starts():
+    # 1000 Mbit/s flows on 100 Mbit/s links: CES grants what the links carry, so the jobs are
+    # feasible; masked until their lowest bandwidth level fitted a link, they stayed queued
+    cluster = cluster_of([1.0, 1.0], bw=100.0)
+    fat = ring_job("fat", 2, Resources(0.75, 100), 1e8, 1000.0, compute_s=0.25, iterations=20)
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), [JobState(fat, 0, "queued")], [])
+    obs, _ = policy.observe(rnd, cluster.compute_nodes())
+    assert obs.masks[:, 0, 1:].any(-1).all()  # on idle links every bandwidth level fits
+    jobs = [ring_job(f"j{i}", 2, Resources(0.75, 100), 1e8, 1000.0, compute_s=0.25,
+                     iterations=20, submit_time=5.0 * i) for i in range(3)]
+    agent = policy.TapFinger(make_algorithm("first-fit"), biased_net({}), seed=1)
+    result = Simulator(cluster, agent).run(jobs)
+    assert [js.state for js in result.jobs] == ["finished"] * 3
+
+
+def refusing_more_cpu_than_asked(asked: float):
+    """first-fit, except that it cannot place a job granted more cpu per task than `asked`."""
+    first_fit = make_algorithm("first-fit")
+
+    class Refusing:
+        name = "refusing"
+
+        def place(self, cluster, job):
+            if job.tasks[0].demand.cpu > asked + 1e-9:
+                raise CannotPlace("more cpu than asked")
+            return first_fit.place(cluster, job)
+    return Refusing()
+
+
+@pytest.mark.parametrize("cells", [{0: 20.0},  # the agents would wait whenever allowed
+                                   {10: 20.0, 11: 20.0, 12: 20.0}])  # try share 3, which fails
+def test_an_idle_cluster_with_a_feasible_job_always_starts_one(cells):
+    # Each job arrives on an idle cluster: a round that ends there without a start leaves it
+    # queued until some later event, and after the last arrival there is none.
+    jobs = [custom_job(f"j{i}", [Task("w0", Resources(0.25, 100))], [], compute_s=0.25,
+                       iterations=20, submit_time=1000.0 * i) for i in range(3)]
+    agent = policy.TapFinger(refusing_more_cpu_than_asked(0.25), biased_net(cells), seed=1)
+    result = Simulator(cluster_of([1.0, 1.0]), agent).run(jobs)
+    assert [js.state for js in result.jobs] == ["finished"] * 3
+
+
+def test_every_job_the_simulator_admits_passes_the_masks_on_the_idle_cluster():
+    # fattree's access links carry 200 Mbit/s; the mix asks up to 1000 Mbit/s per flow
+    cluster = Cluster.from_topology(load_topology("fattree"))
+    scenario = make_scenario(parse_arrivals("bursty:n=150,load=0.7"), cluster, 0)
+    admitted = [JobState(job, i, "queued") for i, job in enumerate(scenario.jobs)
+                if packable(cluster, job, budget=20_000) is not False]
+    assert admitted
+    for js in admitted:
+        obs, _ = policy.observe(Round(0.0, cluster, None, [js], []), cluster.compute_nodes())
+        assert obs.masks[:, 0, 1:].any(), js.name
