@@ -27,6 +27,7 @@ import yaml
 from topologies import Topology
 
 HOST_FIELDS = ("node", "address", "port", "user", "key_file", "iface", "ip")
+SHARED_FIELDS = tuple(f for f in HOST_FIELDS if f not in ("node", "address", "ip"))  # defaults
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_AGENT_PORT = 7071
 
@@ -91,9 +92,9 @@ def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) 
     if not isinstance(defaults, dict):
         raise fail("defaults", "expected a mapping of host fields")
     for key in defaults:
-        if key not in HOST_FIELDS or key in ("node", "address", "ip"):
-            raise fail(f"defaults.{key}", "not a field every host can share (allowed: port, "
-                                          "user, key_file, iface)")
+        if key not in SHARED_FIELDS:
+            raise fail(f"defaults.{key}", f"not a field every host can share (allowed: "
+                                          f"{', '.join(SHARED_FIELDS)})")
     entries = doc.get("hosts")
     if not isinstance(entries, list) or not entries:
         raise fail("hosts", "expected a list of hosts")

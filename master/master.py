@@ -49,7 +49,7 @@ from .compute import AgentError, ComputeController, NotRegistered, worker_comman
 from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, Manager, ManagerError
 from .network import NetworkController, NetworkState, SdnApi
 from .scheduling import Scheduler, expected_end
-from .store import Store, take_changes
+from .store import Changes, Store, take_changes
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,6 @@ class Master:
         self._thread: threading.Thread | None = None
         self.server: Server | None = None
         self.store = Store(state) if state else None
-        self._persisting = threading.Lock()
         self._adopting: float | None = None  # when restored jobs began waiting for their agents
         if self.store:
             self._restore()
@@ -128,13 +127,12 @@ class Master:
 
     def persist(self) -> None:
         """Write the job records that changed (no-op without a state file)."""
-        if self.store is None:
-            return
-        with self._persisting:  # taken and written in order: an older copy never lands last
+        def take() -> Changes:
             with self.lock:
-                docs = take_changes(self.manager.jobs.values())
-            if docs:
-                self.store.save(docs)
+                return take_changes(self.manager.jobs.values())
+
+        if self.store is not None:
+            self.store.write(take)
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> Master:
         if self._adopting is not None and self.sdn is not None:

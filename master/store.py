@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from scheduler.jobs import parse_job
 from scheduler.model import Decision, FlowAssignment
@@ -61,7 +61,19 @@ class Store:
 
     def save(self, changes: Changes) -> None:
         """What `take_changes` took, in one transaction."""
-        with self._lock, self.db:
+        with self._lock:
+            self._save(changes)
+
+    def write(self, take: Callable[[], Changes]) -> None:
+        """`take()` the changes and save them under one lock, so that of two writers an older
+        copy of a record never lands after a newer one."""
+        with self._lock:
+            changes = take()
+            if changes:
+                self._save(changes)
+
+    def _save(self, changes: Changes) -> None:
+        with self.db:
             self.db.executemany("INSERT OR REPLACE INTO jobs (name, doc) VALUES (?, ?)",
                                 changes.docs)
             self.db.executemany("INSERT INTO lines (job, worker, line) VALUES (?, ?, ?)",
