@@ -112,6 +112,10 @@ class Manager:
         self.max_attempts = max_attempts
         self.clock = clock
         self.jobs: dict[str, JobRecord] = {}
+        # The current attempts' workers, by worker and by node: each heartbeat asks, so built
+        # once per change of the active set (`_enter`) instead of a scan of every job per call.
+        self._owners: dict[str, tuple[JobRecord, str]] | None = None
+        self._on_node: dict[str, list[str]] = {}
 
     # --- views ---------------------------------------------------------------------------------
     def get(self, name: str) -> JobRecord:
@@ -132,15 +136,30 @@ class Manager:
 
     def worker_owner(self, worker: str) -> tuple[JobRecord, str] | None:
         """(job, task) of a worker of a current attempt."""
-        for r in self.active():
-            for task, name in r.current.workers.items():
-                if name == worker:
-                    return r, task
-        return None
+        return self._index().get(worker)
 
     def expected_workers(self, node: str) -> list[str]:
-        return [r.current.workers[t] for r in self.active()
-                for t, n in r.current.decision.placement.items() if n == node]
+        self._index()
+        return list(self._on_node.get(node, ()))
+
+    def _index(self) -> dict[str, tuple[JobRecord, str]]:
+        if self._owners is None:
+            self._owners, self._on_node = {}, {}
+            for r in self.active():
+                for task, name in r.current.workers.items():
+                    self._owners[name] = (r, task)
+                    self._on_node.setdefault(r.current.decision.placement[task], []).append(name)
+        return self._owners
+
+    def _enter(self, rec: JobRecord, state: Phase) -> None:
+        """Every change of a job's state goes through here."""
+        rec.state = state
+        self._owners = None
+
+    def adopt(self, rec: JobRecord) -> None:
+        """A job record from elsewhere (a restarted Master's store)."""
+        self.jobs[rec.name] = rec
+        self._owners = None
 
     # --- transitions ---------------------------------------------------------------------------
     def submit(self, job: Job, algorithm: str, document: dict | None = None,
@@ -158,7 +177,7 @@ class Manager:
         now = self.clock()
         rec = JobRecord(job, algorithm, now, document=document, source=source)
         rec.log(now, f"submitted (scheduler {algorithm})")
-        self.jobs[job.name] = rec
+        self.adopt(rec)
         return rec
 
     def wait(self, rec: JobRecord, reason: str) -> None:
@@ -171,20 +190,22 @@ class Manager:
         now = self.clock()
         attempt = Attempt(len(rec.attempts) + 1, decision, workers, master_port, now)
         rec.attempts.append(attempt)
-        rec.state, rec.reason = Phase.SCHEDULED, ""
+        self._enter(rec, Phase.SCHEDULED)
+        rec.reason = ""
         where = ", ".join(f"{t}@{n}" for t, n in decision.placement.items())
         rec.log(now, f"attempt {attempt.number} scheduled: {where}")
         return attempt
 
     def mark_running(self, rec: JobRecord) -> None:
         if rec.state == Phase.SCHEDULED:
-            rec.state = Phase.RUNNING
+            self._enter(rec, Phase.RUNNING)
             rec.log(self.clock(), "running")
 
     def finish(self, rec: JobRecord) -> None:
         now = self.clock()
         rec.current.ended_at, rec.current.outcome = now, "finished"
-        rec.state, rec.finished_at, rec.reason = Phase.FINISHED, now, ""
+        self._enter(rec, Phase.FINISHED)
+        rec.finished_at, rec.reason = now, ""
         rec.log(now, "finished")
 
     def end_attempt(self, rec: JobRecord, reason: str, retryable: bool = True) -> Phase:
@@ -193,10 +214,12 @@ class Manager:
         attempt = rec.current
         attempt.ended_at, attempt.outcome = now, reason
         if retryable and len(rec.attempts) < self.max_attempts:
-            rec.state, rec.reason = Phase.QUEUED, f"rescheduling: {reason}"
+            self._enter(rec, Phase.QUEUED)
+            rec.reason = f"rescheduling: {reason}"
             rec.log(now, f"attempt {attempt.number} ended ({reason}); rescheduling")
         else:
-            rec.state, rec.finished_at = Phase.FAILED, now
+            self._enter(rec, Phase.FAILED)
+            rec.finished_at = now
             left = "" if retryable else " (not retryable)"
             rec.reason = f"{reason}{left}" if len(rec.attempts) == 1 or not retryable else \
                 f"{reason} (after {len(rec.attempts)} attempts)"
@@ -206,7 +229,8 @@ class Manager:
     def reject(self, rec: JobRecord, reason: str) -> None:
         """A queued job that can never be scheduled (its algorithm fails): failed, with why."""
         now = self.clock()
-        rec.state, rec.finished_at, rec.reason = Phase.FAILED, now, reason
+        self._enter(rec, Phase.FAILED)
+        rec.finished_at, rec.reason = now, reason
         rec.log(now, f"failed: {reason}")
 
     def cancel(self, rec: JobRecord) -> None:
@@ -215,5 +239,6 @@ class Manager:
         now = self.clock()
         if rec.current:
             rec.current.ended_at, rec.current.outcome = now, "cancelled"
-        rec.state, rec.finished_at, rec.reason = Phase.CANCELLED, now, "cancelled by the user"
+        self._enter(rec, Phase.CANCELLED)
+        rec.finished_at, rec.reason = now, "cancelled by the user"
         rec.log(now, "cancelled")

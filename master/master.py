@@ -90,6 +90,7 @@ class Master:
         self._events: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._dirty = True
+        self._network_changed = False  # released flows not pushed yet (`_push_changes`)
         self._thread: threading.Thread | None = None
         self.server: Server | None = None
         self.store = Store(state) if state else None
@@ -105,7 +106,7 @@ class Master:
         within the heartbeat timeout ends the attempt (`_check_heartbeats`)."""
         now, last_port = time.time(), self.cfg.first_port - 1
         for rec in self.store.load():
-            self.manager.jobs[rec.name] = rec
+            self.manager.adopt(rec)
             for attempt in rec.attempts:
                 self.worker_job.update({w: rec.name for w in attempt.workers.values()})
                 last_port = max(last_port, attempt.master_port)
@@ -190,6 +191,7 @@ class Master:
             if self._dirty:
                 self._dirty = False
                 self._guarded(self._schedule)
+            self._guarded(self._push_changes)
             self._guarded(self.persist)
 
     def _guarded(self, fn, *args) -> None:
@@ -287,15 +289,43 @@ class Master:
                                                  f"{type(e).__name__}: {e}")
                         self.scheduler.finished(rec.name)
                 continue
-            for p in placed:
-                self._launch(recs[p.job], p.decision)
+            self._launch([(recs[p.job], p.decision) for p in placed])
             with self.lock:
                 for name, why in reasons.items():
                     self.manager.wait(recs[name], why)
 
-    def _launch(self, rec: JobRecord, decision: Decision) -> None:
-        """Pin, check and allocate under the lock; then enforce the network and start the
-        workers outside it."""
+    def _launch(self, placed: list[tuple[JobRecord, Decision]]) -> None:
+        """Start a round's jobs: pin, check and allocate each under the lock; install the
+        enforced ones' flows in one push (a refusal is then traced to its jobs, one push each);
+        then start the workers, outside the lock."""
+        launches = [launch for rec, decision in placed
+                    if (launch := self._allocate(rec, decision)) is not None]
+        refused: dict[str, Exception] = {}
+        if any(d.network == ENFORCED for _, d, _ in launches):
+            with self.lock:
+                state = self._desired()
+            try:
+                self.network.push(state)
+                self._network_changed = False
+            except Exception:
+                refused = self._install_one_by_one([(r, d) for r, d, _ in launches
+                                                    if d.network == ENFORCED])
+        for rec, decision, port in launches:
+            if rec.name in refused:
+                with self.lock:
+                    self._release(rec.name)
+                    self.manager.end_attempt(rec, f"the network refused the flows: "
+                                                  f"{refused[rec.name]}", retryable=False)
+                    self.scheduler.finished(rec.name)
+                self._network_changed = True
+            else:
+                self._start_workers(rec, decision, port)
+
+    def _allocate(self, rec: JobRecord, decision: Decision) \
+            -> tuple[JobRecord, Decision, int] | None:
+        """Pin the decision to the node pairs' paths, check it on the view, start an attempt and
+        allocate (the flows join the Network Controller's state, not the network yet). None
+        when it no longer fits (the job waits with the reason)."""
         job = rec.job
         enforced = decision.network == ENFORCED
         with self.lock:
@@ -305,7 +335,7 @@ class Master:
             problems = check_decision(view, job, decision)
             if problems:
                 self.manager.wait(rec, f"sharing a node pair's path: {problems[0]}")
-                return
+                return None
             names = {t.name: f"{job.name}-{t.name}-a{len(rec.attempts) + 1}" for t in job.tasks}
             port = next(self._ports)
             attempt = self.manager.start_attempt(rec, decision, names, port)
@@ -317,21 +347,34 @@ class Master:
             self.cluster.allocate(job, decision)
             if enforced:
                 self.network.add(job, decision)
-            state = self._desired()
+        return rec, decision, port
+
+    def _install_one_by_one(self, launches: list[tuple[JobRecord, Decision]]) \
+            -> dict[str, Exception]:
+        """After a push of several new jobs' flows was refused: push them again one job at a
+        time; the jobs whose push is refused, with the refusal (their flows are forgotten)."""
+        with self.lock:
+            for rec, _ in launches:
+                self.network.forget(rec.name)
+        refused = {}
+        for rec, decision in launches:
+            with self.lock:
+                self.network.add(rec.job, decision)
+                state = self._desired()
+            try:
+                self.network.push(state)
+            except Exception as e:
+                refused[rec.name] = e
+                with self.lock:
+                    self.network.forget(rec.name)
+        return refused
+
+    def _start_workers(self, rec: JobRecord, decision: Decision, port: int) -> None:
+        job = rec.job
+        with self.lock:
             agents = {t.name: self.compute.agents[decision.placement[t.name]].reg
                       for t in job.tasks}
-        try:
-            if enforced:
-                self.network.push(state)
-        except Exception as e:
-            with self.lock:
-                self._release(job.name)
-                self.manager.end_attempt(rec, f"the network refused the flows: {e}",
-                                         retryable=False)
-                self.scheduler.finished(rec.name)
-                state = self._desired()
-            self._push_quietly(state)
-            return
+            names = rec.current.workers
         rank0 = agents[job.tasks[0].name]
         for rank, task in enumerate(job.tasks):
             agent = agents[task.name]
@@ -457,8 +500,16 @@ class Master:
             self.compute.stop_worker(attempt.decision.placement[task], name)
         with self.lock:
             self._release(rec.name)
-            state = self._desired()
-        self._push_quietly(state)
+        self._network_changed = True
+
+    def _push_changes(self) -> None:
+        """Push what the teardowns of this pass of the control loop released: once per pass,
+        not once per job (a burst of jobs ending would push, and re-share the spare, per job)."""
+        if self._network_changed:
+            self._network_changed = False
+            with self.lock:
+                state = self._desired()
+            self._push_quietly(state)
 
     def _fail_attempt(self, rec: JobRecord, reason: str, retryable: bool) -> None:
         with self.lock:  # recorded first: the time of the event is when it was noticed

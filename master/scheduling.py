@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from scheduler.baselines import algorithm_names
 from scheduler import compose
-from scheduler.model import CannotPlace, Cluster, Decision, Job
+from scheduler.model import EPS, Cluster, Decision, Job
 from scheduler.multi import POLICIES, REALLOCATING, MultiConfig, make_policy
 from scheduler.rounds import JobState, Round
 
@@ -50,7 +50,8 @@ class Scheduler:
     def __init__(self, default: str, seed: int = 0, queue: str = "fifo-backfill"):
         self._policies: dict[str, object] = {}
         self._seq = itertools.count()
-        self._epoch = itertools.count()
+        self._epoch = 0
+        self._room: dict | None = None  # what the last round left free (`_room`)
         self.states: dict[str, JobState] = {}
         self.configure(default, seed, queue)
 
@@ -111,29 +112,44 @@ class Scheduler:
         queue = []
         for job in queued:
             js = self.states[job.name]
-            js.state, js.failed_at, js.decision = "queued", None, None
+            js.state, js.decision = "queued", None
             queue.append(js)
         active = [JobState(job, -1, state="running", decision=d, expected_end=end)
                   for job, d, end in running]
-        rnd = Round(now, view, policy.algorithm, queue, active, epoch=next(self._epoch))
+        rnd = Round(now, view, policy.algorithm, queue, active, epoch=self._next_epoch(view))
         policy.schedule(rnd)
+        self._epoch, self._room = max(self._epoch, rnd.epoch), _room(rnd.cluster)
         placed = []
         for js in rnd.placed:
             js.decision.decision_s = js.decision_s[-1] if js.decision_s else 0.0
             placed.append(Placed(js.name, js.decision))
-        reasons = {js.name: self._why(policy.algorithm, rnd.cluster, js.job) for js in rnd.queue}
+        reasons = {js.name: js.why if js.failed_at and js.failed_at[0] == rnd.epoch else
+                   "the queue policy holds it back (ordering or a reservation for another job)"
+                   for js in rnd.queue}
         return placed, reasons
 
-    @staticmethod
-    def _why(algorithm, view: Cluster, job: Job) -> str:
-        try:
-            algorithm.place(view, job)
-        except CannotPlace as e:
-            return str(e) or "it does not fit now"
-        return "the queue policy holds it back (ordering or a reservation for another job)"
+    def _next_epoch(self, view: Cluster) -> int:
+        """The release epoch of a round on `view` (`Round.try_place` does not retry a job that
+        failed in the same epoch): a new one when some node or link has more room free than
+        the last round left (its placements made) — only then can a job that did not fit fit
+        now. A burst of submissions thus costs each queued job one placement, not one per
+        round."""
+        room, last = _room(view), self._room
+        if last is None or last.keys() != room.keys() or any(
+                x > y + EPS for k, free in room.items() for x, y in zip(free, last[k])):
+            self._epoch += 1
+        return self._epoch
 
     def finished(self, name: str) -> None:
         self.states.pop(name, None)
+
+
+def _room(view: Cluster) -> dict:
+    """What `view` has free: by node (cpu, memory, gpu) and by directed link (Mbit/s)."""
+    room = {n: view.free(n).as_tuple() for n in view.compute_nodes()}
+    room |= {(u, v): (view.residual(u, v),)
+             for a, b in view.graph.edges for u, v in ((a, b), (b, a))}
+    return room
 
 
 def expected_end(started_at: float, job: Job, predicted_iteration_s: float) -> float:

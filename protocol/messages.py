@@ -17,6 +17,7 @@ against the dataclass, so a malformed message is one clear `ValueError` naming t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import types
 import typing
@@ -96,8 +97,7 @@ def from_json(cls: type[T], data: Any) -> T:
 def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object, got {_kind(data)}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
+    hints, known = _fields(cls)
     unknown = sorted(str(k) for k in data if k not in known)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
@@ -106,6 +106,12 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if missing:
         raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
     return cls(**{k: _check(v, hints[k], f"{where}.{k}") for k, v in data.items()})
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A message class's field types and fields (resolving the types is what costs: once)."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
 
 
 def _check(value: Any, tp: Any, where: str) -> Any:

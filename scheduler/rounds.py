@@ -42,6 +42,7 @@ class JobState:
     expected_end: float = math.inf
     version: int = 0  # invalidates stale completion events
     failed_at: tuple | None = None  # (release epoch, holds) of the last failed placement
+    why: str = ""  # what the last failed placement said
     bw_satisfaction: float = 1.0  # granted/demanded of its last placement
     decision_s: list[float] = field(default_factory=list)
     admitted: bool | None = None  # queue-policy scratch (EDF's admission verdict)
@@ -208,7 +209,8 @@ class Round:
         if js.failed_at == key:
             return None
         view, free = self._view(js)
-        if free.may_fit(js.job):
+        js.why = free.misfit(js.job)
+        if not js.why:
             start = time.perf_counter()
             targets = [view]
             spared = avoid(view) if avoid else set()
@@ -219,14 +221,21 @@ class Round:
             for target in targets:
                 try:
                     decision = self.algorithm.place(target, js.job)
-                except CannotPlace:
+                except CannotPlace as e:
+                    js.why = str(e) or "it does not fit now"
                     continue
-                if (accept is None or accept(decision)) and self.commit(js, decision):
+                if accept is not None and not accept(decision):
+                    js.why = "the queue policy did not accept the placement found"
+                elif self.commit(js, decision):
                     placed = decision
                     break
+                else:
+                    js.why = "the placement found is no longer feasible"
             js.decision_s.append(time.perf_counter() - start)
             if placed is not None:
                 return placed
+        if key[1]:
+            js.why += f" (with the resources held for {', '.join(sorted(key[1]))})"
         js.failed_at = key
         return None
 
@@ -291,6 +300,14 @@ class FreeSpace:
     def may_fit(self, job: Job) -> bool:
         """Every task fits some node and the job's total fits the total: spares calling an
         algorithm that must fail."""
+        return not self.misfit(job)
+
+    def misfit(self, job: Job) -> str:
+        """Why `job` cannot fit (`may_fit`), or "" when it may."""
         if not job.total_demand().fits_in(self.total):
-            return False
-        return all(any(d.fits_in(f) for f in self.nodes) for d in {t.demand for t in job.tasks})
+            return f"job {job.name}: its tasks together need more than the online nodes have free"
+        for t in job.tasks:
+            if not any(t.demand.fits_in(f) for f in self.nodes):
+                return (f"job {job.name}: task {t.name} (cpu {t.demand.cpu:g}, mem "
+                        f"{t.demand.mem_mb:g} MB, gpu {t.demand.gpu:g}) fits on no online node")
+        return ""

@@ -421,3 +421,29 @@ def test_a_body_that_stops_arriving_is_408(request, which, monkeypatch):
     answer = raw_exchange(request, which, "Content-Length: 100\r\n", b'{"a"')
     assert answer.split(b"\r\n")[0].endswith(b"408 Request Timeout"), answer[:200]
     assert b"did not arrive in time" in answer and time.monotonic() - t0 < 5
+
+
+def test_silent_connections_do_not_hold_up_other_callers(monkeypatch):
+    """Connections are served by a bounded pool of threads: clients that connect and say
+    nothing occupy some of them until the read timeout, the others are still answered at once;
+    beyond the bound, callers wait their turn instead of getting a thread each."""
+    monkeypatch.setattr(protocol_http._QuietHandler, "timeout", 3.0)
+    monkeypatch.setattr(protocol_http._PooledServer, "max_threads", 4)
+    app = protocol_http.JsonApp()
+    app.route("GET", "/ping", lambda req: {"pong": True})
+    server = Server(app).start()
+    try:
+        port = urllib.parse.urlsplit(server.url).port
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        t0 = time.monotonic()
+        assert protocol_http.call("GET", server.url + "/ping") == {"pong": True}
+        assert time.monotonic() - t0 < 1.0  # the fourth thread answers
+        silent.append(socket.create_connection(("127.0.0.1", port)))  # all four threads taken
+        t0 = time.monotonic()
+        assert protocol_http.call("GET", server.url + "/ping", timeout=10) == {"pong": True}
+        assert time.monotonic() - t0 > 1.0  # answered once a silent one timed out
+        assert server.httpd._threads == 4
+        for s in silent:
+            s.close()
+    finally:
+        server.stop()
