@@ -254,7 +254,8 @@ class _PooledServer(WSGIServer):
             if self._threads >= self.max_threads:
                 return
             self._threads += 1
-        threading.Thread(target=self._serve_connections, name="http-conn", daemon=True).start()
+        threading.Thread(target=self._serve_connections, daemon=True,
+                         name=f"http-{self.server_address[1]}").start()
 
     def _serve_connections(self) -> None:
         while True:
