@@ -557,6 +557,7 @@ class Master:
                 self.scheduler.finished(rec.name)
             if attempt is not None:
                 self._teardown(rec, attempt)
+                self._push_changes()  # the user's answer comes with the job's flows gone
             done.set_result(name)
         except ManagerError as e:
             done.set_exception(e)
