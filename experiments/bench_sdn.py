@@ -32,7 +32,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 
 import networkx as nx
 
+from protocol.http import free_port
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from topologies.routes import default_path
 from edge import tc
@@ -57,12 +57,6 @@ LATENCY_REPS = 20
 BULK_FLOWS = 1000
 SENDER_CPUS = 2.0  # the end nodes get 2 CPUs, so the figure is the enforcement's, not the quota's
 JUDGE_HEADROOM = 1.2  # a grant is judged only where the unenforced path carries ≥ 1.2 × it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Controller:

@@ -136,20 +136,19 @@ class Manager:
 
     def worker_owner(self, worker: str) -> tuple[JobRecord, str] | None:
         """(job, task) of a worker of a current attempt."""
-        return self._index().get(worker)
+        return self._index()[0].get(worker)
 
     def expected_workers(self, node: str) -> list[str]:
-        self._index()
-        return list(self._on_node.get(node, ()))
+        return list(self._index()[1].get(node, ()))
 
-    def _index(self) -> dict[str, tuple[JobRecord, str]]:
+    def _index(self) -> tuple[dict[str, tuple[JobRecord, str]], dict[str, list[str]]]:
         if self._owners is None:
             self._owners, self._on_node = {}, {}
             for r in self.active():
                 for task, name in r.current.workers.items():
                     self._owners[name] = (r, task)
                     self._on_node.setdefault(r.current.decision.placement[task], []).append(name)
-        return self._owners
+        return self._owners, self._on_node
 
     def _enter(self, rec: JobRecord, state: Phase) -> None:
         """Every change of a job's state goes through here."""

@@ -298,19 +298,18 @@ class Master:
         """Start a round's jobs: pin, check and allocate each under the lock; install the
         enforced ones' flows in one push (a refusal is then traced to its jobs, one push each);
         then start the workers, outside the lock."""
-        launches = [launch for rec, decision in placed
-                    if (launch := self._allocate(rec, decision)) is not None]
+        launched = [rec for rec, decision in placed if self._allocate(rec, decision)]
+        enforced = [rec for rec in launched if rec.current.decision.network == ENFORCED]
         refused: dict[str, Exception] = {}
-        if any(d.network == ENFORCED for _, d, _ in launches):
+        if enforced:
             with self.lock:
                 state = self._desired()
             try:
                 self.network.push(state)
                 self._network_changed = False
             except Exception:
-                refused = self._install_one_by_one([(r, d) for r, d, _ in launches
-                                                    if d.network == ENFORCED])
-        for rec, decision, port in launches:
+                refused = self._install_one_by_one(enforced)
+        for rec in launched:
             if rec.name in refused:
                 with self.lock:
                     self._release(rec.name)
@@ -319,12 +318,11 @@ class Master:
                     self.scheduler.finished(rec.name)
                 self._network_changed = True
             else:
-                self._start_workers(rec, decision, port)
+                self._start_workers(rec)
 
-    def _allocate(self, rec: JobRecord, decision: Decision) \
-            -> tuple[JobRecord, Decision, int] | None:
+    def _allocate(self, rec: JobRecord, decision: Decision) -> bool:
         """Pin the decision to the node pairs' paths, check it on the view, start an attempt and
-        allocate (the flows join the Network Controller's state, not the network yet). None
+        allocate (the flows join the Network Controller's state, not the network yet). False
         when it no longer fits (the job waits with the reason)."""
         job = rec.job
         enforced = decision.network == ENFORCED
@@ -335,7 +333,7 @@ class Master:
             problems = check_decision(view, job, decision)
             if problems:
                 self.manager.wait(rec, f"sharing a node pair's path: {problems[0]}")
-                return None
+                return False
             names = {t.name: f"{job.name}-{t.name}-a{len(rec.attempts) + 1}" for t in job.tasks}
             port = next(self._ports)
             attempt = self.manager.start_attempt(rec, decision, names, port)
@@ -347,19 +345,18 @@ class Master:
             self.cluster.allocate(job, decision)
             if enforced:
                 self.network.add(job, decision)
-        return rec, decision, port
+        return True
 
-    def _install_one_by_one(self, launches: list[tuple[JobRecord, Decision]]) \
-            -> dict[str, Exception]:
+    def _install_one_by_one(self, launches: list[JobRecord]) -> dict[str, Exception]:
         """After a push of several new jobs' flows was refused: push them again one job at a
         time; the jobs whose push is refused, with the refusal (their flows are forgotten)."""
         with self.lock:
-            for rec, _ in launches:
+            for rec in launches:
                 self.network.forget(rec.name)
         refused = {}
-        for rec, decision in launches:
+        for rec in launches:
             with self.lock:
-                self.network.add(rec.job, decision)
+                self.network.add(rec.job, rec.current.decision)
                 state = self._desired()
             try:
                 self.network.push(state)
@@ -369,12 +366,13 @@ class Master:
                     self.network.forget(rec.name)
         return refused
 
-    def _start_workers(self, rec: JobRecord, decision: Decision, port: int) -> None:
+    def _start_workers(self, rec: JobRecord) -> None:
         job = rec.job
         with self.lock:
-            agents = {t.name: self.compute.agents[decision.placement[t.name]].reg
+            attempt = rec.current
+            agents = {t.name: self.compute.agents[attempt.decision.placement[t.name]].reg
                       for t in job.tasks}
-            names = rec.current.workers
+        names, port = attempt.workers, attempt.master_port
         rank0 = agents[job.tasks[0].name]
         for rank, task in enumerate(job.tasks):
             agent = agents[task.name]

@@ -95,6 +95,14 @@ def listen_token(host: str, token_file: str = "") -> str | None:
     return None
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now, for a server to be started elsewhere (a child process,
+    a worker's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ApiError(Exception):
     """An HTTP error answer: raised by handlers (4xx) and by `call` for any error status."""
 

@@ -6,7 +6,6 @@ here with `run_local`.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from protocol.http import free_port
 from protocol.worker import option_flags
 
 from .train import TrainConfig
@@ -32,12 +32,6 @@ def train_argv(rank: int, world_size: int, python: str = sys.executable, **optio
     flags = {"timeout" if k == "timeout_s" else k: v for k, v in options.items()}
     return [python, "-m", "workloads.train",
             *option_flags({"rank": rank, "world_size": world_size, **flags})]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalJobError(RuntimeError):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from docker.errors import DockerException
 from rich.console import Console
 
 from master.client import MasterClient
+from protocol.http import free_port
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from testbed import Emulation
 from testbed.image import worker_image_tag
@@ -31,12 +31,6 @@ log = logging.getLogger("run")
 # --- the testbed stack -------------------------------------------------------------------------
 class RunError(RuntimeError):
     """The testbed broke (a component did not start, the network does not connect)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Stack:

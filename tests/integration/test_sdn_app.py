@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any, Callable
 
 import pytest
 
+from protocol.http import free_port
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from sdn_app.flows import COOKIE_JOB
 from sdn_netns import NetnsNetwork, sh
@@ -64,12 +64,6 @@ def wait_for(condition: Callable[[], Any], timeout_s: float = 15, what: str = ""
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ControllerProcess:

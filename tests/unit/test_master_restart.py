@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -17,18 +16,12 @@ import pytest
 
 from edge.simulated import SimulatedAgent
 from master.client import MasterClient
-from protocol.http import Unreachable
+from protocol.http import Unreachable, free_port
 from test_master_loop import spread_job, wait_for
 from topologies import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
 STAR = load_topology("star")  # only e1 and e2 hold a 1-core task
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MasterProcess:

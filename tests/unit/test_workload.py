@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from workloads.launch import PACKAGE_ROOT, LocalJobError, free_port, run_local, train_argv
+from protocol.http import free_port
+from workloads.launch import PACKAGE_ROOT, LocalJobError, run_local, train_argv
 from workloads.results import read_job, read_task_log
 from workloads.train import main
 
