@@ -61,9 +61,12 @@ def binds(flow: dict, ring_bottleneck_mbps: float | None) -> bool:
 
 def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
     """`measure` / granted rate of the flows their grant holds back (`binding_flows`); by default
-    what the sender put on the wire while its socket was busy (`run.tcp_view`): the bytes the
-    grant's shaper and meter count."""
-    return [f[measure] / f["rate_mbps"] for f in binding_flows(row) if f.get(measure) is not None]
+    what the sender put on the wire while its socket was busy (`rows.tcp_view`): the bytes the
+    grant's shaper and meter count, judged interval by interval where the sender's counters
+    allow (`rows.wire_ratio`)."""
+    return [f["wire_ratio"] if measure == "wire_mbps" and f.get("wire_ratio") is not None
+            else f[measure] / f["rate_mbps"]
+            for f in binding_flows(row) if f.get(measure) is not None]
 
 
 def over_grant(row: dict) -> list[dict]:
@@ -147,6 +150,33 @@ def reaction_times(results: dict) -> dict[str, list[float]]:
     return out
 
 
+def adjustment_effect(results: dict, timeout_s: float) -> list[str]:
+    """Runtime adjustment on vs off: for every scheduler X run beside X/static, the TTA of the
+    jobs a background is sent along (or that X re-routed), mean ± sd over seeds."""
+    along = {b["along"] for b in results.get("background", []) if b.get("along")}
+    tta: dict[tuple[str, str], list[float]] = {}
+    for r in rows(results):
+        tta.setdefault((r["scheduler"], r["job"]), []).append(tta_censored(r, timeout_s))
+    lines = []
+    ran = {run["scheduler"] for run in results.get("runs", [])}
+    for s in sorted(ran):
+        off = f"{s}/static"
+        if off not in ran:
+            continue
+        affected = sorted(along | {r["job"] for r in rows(results)
+                                   if r["scheduler"] == s and r.get("adjustments")})
+        for job in affected:
+            on_m, on_s = mean_std(tta.get((s, job), []))
+            off_m, off_s = mean_std(tta.get((off, job), []))
+            if on_m is not None and off_m is not None:
+                lines.append(f"`{job}`: {_f(on_m)} ± {_f(on_s)} s with `{s}`, {_f(off_m)} ± "
+                             f"{_f(off_s)} s with `{off}` ({100 * (1 - on_m / off_m):.0f}% lower)")
+    if not lines:
+        return []
+    return ["**Runtime adjustment on vs off** (time to accuracy of the affected jobs, unreached "
+            f"counted at {timeout_s:g} s): " + "; ".join(lines) + ".", ""]
+
+
 def comparison(results: dict, all_rows: list[dict], schedulers: list[str],
                timeout: float) -> list[str]:
     """The comparison of schedulers over runs, and CES-PPO against the best network-blind
@@ -191,7 +221,7 @@ def comparison(results: dict, all_rows: list[dict], schedulers: list[str],
         lines += ["**Runtime adjustment**: from the background's start to the first re-routed "
                   "job, " + "; ".join(f"`{s}` {_f(mean_std(v)[0])} s (max {max(v):.1f}, "
                                       f"{len(v)} runs)" for s, v in reactions.items()) + ".", ""]
-    return lines
+    return lines + adjustment_effect(results, timeout)
 
 
 def write_csv(results: dict, path: Path) -> Path:
@@ -284,7 +314,9 @@ def summary(results: dict) -> str:
                   "ring's flows granted more than its smallest grant wait for data instead), "
                   "from the kernel's tcp_info of the sender's connection, over the time its "
                   "socket had data to send. On the wire (`wire_mbps`: bytes sent, "
-                  "retransmissions and headers included — what the shaper and the meter count): "
+                  "retransmissions and headers included — what the shaper and the meter count — "
+                  "against the rate installed during the same seconds, between each two of the "
+                  "sender's evaluations, weighted by busy time: `wire_ratio`): "
                   f"{_band(wire)}. Goodput (`tcp_mbps`: bytes acknowledged, ≈ 0.96 × the wire "
                   f"rate at full-size frames): {_band(goodput)}. Above {RATE_BAND[1]} × their "
                   f"grant on the wire: {len(over)} of {measured} measured flows, "

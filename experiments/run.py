@@ -50,7 +50,7 @@ import report
 from machine import machine
 from e2e.display import Display, fmt
 from e2e.rows import job_row
-from e2e.scenario import Plan, Scenario, ScenarioError, plan
+from e2e.scenario import Plan, Scenario, ScenarioError, plan, tenant_path
 from e2e.stack import RunError, Stack
 
 log = logging.getLogger("run")
@@ -68,6 +68,7 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     pending = sorted(scenario.jobs, key=lambda d: d.job.submit_time)
     traffic = {i: b for i, b in enumerate(scenario.background) if b.start_s is not None}
     started: dict[str, float] = {}  # background flow -> when it started (epoch s)
+    pinned: dict[str, dict] = {}  # background flow along a job -> the path and link it took
     names: dict[str, str] = {}  # submitted name -> base name
     samples: dict[str, Any] = {"t": [], "links": {}}
     t0, started_at = time.monotonic(), time.time()
@@ -77,10 +78,24 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     while True:
         now = time.monotonic()
         for i, b in list(traffic.items()):  # another tenant's transfer starts mid-run
-            if b.start_s <= now - t0:
-                stack.start_traffic(i, b, wait=False)
-                started[b.label()] = time.time()
-                del traffic[i]
+            if b.start_s > now - t0:
+                continue
+            if b.along is not None:
+                job = next((v for v in views if names[v["name"]] == b.along), None)
+                if job is None or job["state"] in ("queued", "scheduled") or not job["attempts"]:
+                    continue  # not placed yet: the tenant follows it when it is
+                crossing = tenant_path(stack.topo, b, job["attempts"][-1]["flows"]) \
+                    if job["state"] == "running" else None
+                if crossing is None:
+                    del traffic[i]
+                    log.warning("background %s not started: job %s is %s and crosses no "
+                                "link it can be sent through", b.label(), b.along, job["state"])
+                    continue
+                stack.pin_traffic(i, b, crossing[0])
+                pinned[b.label()] = {"path": crossing[0], "link": list(crossing[1])}
+            stack.start_traffic(i, b, wait=False)
+            started[b.label()] = time.time()
+            del traffic[i]
         while pending and pending[0].job.submit_time <= now - t0:
             doc = pending.pop(0)
             name = f"{doc.job.name}.r{index}"  # unique per run: worker containers are named by it
@@ -115,11 +130,14 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     for i, b in enumerate(scenario.background):
         if b.start_s is not None:
             stack.stop_traffic(i)
+        if b.label() in pinned:
+            stack.unpin_traffic(i)
     _wait_idle(master)
     capacity = {f"{lk['src']}>{lk['dst']}": lk["capacity_mbps"] for lk in master.links()}
     busy = {k: v for k, v in samples["links"].items() if max((x or 0) for x in v) >= 1.0}
     return {"scheduler": scheduler, "seed": seed, "wall_s": round(wall, 2), "jobs": rows,
             "started_at": started_at, "background_started_at": started,
+            "background_paths": pinned,
             "links": {"t": samples["t"], "mbps": busy,
                       "capacity_mbps": {k: capacity[k] for k in busy}}}
 

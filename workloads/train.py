@@ -13,6 +13,8 @@ that hits --max-iters / --max-seconds first reports `reached_target: false` and 
 
 JSON lines written to --out (one file per task), each with a "type":
   start  configuration, model size, threads, clocks
+  data   dataset, sizes of the splits and of this rank's evaluation shard, clock_start (the
+         wall clock when the clock started: evaluations are at clock_start + elapsed_s)
   iter   iter, loss, iter_s, compute_s, comm_s, tx_bytes, rx_bytes (interface counters),
          payload_tx_bytes, payload_rx_bytes (what the collective sent)
   eval   iter, elapsed_s, eval_s, accuracy (over the whole held-out split), tcp (as in end:
@@ -176,7 +178,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     x_eval, y_eval = data.x_test[cfg.rank::cfg.world_size], data.y_test[cfg.rank::cfg.world_size]
     batches = _batches(data.x_train, data.y_train, cfg)
     log.write("data", dataset=data.name, train=len(data.y_train), test=len(data.y_test),
-              shard_eval=len(y_eval))
+              shard_eval=len(y_eval), clock_start=clock_start)
     counters = InterfaceCounters(cfg.iface)
     loss_fn = nn.CrossEntropyLoss()
 

@@ -27,14 +27,21 @@ def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
     delivered, application pauses excluded), `wire_mbps` (the same time's bytes on the wire,
     headers and retransmissions included: what the grant limits), the retransmitted share and
     the share of busy time the receiver's window held it back."""
-    def last(records: list[dict]) -> dict:  # end, or the last evaluation of a stopped task
-        return next((r["tcp"] for r in reversed(records) if "tcp" in r), {})
-    c = last(sender).get("peers", {}).get(last(receiver).get("address"))
+    c = _last_tcp(sender).get("peers", {}).get(_address(receiver))
     if not c or not c.get("busy_us"):
         return {"tcp_mbps": None, "wire_mbps": None}
     return {"tcp_mbps": busy_rate_mbps(c), "wire_mbps": wire_rate_mbps(c),
             "tcp_retrans_share": round(c.get("bytes_retrans", 0) / max(c["bytes_acked"], 1), 5),
             "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4)}
+
+
+def _last_tcp(records: list[dict]) -> dict:  # end, or the last evaluation of a stopped task
+    return next((r["tcp"] for r in reversed(records) if "tcp" in r), {})
+
+
+def _address(records: list[dict]) -> str | None:
+    """A task's address on the testbed, as its TCP counters name it."""
+    return _last_tcp(records).get("address")
 
 
 def installed_mbps(history: list, flow: str, start: float,
@@ -45,13 +52,43 @@ def installed_mbps(history: list, flow: str, start: float,
     steps = [(t, rates[flow]) for t, rates in history if flow in rates]
     if not steps:
         return None
-    end = max(end if end is not None else steps[-1][0], steps[-1][0])
+    end = end if end is not None else steps[-1][0]
     total = weight = 0.0
-    for (t, mbps), (t_next, _) in zip(steps, steps[1:] + [(end, None)]):
-        span = max(t_next - max(t, start), 0.0)
+    for (t, mbps), (t_next, _) in zip(steps, steps[1:] + [(max(end, steps[-1][0]), None)]):
+        span = max(min(t_next, end) - max(t, start), 0.0)
         total, weight = total + mbps * span, weight + span
     mean = total / weight if weight > 0 else steps[-1][1]
     return round(mean, 3), max(mbps for _, mbps in steps)
+
+
+def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str,
+               least_busy_s: float = 0.2) -> float | None:
+    """What the sender put on the wire against what the network let `flow` through, interval by
+    interval: between two of its counter snapshots (each evaluation and the end), the wire rate
+    while its socket was busy (`wire_rate_mbps` of the difference) against the installed rate of
+    those same seconds (`installed_mbps`), weighted by busy time — Σ bits on the wire / Σ
+    installed rate × busy time. One mean over the whole run would set the seconds the socket was
+    busy against seconds it was not, while a flow's share of the spare moves as jobs start and
+    end. None without the sender's clock or counters."""
+    start = next((r.get("clock_start") for r in sender if r.get("type") == "data"), None)
+    if start is None or address is None:
+        return None
+    snaps: list[tuple[float, dict]] = [(start, {})]
+    for r in sender:
+        c = r.get("tcp", {}).get("peers", {}).get(address)
+        if c and r.get("type") in ("eval", "end"):
+            snaps.append((start + (r["elapsed_s"] if r["type"] == "eval" else r["train_s"]), c))
+    on_wire = expected = 0.0
+    for (t0, a), (t1, b) in zip(snaps, snaps[1:]):
+        diff = {k: b.get(k, 0) - a.get(k, 0) for k in ("busy_us", "bytes_sent", "segs_out")}
+        rates = installed_mbps(history, flow, t0, t1)
+        wire = wire_rate_mbps({**diff, "options": b.get("options", 0)})
+        if diff["busy_us"] < least_busy_s * 1e6 or min(diff.values()) < 0 or not rates or \
+                wire is None:  # too short to judge, or another connection took over
+            continue
+        on_wire += wire * diff["busy_us"]
+        expected += rates[0] * diff["busy_us"]
+    return round(on_wire / expected, 4) if expected > 0 else None
 
 
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
@@ -78,9 +115,11 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
                                    att.get("started_at", 0.0), att.get("ended_at")) \
                 if grant else None
             mean, peak = rates if rates else (grant, grant)
+            ratio = wire_ratio(sender, _address(receiver), att.get("installed", []),
+                               f"{f['src']}>{f['dst']}") if grant else None
             flows.append({**f, "rate_mbps": mean, "rate_max_mbps": peak, "granted_mbps": grant,
                           "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
-                          **tcp_view(sender, receiver)})
+                          **tcp_view(sender, receiver), "wire_ratio": ratio})
     state = "timeout" if timed_out else view["state"]
     return {
         "scheduler": scheduler, "seed": seed, "job": base, "collective": view["collective"],

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import networkx as nx
+
 from master.scheduling import QUEUES
 from scheduler import compose
 from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_documents, \
@@ -37,6 +39,8 @@ class Background:
     start_s: float | None = None  # after each run's start (then it stops with the run); None:
     #                               from bring-up to teardown
     cordon: bool = True  # the endpoints are the tenant's machines: no job runs there
+    along: str | None = None  # a job: from start_s, the path crosses the link it loads most
+    #                           (`tenant_path`), whatever the scheduler decided
 
     def label(self) -> str:
         return f"{self.src}->{self.dst}"
@@ -58,7 +62,7 @@ class Scenario:
 
 SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "timeout_s",
                  "background", "jobs", "link_scale"}
-BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon"}
+BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon", "along"}
 TRAFFIC_CPU, TRAFFIC_MEM_MB = 0.25, 64  # an iperf3 end at most; less on a smaller node
 
 
@@ -104,7 +108,7 @@ def load_scenario(path: Path) -> Scenario:
         raise bad("jobs", "a non-empty list of jobs or the path of a job file/folder")
     background = doc.get("background") or []
     if not isinstance(background, list):
-        raise bad("background", "a list of {src, dst, mbps, path?, start_s?, cordon?}")
+        raise bad("background", "a list of {src, dst, mbps, path?, start_s?, cordon?, along?}")
     return Scenario(doc["name"], where, str(doc.get("topology", "campus")), list(schedulers),
                     seeds, float(timeout), docs,
                     [_background(b, f"{where}: field 'background[{i}]'")
@@ -114,18 +118,22 @@ def load_scenario(path: Path) -> Scenario:
 
 def _background(b: object, where: str) -> Background:
     expected = ("{src: NODE, dst: NODE, mbps: RATE > 0, path: [SWITCH, ...] (optional), "
-                "start_s: SECONDS >= 0 (optional), cordon: true|false (optional)}")
+                "start_s: SECONDS >= 0 (optional), cordon: true|false (optional), "
+                "along: JOB (optional; needs start_s, excludes path)}")
     if not isinstance(b, dict) or set(b) - BACKGROUND_KEYS or \
             not isinstance(b.get("src"), str) or not isinstance(b.get("dst"), str) or \
             not is_number(b.get("mbps")) or b["mbps"] <= 0 or \
             not isinstance(b.get("path", []), list) or \
             not all(isinstance(v, str) for v in b.get("path", [])) or \
             not (b.get("start_s") is None or (is_number(b["start_s"]) and b["start_s"] >= 0)) or \
-            not isinstance(b.get("cordon", True), bool):
+            not isinstance(b.get("cordon", True), bool) or \
+            not (b.get("along") is None or (isinstance(b["along"], str) and
+                                            b.get("start_s") is not None and not b.get("path"))):
         raise ScenarioError(f"{where}: expected {expected}, got {b!r}")
     start = b.get("start_s")
     return Background(b["src"], b["dst"], float(b["mbps"]), tuple(b.get("path", [])),
-                      None if start is None else float(start), b.get("cordon", True))
+                      None if start is None else float(start), b.get("cordon", True),
+                      b.get("along"))
 
 
 @dataclass
@@ -168,6 +176,10 @@ def plan(args: argparse.Namespace) -> Plan:
         else:
             background.append(b)
     scenario.background = background
+    strays = [b for b in background if b.along is not None and b.along not in names]
+    if strays:
+        raise ScenarioError(f"{scenario.source}: field 'background': along '{strays[0].along}' "
+                            f"is not a job of the scenario ({', '.join(names)})")
     cordoned = {v for b in background if b.cordon for v in (b.src, b.dst)}
     for d in scenario.jobs:
         _check_runnable(d, topo, cordoned)
@@ -213,6 +225,52 @@ def _background_problem(topo: Topology, b: Background) -> str:
                 not all(graph.has_edge(u, v) for u, v in zip(b.path, b.path[1:])):
             return f"path {list(b.path)} is not a path from {ends[0]} to {ends[1]}"
     return ""
+
+
+def tenant_path(topo: Topology, b: Background, flows: list[dict]
+                ) -> tuple[list[str], tuple[str, str]] | None:
+    """The switches `b`'s transfer takes to cross the inter-switch link that the job's `flows`
+    (each with `path`, nodes included, and `rate_mbps`) load most, relative to its capacity, and
+    that link; None if the flows cross no switch-to-switch link or no loop-free path from b.src
+    through it to b.dst exists. Among equally loaded links: the tenant's path that shares the
+    fewest other links with the job, then the link with the widest detour (the tenant lands
+    where a re-route has somewhere to go, so that runtime adjustment is what the run measures),
+    then the tenant's widest and shortest path."""
+    g = topo.graph()
+    switches = g.subgraph(s.name for s in topo.switches)
+    load: dict[tuple[str, str], float] = {}
+    for f in flows:
+        hops = f.get("path") or []
+        for u, v in zip(hops, hops[1:]):
+            if switches.has_edge(u, v):
+                load[(u, v)] = load.get((u, v), 0.0) + (f.get("rate_mbps") or 0.0)
+
+    def detour(u: str, v: str) -> float:  # the bottleneck of the widest u-v path avoiding u-v
+        for width in sorted({d["bw_mbps"] for *_, d in switches.edges(data=True)}, reverse=True):
+            wide = nx.subgraph_view(switches, filter_edge=lambda x, y: {x, y} != {u, v} and
+                                    switches.edges[x, y]["bw_mbps"] >= width)
+            if nx.has_path(wide, u, v):
+                return width
+        return 0.0
+
+    first, last = (topo.access_link(n).other(n) for n in (b.src, b.dst))
+    ranked = []
+    for u, v in load:
+        try:
+            head = nx.shortest_path(switches.subgraph(set(switches) - {v}), first, u)
+            tail = nx.shortest_path(switches.subgraph(set(switches) - set(head)), v, last)
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            continue
+        path = head + tail
+        hops = list(zip(path, path[1:]))
+        width = min(g.edges[x, y]["bw_mbps"] for x, y in hops)
+        shared = sum(hop in load for hop in hops) - 1  # the job's other links the tenant loads
+        ranked.append((load[u, v] / g.edges[u, v]["bw_mbps"], shared, -detour(u, v), -width,
+                       len(path), path, (u, v)))
+    if not ranked:
+        return None
+    top = max(r[0] for r in ranked)  # within 5 % of the most loaded counts as equally loaded
+    return min(ranked, key=lambda r: (-min(r[0], 0.95 * top), *r[1:5]))[5:]
 
 
 def traffic_quota(node) -> tuple[float, int]:

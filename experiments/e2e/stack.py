@@ -124,8 +124,15 @@ class Stack:
                 for node in (b.src, b.dst):
                     self.master.set_schedulable(node, False)
             if b.path:
-                self.sdn.put_job_flows(f"{self.prefix}-bg{i}", [
-                    FlowRequest(b.src, b.dst, list(b.path), round(b.mbps * 1.2, 3))])
+                self.pin_traffic(i, b, list(b.path))
+
+    def pin_traffic(self, i: int, b: Background, path: list[str]) -> None:
+        """Background flow `i` along the switches `path` until `unpin_traffic`."""
+        self.sdn.put_job_flows(f"{self.prefix}-bg{i}", [
+            FlowRequest(b.src, b.dst, path, round(b.mbps * 1.2, 3))])
+
+    def unpin_traffic(self, i: int) -> None:
+        self.sdn.delete_job_flows(f"{self.prefix}-bg{i}")
 
     def start_traffic(self, i: int, b: Background, wait: bool = True) -> None:
         """Start background flow `i`: a paced iperf3 TCP transfer, server and client as

@@ -170,3 +170,31 @@ def test_a_flows_rate_is_the_time_weighted_mean_of_what_was_installed():
     assert (w0_w1["granted_mbps"], w0_w1["rate_mbps"], w0_w1["rate_max_mbps"]) == \
         (80.0, 160.0, 160.0)
     assert (w1_w0["granted_mbps"], w1_w0["rate_mbps"]) == (40.0, 40.0)
+
+
+def test_an_interval_is_judged_against_the_rate_installed_during_it():
+    history = [[100.0, {"f": 40.0}], [103.0, {"f": 60.0}], [110.0, {"f": 100.0}]]
+    # a change after the interval's end does not count in it
+    assert rows.installed_mbps(history, "f", 100.0, 105.0) == (pytest.approx(48.0), 100.0)
+
+
+def snapshot(kind: str, at: float, busy_s: float, mbit: float) -> dict:
+    c = {"busy_us": busy_s * 1e6, "bytes_sent": mbit * 1e6 / 8, "segs_out": 0, "options": 0}
+    when = {"elapsed_s": at} if kind == "eval" else {"train_s": at}
+    return {"type": kind, **when, "tcp": {"address": "10.0.0.1", "peers": {"10.0.0.2": c}}}
+
+
+def test_wire_ratio_weighs_each_interval_by_the_time_its_socket_was_busy():
+    """Installed 40 for 10 s, then 80. Busy 2 s at 36 Mbit/s, then 8 s at 80: 712 Mbit on the
+    wire where 2 × 40 + 8 × 80 = 720 were let through (0.989). Against the whole run's mean (60)
+    the 71.2 Mbit/s it sent while busy would read 1.19."""
+    history = [[100.0, {"f": 40.0}], [110.0, {"f": 80.0}]]
+    sender = [{"type": "data", "clock_start": 100.0},
+              snapshot("eval", 10.0, 2.0, 72.0), snapshot("end", 20.0, 10.0, 712.0)]
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f") == pytest.approx(712 / 720, abs=1e-4)
+    # an interval whose counters went back (another connection took over) is left out
+    reset = [sender[0], sender[1], snapshot("eval", 15.0, 1.0, 10.0), sender[2]]
+    assert rows.wire_ratio(reset, "10.0.0.2", history, "f") == pytest.approx(
+        (72 + 702) / (2 * 40 + 9 * 80), abs=1e-4)
+    assert rows.wire_ratio(sender[1:], "10.0.0.2", history, "f") is None  # no clock
+    assert rows.wire_ratio(sender, "10.0.0.9", history, "f") is None  # not its peer

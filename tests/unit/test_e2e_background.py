@@ -1,0 +1,101 @@
+"""Another tenant's transfer sent along a job (`background: {along: JOB}`): which link it hits,
+how a scenario spells it, and the on-vs-off figure of runtime adjustment in the report."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "experiments"))
+
+import report  # noqa: E402
+from e2e.scenario import Background, ScenarioError, plan, scaled, tenant_path  # noqa: E402
+from topologies import load_topology  # noqa: E402
+
+CAMPUS = scaled(load_topology("campus"), 0.2)
+# The light ring of a contention run: lab1, lab2 and lib1; lab2 -> lib1 and lib1 -> lab1 over
+# the core, lab1 -> lab2 inside acc1.
+VIA_CORE = [
+    {"path": ["lib1", "acc2", "agg2", "core1", "agg1", "acc1", "lab1"], "rate_mbps": 38.0},
+    {"path": ["lab2", "acc1", "agg1", "core1", "agg2", "acc2", "lib1"], "rate_mbps": 37.7},
+    {"path": ["lab1", "acc1", "lab2"], "rate_mbps": 190.0}]
+
+
+def test_the_tenant_crosses_the_most_loaded_link_that_a_reroute_can_avoid():
+    # acc2-agg2 and agg2-core1 both run at 38 of 40 Mbit/s; acc2's only other uplink has 10,
+    # agg2's other core link 40: the tenant goes where the job has a detour.
+    path, link = tenant_path(CAMPUS, Background("lab3", "srv3", 20.0, along="light"), VIA_CORE)
+    assert link == ("agg2", "core1")
+    assert path == ["acc1", "agg2", "core1", "agg3"]  # shares no other link with the job
+
+
+def test_the_tenant_path_is_loop_free_and_joins_its_own_ends():
+    for src, dst in [("lab3", "srv3"), ("srv3", "lab3"), ("lib2", "dorm1"), ("dorm2", "lib2")]:
+        found = tenant_path(CAMPUS, Background(src, dst, 5.0, along="light"), VIA_CORE)
+        assert found is not None, (src, dst)
+        path, (u, v) = found
+        assert len(set(path)) == len(path)
+        assert path[0] == CAMPUS.access_link(src).other(src)
+        assert path[-1] == CAMPUS.access_link(dst).other(dst)
+        assert (u, v) in list(zip(path, path[1:]))
+        assert all(CAMPUS.graph().has_edge(a, b) for a, b in zip(path, path[1:]))
+
+
+def test_the_tenant_rides_along_the_job_on_as_few_links_as_it_can():
+    # From lab3 (acc1) to lib2 (acc2), crossing core1 -> agg2 would follow lab2 -> lib1 over four
+    # of its links; acc1-agg2-acc2 meets the job on agg2 -> acc2 only (as loaded: 37.7 of 40).
+    path, link = tenant_path(CAMPUS, Background("lab3", "lib2", 20.0, along="light"), VIA_CORE)
+    assert link == ("agg2", "acc2") and path == ["acc1", "agg2", "acc2"]
+
+
+def test_a_job_that_crosses_no_switch_to_switch_link_cannot_be_hit():
+    one_switch = [{"path": ["srv1", "acc4", "srv2"], "rate_mbps": 130.0}]
+    assert tenant_path(CAMPUS, Background("lab3", "srv3", 20.0, along="heavy"), one_switch) is None
+
+
+def _plan(tmp_path: Path, background: str) -> argparse.Namespace:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\ntopology: campus\nschedulers: [ces-ppo]\n"
+                        f"background: [{background}]\n"
+                        f"jobs: {REPO / 'experiments' / 'jobs' / 'contention.yaml'}\n")
+    return argparse.Namespace(scenario=str(scenario), quick=False, seeds=None, topo=None,
+                              jobs=None, schedulers=None, out=str(tmp_path / "out"))
+
+
+def test_a_scenario_names_the_job_the_tenant_follows(tmp_path: Path):
+    p = plan(_plan(tmp_path, "{src: lab3, dst: srv3, mbps: 20, along: light, start_s: 0}"))
+    assert p.scenario.background[0].along == "light"
+    with pytest.raises(ScenarioError, match="along 'nope' is not a job of the scenario"):
+        plan(_plan(tmp_path, "{src: lab3, dst: srv3, mbps: 20, along: nope, start_s: 0}"))
+    for bad in ["{src: lab3, dst: srv3, mbps: 20, along: light}",  # needs start_s
+                "{src: lab3, dst: srv3, mbps: 20, along: light, start_s: 0, path: [acc1]}",
+                "{src: lab3, dst: srv3, mbps: 20, along: [light], start_s: 0}"]:
+        with pytest.raises(ScenarioError, match=r"background\[0\].*along: JOB"):
+            plan(_plan(tmp_path, bad))
+
+
+def _row(scheduler: str, seed: int, job: str, tta: float | None, adjusted: bool = False) -> dict:
+    return {"scheduler": scheduler, "seed": seed, "job": job, "tta_s": tta,
+            "reached_target": tta is not None, "flows": [],
+            "adjustments": [{"at": 1.0, "links": ["a>b"]}] if adjusted else []}
+
+
+def test_the_report_compares_the_affected_job_with_adjustment_on_and_off():
+    runs = [{"scheduler": s, "seed": seed, "jobs": [_row(s, seed, "light", tta),
+                                                    _row(s, seed, "heavy", 20.0)]}
+            for s, seed, tta in [("ces-ppo", 0, 20.0), ("ces-ppo", 1, 30.0),
+                                 ("ces-ppo/static", 0, 40.0), ("ces-ppo/static", 1, None)]]
+    results = {"background": [{"src": "lab3", "dst": "srv3", "along": "light"}], "runs": runs}
+    [line, _] = report.adjustment_effect(results, timeout_s=100.0)
+    # on: 25 ± 7.1; off: 40 and the unreached run at the timeout, 70 ± 42.4
+    assert "`light`: 25.0 ± 7.1 s with `ces-ppo`, 70.0 ± 42.4 s with `ces-ppo/static` " \
+           "(64% lower)" in line and "heavy" not in line
+    # No `along`: the jobs the scheduler re-routed are the affected ones.
+    runs[0]["jobs"][1] = _row("ces-ppo", 0, "heavy", 20.0, adjusted=True)
+    [line, _] = report.adjustment_effect({"runs": runs}, timeout_s=100.0)
+    assert "`heavy`" in line and "`light`" not in line
+    assert report.adjustment_effect({"runs": runs[:2]}, timeout_s=100.0) == []
+
