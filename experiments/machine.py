@@ -25,3 +25,15 @@ def machine() -> dict:
             "docker": first_line(["docker", "--version"]),
             "ovs": first_line(["ovs-vswitchd", "--version"]),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+
+
+def cpu_stall_us() -> int | None:
+    """Microseconds during which some runnable task of this machine waited for a CPU since boot
+    (pressure stall information, `some` line of /proc/pressure/cpu); None where the kernel has
+    no PSI. Over a run, its increase / the run's wall time is the share of the time the
+    emulation (switching, shaping, training) was short of CPU."""
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return int(some.rsplit("total=", 1)[1]) if "total=" in some else None

@@ -327,6 +327,15 @@ def summary(results: dict) -> str:
                       + ", ".join(f"{r['scheduler']} seed {r['seed']} `{r['job']}` "
                                   f"{f['src']}→{f['dst']} {f['wire_mbps']:.1f} on "
                                   f"{f['rate_mbps']:g}" for r, f in over) + ")") + ".", ""]
+    stalls = [run["cpu_stalled_share"] for run in results.get("runs", [])
+              if run.get("cpu_stalled_share") is not None]
+    if wire and stalls:
+        lines += [f"CPU during the runs: some runnable task waited for a core "
+                  f"{_f(100 * min(stalls), 0)}–{_f(100 * max(stalls), 0)} % of the time (median "
+                  f"{_f(100 * statistics.median(stalls), 0)} %; the kernel's pressure stall "
+                  "information, `cpu_stalled_share` per run): switching, shaping and training "
+                  "share this machine's cores, and a flow's sender or its switch waiting for one "
+                  "sends less than it was let through.", ""]
     if ring:
         lines += ["The application's view (`measured_mbps`: payload / collective time, median "
                   "over iterations, against the ring's bottleneck grant, as a ring's flows "

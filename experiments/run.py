@@ -47,7 +47,7 @@ from topologies import TopologyError
 
 import plots
 import report
-from machine import machine
+from machine import cpu_stall_us, machine
 from e2e.display import Display, fmt
 from e2e.rows import job_row
 from e2e.scenario import Plan, Scenario, ScenarioError, plan, tenant_path
@@ -71,7 +71,7 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     pinned: dict[str, dict] = {}  # background flow along a job -> the path and link it took
     names: dict[str, str] = {}  # submitted name -> base name
     samples: dict[str, Any] = {"t": [], "links": {}}
-    t0, started_at = time.monotonic(), time.time()
+    t0, started_at, stall0 = time.monotonic(), time.time(), cpu_stall_us()
     deadline = t0 + scenario.timeout_s
     next_links = 0.0
     views: list[dict] = []
@@ -127,6 +127,7 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     rows = [job_row(scheduler, seed, names[n], master.job(n, records=True), n in timed_out)
             for n in names]
     wall = time.monotonic() - t0
+    stall1 = cpu_stall_us()
     for i, b in enumerate(scenario.background):
         if b.start_s is not None:
             stack.stop_traffic(i)
@@ -135,7 +136,10 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
     _wait_idle(master)
     capacity = {f"{lk['src']}>{lk['dst']}": lk["capacity_mbps"] for lk in master.links()}
     busy = {k: v for k, v in samples["links"].items() if max((x or 0) for x in v) >= 1.0}
+    stalled = None if stall0 is None or stall1 is None else \
+        round((stall1 - stall0) / 1e6 / wall, 3)
     return {"scheduler": scheduler, "seed": seed, "wall_s": round(wall, 2), "jobs": rows,
+            "cpu_stalled_share": stalled,
             "started_at": started_at, "background_started_at": started,
             "background_paths": pinned,
             "links": {"t": samples["t"], "mbps": busy,

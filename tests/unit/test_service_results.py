@@ -123,6 +123,10 @@ def test_summary_and_csv(tmp_path: Path):
     got = list(csv.DictReader(csv_path.open()))
     assert len(got) == 8 and got[0]["placement"] == "w0=a;w1=b" and got[0]["flows"] == "2"
     assert md.read_text() == text
+    assert "CPU during the runs" not in text  # no pressure stall information recorded
+    for run, share in zip(res["runs"], (0.1, 0.4, 0.3, None)):
+        run["cpu_stalled_share"] = share
+    assert "waited for a core 10–40 % of the time (median 30 %" in report.summary(res)
 
 
 def test_best_effort_flows_have_no_grant_and_adjustments_are_timed():
