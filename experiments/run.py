@@ -88,8 +88,9 @@ def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index:
                     if job["state"] == "running" else None
                 if crossing is None:
                     del traffic[i]
-                    log.warning("background %s not started: job %s is %s and crosses no "
-                                "link it can be sent through", b.label(), b.along, job["state"])
+                    log.warning("background %s not started: job %s %s", b.label(), b.along,
+                                "crosses no switch-to-switch link the tenant can reach"
+                                if job["state"] == "running" else f"is {job['state']}")
                     continue
                 stack.pin_traffic(i, b, crossing[0])
                 pinned[b.label()] = {"path": crossing[0], "link": list(crossing[1])}
