@@ -8,9 +8,13 @@ from __future__ import annotations
 import re
 import statistics
 import subprocess
+from pathlib import Path
 
+import docker
 import pytest
 
+from master.compute import worker_command
+from scheduler.jobs import WORKLOAD_COLLECTIVE, load_job_documents
 from scheduler.perfmodel import ring_lower_bound_s
 from testbed import Emulation, cleanup, new_prefix
 from topologies import parse_topology
@@ -85,3 +89,17 @@ def test_parameter_server_job_is_a_star(net, tmp_path):
     assert 2 * grad <= tx[0] <= 1.3 * 2 * grad
     assert all(grad <= w <= 1.3 * grad for w in tx[1:])
     assert 1.6 <= tx[0] / statistics.mean(tx[1:]) <= 2.4
+
+
+def test_the_bundled_job_files_run_in_the_worker_image(worker_image):
+    """Each job file of workloads/jobs/ as the Master would start its first task: the program
+    exists in the image and takes the options it is given (`--help` after them parses them all,
+    then exits 0)."""
+    client = docker.from_env()
+    for doc in load_job_documents(Path(__file__).resolve().parents[2] / "workloads" / "jobs"):
+        if doc.job.collective not in WORKLOAD_COLLECTIVE and not doc.job.command:
+            continue  # simulation only: the testbed refuses it up front
+        command = worker_command(doc.job, 0, "127.0.0.1", 29500, "lo", 0)
+        out = client.containers.run(worker_image, [*command, "--help"], remove=True,
+                                    network_mode="none")
+        assert b"usage:" in out, (doc.source, command)
