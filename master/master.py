@@ -427,7 +427,8 @@ class Master:
         share a node pair with them (one path per pair), on the view with the unscheduled
         traffic; the others' pairs keep their paths. Off the hot links where another path
         exists (the unscheduled traffic there is elastic: what was measured is only what it got
-        beside the grants), else on what is left of them. Only jobs whose flows change."""
+        beside the grants), unless what is left of them gives the shorter predicted iteration.
+        Only jobs whose flows change."""
         def uses(rec: JobRecord, links: set) -> bool:
             return any(lk in links for f in rec.current.decision.flows
                        for lk in f.directed_links())
@@ -450,18 +451,27 @@ class Master:
         moved = []
         for rec in sorted((r for r in adjustable if r.name in affected), key=lambda r: r.name):
             old = rec.current.decision
-            avoid = view.copy(share_graph=True)
+            avoid, share = view.copy(share_graph=True), view.copy(share_graph=True)
             for link in hot:
                 avoid.reserved[link] = avoid.reserved.get(link, 0.0) + avoid.residual(*link)
-            try:
-                flows = route_placement(avoid, rec.job, old.placement, fixed=fixed)
-            except NoPath:
+                # staying on a hot link leaves TCP's competition the headroom contended() wants
+                share.reserved[link] = share.reserved.get(link, 0.0) + min(
+                    (1 - self.network.HEADROOM) * share.link_capacity(*link), share.residual(*link))
+            options = []
+            for cluster in (avoid, share):
                 try:
-                    flows = route_placement(view, rec.job, old.placement, fixed=fixed)
+                    flows = route_placement(cluster, rec.job, old.placement, fixed=fixed)
                 except NoPath as e:
-                    log.warning("job %s keeps its paths: %s", rec.name, e)
+                    reason = e
                     continue
-            new = Decision(old.job, dict(old.placement), flows, old.decision_s, old.network)
+                new = Decision(old.job, dict(old.placement), flows, old.decision_s, old.network)
+                options.append((predicted_iteration_s(view, rec.job, new), len(options), new))
+            if not options:
+                log.warning("job %s keeps its paths: %s", rec.name, reason)
+                continue
+            # Off the hot links unless what is left of them is faster: a detour over a thin
+            # link would cost the job more than sharing the contended one.
+            new = min(options)[2]
             view.allocate(rec.job, new)
             for f in flows:
                 fixed.setdefault((f.path[0], f.path[-1]), f.path)

@@ -12,7 +12,7 @@ import pytest
 from edge.simulated import SimulatedAgent
 from master import Master, MasterConfig
 from master.client import MasterClient
-from topologies import load_topology
+from topologies import load_topology, parse_topology
 from two_paths import TWO_PATHS
 
 STAR = load_topology("star")  # e1, e2: 1 core; e3 0.75; e4, e5 0.5; e6 0.25
@@ -275,5 +275,32 @@ def test_without_runtime_adjustment_the_paths_stay():
         assert not c.job("j")["attempts"][0]["adjustments"]
         rates = {(f["src"], f["dst"]): f["rate_mbps"] for f in c.sdn.puts[-1]}
         assert rates == {("a", "b"): 50.0, ("b", "a"): 95.0}
+    finally:
+        c.stop()
+
+
+def test_a_job_stays_on_a_contended_link_when_the_detour_is_thinner():
+    """The way round through s3 has 10 Mbit/s: beside the tenant's 49 Mbit/s the 50 Mbit/s job
+    keeps the direct link at what is left of it less the headroom (100 - 49 - 5 = 46) instead
+    of crawling around — once: it does not flap at the next polls."""
+    doc = {"name": "thin", "switches": [{"name": s} for s in ("s1", "s2", "s3")],
+           "nodes": [{"name": n, "cpu": 1, "mem_mb": 2048} for n in ("a", "b")],
+           "links": [{"ends": ["a", "s1"], "bw_mbps": 1000}, {"ends": ["b", "s2"], "bw_mbps": 1000},
+                     {"ends": ["s1", "s2"], "bw_mbps": 100}, {"ends": ["s1", "s3"], "bw_mbps": 10},
+                     {"ends": ["s3", "s2"], "bw_mbps": 10}]}
+    c = Cluster(FakeSdn(), topo=parse_topology(doc, "thin"), links_poll_s=0.1)
+    try:
+        assert direct_then(c) == ["a", "s1", "s2", "b"]
+        c.sdn.carried[("a", "b")] = 46.0
+        c.sdn.report("s1", "s2", 95.0)
+        wait_for(lambda: c.job("j")["attempts"][0]["adjustments"], timeout_s=3,
+                 what="the job's grant cut")
+        time.sleep(0.6)  # several link polls
+        att = c.job("j")["attempts"][0]
+        [flow] = [f for f in att["flows"] if f["src_node"] == "a"]
+        assert flow["path"] == ["a", "s1", "s2", "b"]
+        assert flow["rate_mbps"] == pytest.approx(46.0)
+        assert len(att["adjustments"]) == 1
+        assert all(f["path"] == ["s1", "s2"] for f in c.sdn.puts[-1] if f["src"] == "a")
     finally:
         c.stop()
