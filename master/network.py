@@ -94,7 +94,11 @@ class NetworkState:
 
 
 class NetworkController:
-    BACKGROUND_FLOOR_MBPS = 1.0  # below this, measured-minus-granted is counter noise
+    # Below either floor, measured-minus-carried is counter noise: the switches' port and flow
+    # counters are read at slightly different moments, so they disagree by a share of the rate
+    # (on the ring topology, > 1 Mbit/s at 190 on an access link only the job's pair used).
+    BACKGROUND_FLOOR_MBPS = 1.0
+    BACKGROUND_FLOOR_SHARE = 0.02  # of the link's capacity
     # Grants plus unscheduled traffic above this share of a link: TCP's competition on the
     # link's queue already eats into the grants (the measured total cannot exceed the link).
     HEADROOM = 0.95
@@ -123,7 +127,7 @@ class NetworkController:
 
     def background(self) -> dict[tuple[str, str], float]:
         """Unscheduled traffic per directed link: measured less what the scheduled pairs on it
-        carry (their installed rate until their counters have two samples), above the floor."""
+        carry (their installed rate until their counters have two samples), above the floors."""
         scheduled: dict[tuple[str, str], float] = {}
         for pair, p in self.pairs.items():
             for link in zip(p.path, p.path[1:]):
@@ -132,7 +136,9 @@ class NetworkController:
         out = {}
         for link, mbps in self.measured.items():
             extra = mbps - scheduled.get(link, 0.0)
-            if extra >= self.BACKGROUND_FLOOR_MBPS:
+            capacity = self.cluster.link_capacity(*link) if self.cluster.graph.has_edge(*link) \
+                else 0.0
+            if extra >= max(self.BACKGROUND_FLOOR_MBPS, self.BACKGROUND_FLOOR_SHARE * capacity):
                 out[link] = extra
         return out
 

@@ -102,6 +102,7 @@ def test_view_reserves_measured_background_and_marks_unschedulable(nc):
     nc.observe([link("s1", "s2", 75.0),  # 40 ours + 35 unscheduled
                 link("s2", "s1", 20.0),  # below our grant: no background
                 link("s1", "s3", 0.5),  # noise
+                link("s3", "s1", 9.0),  # noise too: under 2 % of its 500 Mbit/s
                 link("s3", "s2", None)], [])  # not measured yet
     assert nc.background() == {("s1", "s2"): pytest.approx(35.0)}
     view = nc.view({"b"})
