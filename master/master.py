@@ -428,7 +428,9 @@ class Master:
         traffic; the others' pairs keep their paths. Off the hot links where another path
         exists (the unscheduled traffic there is elastic: what was measured is only what it got
         beside the grants), unless what is left of them gives the shorter predicted iteration.
-        Only jobs whose flows change."""
+        Only jobs whose paths change or whose grants must shrink by more than 5 %: a grant is
+        never raised here (the spare already gives a job what is free), or the counters, read
+        at slightly different moments, would swing it up and down at every poll."""
         def uses(rec: JobRecord, links: set) -> bool:
             return any(lk in links for f in rec.current.decision.flows
                        for lk in f.directed_links())
@@ -455,8 +457,9 @@ class Master:
             for link in hot:
                 avoid.reserved[link] = avoid.reserved.get(link, 0.0) + avoid.residual(*link)
                 # staying on a hot link leaves TCP's competition the headroom contended() wants
-                share.reserved[link] = share.reserved.get(link, 0.0) + min(
-                    (1 - self.network.HEADROOM) * share.link_capacity(*link), share.residual(*link))
+                headroom = (1 - self.network.HEADROOM) * share.link_capacity(*link)
+                share.reserved[link] = share.reserved.get(link, 0.0) + min(headroom,
+                                                                           share.residual(*link))
             options = []
             for cluster in (avoid, share):
                 try:
@@ -472,13 +475,12 @@ class Master:
             # Off the hot links unless what is left of them is faster: a detour over a thin
             # link would cost the job more than sharing the contended one.
             new = min(options)[2]
-            view.allocate(rec.job, new)
-            for f in flows:
+            view.allocate(rec.job, new)  # unmoved, it keeps its paths: the same links taken
+            for f in new.flows:
                 fixed.setdefault((f.path[0], f.path[-1]), f.path)
             before = {(f.src, f.dst): (f.path, f.rate_mbps) for f in old.flows}
             if any(before[(f.src, f.dst)][0] != f.path or
-                   abs(before[(f.src, f.dst)][1] - f.rate_mbps) > 0.05 * f.rate_mbps
-                   for f in flows):
+                   f.rate_mbps < 0.95 * before[(f.src, f.dst)][1] for f in new.flows):
                 moved.append((rec, new))
         return moved
 
