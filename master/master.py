@@ -18,8 +18,9 @@ A job's network (`scheduler.compose`): an enforced decision's flows are installe
 meters, sender tc) and reserved; a best-effort one installs and reserves nothing. Runtime
 adjustment (`adjust`): after every read of the link statistics, the enforced jobs whose grants no
 longer fit a link (`NetworkController.contended`) get new paths and rates for the placement they
-have (`scheduler.paths.route_placement`, on the view with the unscheduled traffic), installed in
-place — the SDN app adds the new entries before it removes the old ones. Work-conserving rates
+have (`scheduler.paths.route_placement`, on the view with the unscheduled traffic; off the
+contended links unless what is left of them is faster, `_reroute`), installed in place — the SDN
+app adds the new entries before it removes the old ones. Work-conserving rates
 (`spare`): the enforced pairs also share the capacity nobody is granted, re-shared when the grants
 change and when unscheduled traffic moves the shares (`NetworkController`); each attempt's info
 notes its flows' installed rates as they change (`installed`).
