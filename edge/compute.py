@@ -176,7 +176,9 @@ class ComputeManager:
         try:
             worker.container.reload()
             if worker.container.attrs["State"].get("OOMKilled"):
-                return "killed: out of memory"
+                limit = worker.container.attrs["HostConfig"].get("Memory") or 0
+                return "killed: out of memory" + \
+                    (f" (memory limit {limit / 2**20:g} MiB)" if limit else "")
             tail = worker.container.logs(stdout=False, stderr=True, tail=3).decode(errors="replace")
             lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
             return lines[-1][:300] if lines else ""
