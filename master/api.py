@@ -145,6 +145,7 @@ class MasterApi:
             raise ApiError(400, 'expected {"schedulable": true|false}')
         with self.m.lock:
             (self.m.cordoned.discard if body["schedulable"] else self.m.cordoned.add)(node)
+        self.m.keep_settings()
         self.m.wake()
         return {"node": node, "schedulable": body["schedulable"]}
 
@@ -174,7 +175,9 @@ class MasterApi:
                                            body.get("queue") or "fifo-backfill")
             except UnknownAlgorithm as e:
                 raise ApiError(400, str(e), e.field) from None
-            return self._scheduler_view()
+            view = self._scheduler_view()
+        self.m.keep_settings()
+        return view
 
     def _post_job(self, req: Request) -> tuple[int, dict]:
         body = req.json()
