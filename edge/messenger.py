@@ -103,7 +103,7 @@ class Messenger:
     def register(self) -> None:
         reply = call("POST", f"{self.master}/agents", to_json(self.reg), timeout=10,
                      token=self._token)
-        self.compute.reconcile(reply.get("expected_workers", []))
+        self.compute.reconcile(reply.get("expected_workers", []), reply.get("lines", {}))
         self.registered = True
         log.info("registered with %s as %s", self.master, self.node)
 

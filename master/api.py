@@ -1,7 +1,7 @@
 """The Master's HTTP face: the API users, run.py and the agents call, as JSON over HTTP.
 
   GET  /health                      the Master is up; scheduler; nodes online
-  POST /agents                      Registration  -> {"expected_workers": [...]}
+  POST /agents                      Registration  -> {"expected_workers": [...], "lines": {...}}
   POST /agents/{node}/heartbeat     Heartbeat     -> {"stop": [...]}
   GET  /nodes                       per node: capacity, allocated, online, usage, cordoned
   PUT  /nodes/{node}                {"schedulable": bool}   (cordon / uncordon)
@@ -66,7 +66,8 @@ class MasterApi:
         if reg.node not in self.m.cluster.compute_nodes():
             raise ApiError(400, f"node '{reg.node}' is not a compute node of topology "
                                 f"'{self.m.topo.name}'", "node")
-        return {"expected_workers": self.m.register(reg)}
+        held = self.m.register(reg)
+        return {"expected_workers": list(held), "lines": held}
 
     def _post_heartbeat(self, req: Request, node: str) -> dict:
         hb = _msg(Heartbeat, req, node=node)

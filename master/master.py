@@ -617,15 +617,17 @@ class Master:
         done.result(timeout=timeout_s)
 
     # --- the agents' side (called by the HTTP threads: record and wake, nothing else) -----------
-    def register(self, reg: Registration) -> list[str]:
-        """Record an agent; the workers the Master expects it to run."""
+    def register(self, reg: Registration) -> dict[str, int]:
+        """Record an agent; the workers the Master expects it to run, each with the number of
+        its metric lines the Master holds (a restarted agent sends the rest)."""
         with self.lock:
             self.compute.register(reg)
             self.cluster.offline.discard(reg.node)
-            expected = self.manager.expected_workers(reg.node)
+            held = {w: len(self.manager.worker_owner(w)[0].records.get(w, []))
+                    for w in self.manager.expected_workers(reg.node)}
         log.info("agent %s registered from %s", reg.node, reg.url)
         self._events.put(("node_up", reg.node))
-        return expected
+        return held
 
     def heartbeat(self, hb: Heartbeat) -> list[str]:
         """Record a heartbeat; the workers the agent should stop."""
@@ -644,6 +646,8 @@ class Master:
                     if self.store:
                         rec.unsaved_lines.append((line["worker"], line))
             stop = self.compute.unwanted(hb.node, expected)
+        if hb.records:  # on disk before the answer: the agent forgets what we acknowledge
+            self.persist()
         for w in ended:
             self._events.put(("ended", hb.node, w))
         if came_back:

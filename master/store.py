@@ -6,8 +6,9 @@ schedules them as it was told to.
 
 The control loop writes the records that changed (`JobRecord.changed`) once per pass, in one
 transaction: a crash loses at most the last pass. A record is one JSON document without its metric
-lines, which are appended to a table of their own as they arrive (a running job's record is
-rewritten often; its lines only grow). The job is kept as the mapping it was submitted as and
+lines, which are appended to a table of their own as they arrive, before the heartbeat that
+brought them is answered (the agent forgets what was acknowledged; a running job's record is
+rewritten often, its lines only grow). The job is kept as the mapping it was submitted as and
 parsed again on load (one parser for jobs).
 """
 from __future__ import annotations

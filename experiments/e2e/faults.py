@@ -7,16 +7,16 @@ of the table; tests/integration/test_faults.py asserts them, experiments/bench_f
 and writes them. `detect_s` runs from the fault to the moment named here:
 
 - master_kill: kill -9 of the Master mid-job, started again on its state file and port. The job
-  is taken over (same attempt, same worker containers, never restarted) and finishes once; the
-  scheduler the operator set holds. detect_s: until the restarted Master has the job's workers
-  reported by their agents.
+  is taken over (same attempt, same worker containers, never restarted) and finishes once with
+  every metric line once; the scheduler the operator set holds. detect_s: until the restarted
+  Master has the job's workers reported by their agents.
 - agent_kill: kill -9 of the agent of a node running a worker, started again. The worker is
-  adopted, not restarted; the job finishes once. detect_s: until the new agent has registered
-  and reported the worker.
+  adopted, not restarted; the job finishes once with every metric line once. detect_s: until
+  the new agent has registered and reported the worker.
 - ovs_restart: the host's ovs-vswitchd exits and is started again (every bridge of the host
   loses its flow entries). The SDN app installs them again when the switches reconnect; the
-  job's nodes ping and the job trains on and finishes once. detect_s: until every switch is
-  connected and re-synchronised.
+  job's nodes ping and the job trains on and finishes once with every metric line once.
+  detect_s: until every switch is connected and re-synchronised.
 - oom_kill: a job whose workers allocate beyond their memory limit. It fails, its reason naming
   the memory limit. detect_s: from Docker's OOM event to the Master ending the attempt.
 - node_stop: `docker stop` of a node container whose node runs a worker. The node goes offline
@@ -122,9 +122,11 @@ def master_kill(stack: Stack) -> Row:
     same = _scheduler(m) == scheduler
     end = _ended(m, "f-master")
     lost, duplicated = _fate(end, kept)
-    return Row("master_kill", detect, kept and same and not lost, lost, duplicated,
+    lines = _lines(m, "f-master")
+    return Row("master_kill", detect, kept and same and not lost and not lines, lost, duplicated,
                f"workers {'kept' if kept else 'RESTARTED'}, scheduler "
-               f"{'kept' if same else 'LOST'} ({scheduler} -> {_scheduler(m)}); {_story(end)}")
+               f"{'kept' if same else 'LOST'} ({scheduler} -> {_scheduler(m)}); {_story(end)}; "
+               f"metric lines {lines or 'whole'}")
 
 
 def agent_kill(stack: Stack) -> Row:
@@ -144,9 +146,10 @@ def agent_kill(stack: Stack) -> Row:
     kept = _containers(stack, "f-agent") == before
     end = _ended(m, "f-agent")
     lost, duplicated = _fate(end, kept)
-    return Row("agent_kill", detect, kept and not lost, lost, duplicated,
+    lines = _lines(m, "f-agent")
+    return Row("agent_kill", detect, kept and not lost and not lines, lost, duplicated,
                f"agent of {node} restarted, {worker} {'adopted' if kept else 'RESTARTED'}; "
-               f"{_story(end)}")
+               f"{_story(end)}; metric lines {lines or 'whole'}")
 
 
 def ovs_restart(stack: Stack) -> Row:
@@ -168,9 +171,11 @@ def ovs_restart(stack: Stack) -> Row:
          "the job to train on")
     end = _ended(m, "f-ovs")
     lost, duplicated = _fate(end, True)
-    return Row("ovs_restart", detect, pings and not lost, lost, duplicated,
+    lines = _lines(m, "f-ovs")
+    return Row("ovs_restart", detect, pings and not lost and not lines, lost, duplicated,
                f"switches back in {detect:.1f} s, {a}->{b} ping {'ok' if pings else 'LOST'}, "
-               f"the job trained on past iteration {before}; {_story(end)}")
+               f"the job trained on past iteration {before}; {_story(end)}; metric lines "
+               f"{lines or 'whole'}")
 
 
 def oom_kill(stack: Stack) -> Row:
@@ -337,6 +342,22 @@ def _last_iter(v: dict | None) -> int:
     rank0 = v["attempts"][-1]["workers"]["w0"]
     return max((r["iter"] for r in v["records"].get(rank0, []) if r["type"] == "iter"),
                default=0)
+
+
+def _lines(m: MasterClient, name: str) -> str:
+    """'' when the Master holds every metric line of the job's last attempt once (iterations
+    1..n, one start, one end), else what is missing or doubled."""
+    v = m.job(name, records=True)
+    problems = []
+    for task, worker in v["attempts"][-1]["workers"].items():
+        kinds = [r["type"] for r in v["records"].get(worker, [])]
+        iters = [r["iter"] for r in v["records"].get(worker, []) if r["type"] == "iter"]
+        if iters != list(range(1, len(iters) + 1)) or kinds.count("start") != 1 or \
+                kinds.count("end") != 1:
+            problems.append(f"{task}: {len(iters) - len(set(iters))} iterations doubled, "
+                            f"{max(iters, default=0) - len(set(iters))} missing, "
+                            f"{kinds.count('start')} start and {kinds.count('end')} end lines")
+    return "; ".join(problems)
 
 
 def _containers(stack: Stack, job_name: str) -> dict[str, tuple[str, str]]:
