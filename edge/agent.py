@@ -17,7 +17,9 @@ knows the secret sends it.
 
 SIGTERM/SIGINT: the agent leaves — it stops its workers, removes its tc classes and exits; the
 Master notices the silence and reschedules. A killed agent (SIGKILL) leaves its workers running;
-when it comes back, the Master's answer to its registration says which of them to keep.
+when it comes back, the Master's answer to its registration says which of them to keep. An
+emulated node whose container stopped is gone (its network went with it): the agent stops its
+workers and exits with code 1, and the Master notices the silence.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import docker
 import docker.errors
@@ -72,6 +75,24 @@ def _node_pid(client: docker.DockerClient, name: str) -> tuple[int, str]:
     return pid, c.attrs["HostConfig"].get("CgroupParent") or ""
 
 
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (None once it is gone): with its pid, it names one process
+    even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _node_gone(node_container: str, pid: int | None) -> Callable[[], str]:
+    """Why the node is gone ('' while it is there): the emulated node's container stopped."""
+    if pid is None:  # a host: the agent goes down with it
+        return lambda: ""
+    started = _start_time(pid)
+    return lambda: "" if _start_time(pid) == started else \
+        f"node container {node_container} stopped"
+
+
 def _iface_ip(iface: str, pid: int | None) -> str:
     cmd = tc.netns_prefix(pid) + ["ip", "-4", "-o", "addr", "show", "dev", iface]
     out = subprocess.run(cmd, capture_output=True, text=True).stdout.split()
@@ -110,8 +131,9 @@ def serve(cfg: AgentConfig) -> int:
                        cfg.iface, cpu, mem)
     compute = ComputeManager(client, cfg.node, prefix, workdir, cfg.node_container or None,
                              parent or None)
+    gone = _node_gone(cfg.node_container, pid)
     messenger = Messenger(reg, cfg.master, compute, network, UsageMeter(network, parent),
-                          cfg.heartbeat_s, token)
+                          cfg.heartbeat_s, token, gone)
     messenger.routes(app)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: messenger.leave())
@@ -123,12 +145,13 @@ def serve(cfg: AgentConfig) -> int:
     finally:
         server.stop()
         compute.stop_all()
-        try:
-            network.clear()
-        except ShapingError as e:
-            log.warning("could not remove every tc class: %s", e)
+        if not gone():  # a gone node's tc classes went with its network namespace
+            try:
+                network.clear()
+            except ShapingError as e:
+                log.warning("could not remove every tc class: %s", e)
         log.info("agent %s left", cfg.node)
-    return 0
+    return 1 if gone() else 0
 
 
 def parse_args(argv: list[str] | None = None) -> AgentConfig:

@@ -4,7 +4,10 @@ Workers are started with `edge.workers` (quota, the node's network namespace and
 parent). A worker writes its metric lines as JSON to stdout; a thread per worker follows the
 container's log stream, keeps every line in `workdir/<worker>.jsonl` and queues it for the next
 heartbeat, and when the stream ends (the container stopped) records the exit code and wakes the
-Messenger, so the Master hears of a dead worker within a second or so.
+Messenger, so the Master hears of a dead worker within a second or so. A restarted agent follows
+the workers it adopts from their first line again: it keeps the lines its file lacks and sends
+those the Master lacks (the registration reply says how many it holds), so none is lost or
+doubled by the restart.
 """
 from __future__ import annotations
 
@@ -98,11 +101,12 @@ class ComputeManager:
         for name in list(self.workers):
             self.stop(name)
 
-    def reconcile(self, expected: list[str]) -> None:
+    def reconcile(self, expected: list[str], held: dict[str, int] | None = None) -> None:
         """After (re)registration: remove this agent's containers the Master does not expect
-        (left by an earlier incarnation of the agent); those it expects are followed again.
-        Only containers named with this agent's prefix and labelled with its node: another
-        run's agent for a node of the same name owns its own."""
+        (left by an earlier incarnation of the agent); those it expects are followed again,
+        `held` saying how many of a worker's metric lines the Master has. Only containers named
+        with this agent's prefix and labelled with its node: another run's agent for a node of
+        the same name owns its own."""
         for c in workers.find_workers(self.client, self.name_prefix):
             if c.labels.get(LABEL_NODE) != self.node:
                 continue
@@ -111,7 +115,13 @@ class ComputeManager:
                 spec = WorkerSpec(name, c.labels.get("ces.job", ""), "", "", [], 0, 0)
                 worker = Worker(spec, c)
                 self.workers[name] = worker
-                threading.Thread(target=self._follow, args=(worker, int(time.time())),
+                try:
+                    with (self.workdir / f"{name}.jsonl").open("rb") as f:
+                        kept = sum(1 for _ in f)
+                except FileNotFoundError:
+                    kept = 0
+                sent = int((held or {}).get(name, 0))
+                threading.Thread(target=self._follow, args=(worker, kept, sent),
                                  daemon=True).start()
             elif name not in expected:
                 log.info("removing %s: the Master does not expect it", c.name)
@@ -127,19 +137,19 @@ class ComputeManager:
             out, self._records = self._records, []
         return out
 
-    def _follow(self, worker: Worker, since: int | None = None) -> None:
-        """Follow the worker's stdout until the container stops; then record how it ended."""
+    def _follow(self, worker: Worker, kept: int = 0, sent: int = 0) -> None:
+        """Follow the worker's stdout until the container stops; then record how it ended. Its
+        first `kept` metric lines are in its file already, the first `sent` at the Master."""
         name = worker.spec.name
         out = (self.workdir / f"{name}.jsonl").open("a", encoding="utf-8")
-        buf = b""
+        buf, pos = b"", 0
         try:
-            kwargs = {"since": since} if since else {}
             for chunk in worker.container.logs(stream=True, follow=True, stdout=True,
-                                               stderr=False, **kwargs):
+                                               stderr=False):
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
-                self._take(name, lines, out)
-            self._take(name, [buf], out)
+                pos = self._take(name, lines, out, pos, kept, sent)
+            self._take(name, [buf], out, pos, kept, sent)
             result = worker.container.wait(timeout=30)
             worker.exit_code = int(result.get("StatusCode", -1))
             worker.detail = self._why(worker)
@@ -154,7 +164,10 @@ class ComputeManager:
             log.info("%s ended: %s %s", name, worker.state, worker.exit_code)
             self.on_change()
 
-    def _take(self, worker: str, lines: list[bytes], out) -> None:
+    def _take(self, worker: str, lines: list[bytes], out, pos: int, kept: int, sent: int) \
+            -> int:
+        """Keep (from the `kept`-th) and queue for the Master (from the `sent`-th) the metric
+        lines among `lines`, the first of them the `pos`-th of the worker; the next position."""
         records = []
         for raw in lines:
             try:
@@ -162,12 +175,16 @@ class ComputeManager:
             except ValueError:
                 continue  # not a metric line (a stray print)
             if isinstance(rec, dict) and "type" in rec:
-                out.write(raw.decode() + "\n")
-                records.append({**rec, "worker": worker})
+                if pos >= kept:
+                    out.write(raw.decode() + "\n")
+                if pos >= sent:
+                    records.append({**rec, "worker": worker})
+                pos += 1
+        out.flush()
         if records:
-            out.flush()
             with self.lock:
                 self._records += records
+        return pos
 
     def _why(self, worker: Worker) -> str:
         """A short reason for a non-zero exit: OOM kill, else the last line of stderr."""
@@ -176,7 +193,9 @@ class ComputeManager:
         try:
             worker.container.reload()
             if worker.container.attrs["State"].get("OOMKilled"):
-                return "killed: out of memory"
+                limit = worker.container.attrs["HostConfig"].get("Memory") or 0
+                return "killed: out of memory" + \
+                    (f" (memory limit {limit / 2**20:g} MiB)" if limit else "")
             tail = worker.container.logs(stdout=False, stderr=True, tail=3).decode(errors="replace")
             lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
             return lines[-1][:300] if lines else ""

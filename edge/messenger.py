@@ -3,7 +3,10 @@
 It registers with the Master, sends a heartbeat every `heartbeat_s` (usage, the state of every
 worker, new metric lines) and at once when a worker ends, and serves the Master's commands on
 the agent's HTTP server. A Master that answers 409 to a heartbeat has forgotten the agent (it
-restarted): the Messenger registers again.
+restarted): the Messenger registers again. Once its node is gone (`gone` says why) it stops
+heartbeating and returns when the Master has taken the node offline (then the agent stops the
+node's workers: stopped earlier, a peer of theirs would fail first and its job could be placed on
+the node again before the Master knew).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import re
 import threading
 import time
 from collections import deque
+from typing import Callable
 
 import docker.errors
 
@@ -32,8 +36,9 @@ class Messenger:
 
     def __init__(self, reg: Registration, master: str, compute: ComputeManager,
                  network: NetworkManager, usage: UsageMeter, heartbeat_s: float = 2.0,
-                 token: str | None = None):
+                 token: str | None = None, gone: Callable[[], str] = lambda: ""):
         self.reg, self.master, self._token = reg, master.rstrip("/"), token
+        self.gone = gone
         self.compute, self.network, self.usage = compute, network, usage
         self.heartbeat_s = heartbeat_s
         self.wake = threading.Event()  # a worker ended: heartbeat at once
@@ -98,7 +103,7 @@ class Messenger:
     def register(self) -> None:
         reply = call("POST", f"{self.master}/agents", to_json(self.reg), timeout=10,
                      token=self._token)
-        self.compute.reconcile(reply.get("expected_workers", []))
+        self.compute.reconcile(reply.get("expected_workers", []), reply.get("lines", {}))
         self.registered = True
         log.info("registered with %s as %s", self.master, self.node)
 
@@ -120,6 +125,12 @@ class Messenger:
     def run(self) -> None:
         silent_since = None
         while not self.stopping.is_set():
+            why = self.gone()
+            if why:
+                log.error("%s: the node is gone; leaving once the Master has taken it offline",
+                          why)
+                self._wait_offline()
+                return
             try:
                 if not self.registered:
                     self.register()
@@ -135,9 +146,22 @@ class Messenger:
                     log.warning("master unreachable (%s); retrying", e)
                     silent_since = time.time()
             except Exception:  # e.g. the Docker engine refused a stop: keep heartbeating
-                log.exception("heartbeat round failed")
+                if not self.gone():  # else said once, above
+                    log.exception("heartbeat round failed")
             self.wake.wait(timeout=self.heartbeat_s)
             self.wake.clear()
+
+    def _wait_offline(self, timeout_s: float = 60.0) -> None:
+        """Until the Master no longer counts this node online (or does not answer)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            try:
+                nodes = call("GET", f"{self.master}/nodes", timeout=5, token=self._token)
+            except (ApiError, Unreachable):
+                return
+            if not any(n.get("node") == self.node and n.get("online") for n in nodes):
+                return
+            self.stopping.wait(self.heartbeat_s / 2)
 
     def leave(self) -> None:
         """Stop the loop (signal handlers call this): `run` returns at once."""

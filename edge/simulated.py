@@ -46,7 +46,7 @@ class SimulatedCompute:
             out, self.records = self.records, []
         return out
 
-    def reconcile(self, expected: list[str]) -> None:
+    def reconcile(self, expected: list[str], held: dict[str, int] | None = None) -> None:
         with self.lock:
             for name in [n for n in self.workers if n not in expected]:
                 del self.workers[name]

@@ -1,7 +1,7 @@
 """The Master's HTTP face: the API users, run.py and the agents call, as JSON over HTTP.
 
   GET  /health                      the Master is up; scheduler; nodes online
-  POST /agents                      Registration  -> {"expected_workers": [...]}
+  POST /agents                      Registration  -> {"expected_workers": [...], "lines": {...}}
   POST /agents/{node}/heartbeat     Heartbeat     -> {"stop": [...]}
   GET  /nodes                       per node: capacity, allocated, online, usage, cordoned
   PUT  /nodes/{node}                {"schedulable": bool}   (cordon / uncordon)
@@ -66,7 +66,8 @@ class MasterApi:
         if reg.node not in self.m.cluster.compute_nodes():
             raise ApiError(400, f"node '{reg.node}' is not a compute node of topology "
                                 f"'{self.m.topo.name}'", "node")
-        return {"expected_workers": self.m.register(reg)}
+        held = self.m.register(reg)
+        return {"expected_workers": list(held), "lines": held}
 
     def _post_heartbeat(self, req: Request, node: str) -> dict:
         hb = _msg(Heartbeat, req, node=node)
@@ -145,6 +146,7 @@ class MasterApi:
             raise ApiError(400, 'expected {"schedulable": true|false}')
         with self.m.lock:
             (self.m.cordoned.discard if body["schedulable"] else self.m.cordoned.add)(node)
+        self.m.keep_settings()
         self.m.wake()
         return {"node": node, "schedulable": body["schedulable"]}
 
@@ -174,7 +176,9 @@ class MasterApi:
                                            body.get("queue") or "fifo-backfill")
             except UnknownAlgorithm as e:
                 raise ApiError(400, str(e), e.field) from None
-            return self._scheduler_view()
+            view = self._scheduler_view()
+        self.m.keep_settings()
+        return view
 
     def _post_job(self, req: Request) -> tuple[int, dict]:
         body = req.json()

@@ -49,8 +49,8 @@ from .api import MasterApi
 from .compute import AgentError, ComputeController, NotRegistered, worker_command, worker_image
 from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, Manager, ManagerError
 from .network import NetworkController, NetworkState, SdnApi
-from .scheduling import Scheduler, expected_end
-from .store import Changes, Store, take_changes
+from .scheduling import Scheduler, UnknownAlgorithm, expected_end
+from .store import Changes, StateError, Store, take_changes
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class Master:
                                          spare=config.spare)
         self.scheduler = Scheduler(config.algorithm, config.seed, config.queue)
         self.cordoned: set[str] = set()
+        self.capacities: dict[tuple[str, str], float] = {}  # links whose capacity was set
         self.worker_job: dict[str, str] = {}  # every worker ever started -> its job
         self._ports = itertools.count(config.first_port)
         self._events: queue.Queue = queue.Queue()
@@ -104,8 +105,26 @@ class Master:
         """Take over the stored jobs: queued ones queue again; active ones keep their attempt —
         resources, flows, rendezvous port — and their workers, which the agents keep when they
         register (the registration reply names them); a node of theirs that does not come back
-        within the heartbeat timeout ends the attempt (`_check_heartbeats`)."""
+        within the heartbeat timeout ends the attempt (`_check_heartbeats`). The operator's
+        settings (`keep_settings`) apply again."""
         now, last_port = time.time(), self.cfg.first_port - 1
+        settings = self.store.settings()
+        try:
+            if "scheduler" in settings:
+                sch = settings["scheduler"]
+                try:
+                    self.scheduler.configure(sch["algorithm"], sch["seed"], sch["queue"])
+                except UnknownAlgorithm as e:  # e.g. its checkpoint is gone: say so, keep ours
+                    log.warning("state %s: the stored scheduler cannot be used (%s); using %s",
+                                self.store.path, e, self.scheduler.default)
+            self.cordoned = set(settings.get("cordoned", [])) & \
+                set(self.cluster.compute_nodes())
+            for u, v, bw in settings.get("capacities", []):
+                if self.cluster.graph.has_edge(u, v):
+                    self.capacities[(u, v)] = float(bw)
+                    self.network.set_capacity(u, v, float(bw))
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateError(f"state file {self.store.path}: a setting: {e!r}") from None
         for rec in self.store.load():
             self.manager.adopt(rec)
             for attempt in rec.attempts:
@@ -132,6 +151,21 @@ class Master:
         def take() -> Changes:
             with self.lock:
                 return take_changes(self.manager.jobs.values())
+
+        if self.store is not None:
+            self.store.write(take)
+
+    def keep_settings(self) -> None:
+        """Write what an operator set through the API — the scheduler, the cordoned nodes, link
+        capacities — before the API answers (no-op without a state file): a restarted Master
+        schedules as it was told to."""
+        def take() -> Changes:
+            with self.lock:
+                s = self.scheduler
+                return Changes([], [], {
+                    "scheduler": {"algorithm": s.default, "seed": s.seed, "queue": s.queue},
+                    "cordoned": sorted(self.cordoned),
+                    "capacities": [[u, v, bw] for (u, v), bw in sorted(self.capacities.items())]})
 
         if self.store is not None:
             self.store.write(take)
@@ -489,7 +523,9 @@ class Master:
         """An operator or monitoring reports a link's new capacity; the next adjustment sees
         it, and new decisions use it."""
         with self.lock:
+            self.capacities[min(u, v), max(u, v)] = bw_mbps  # a link, both directions
             self.network.set_capacity(u, v, bw_mbps)
+        self.keep_settings()
         self.wake()
 
     def _release(self, job_name: str) -> None:
@@ -582,15 +618,17 @@ class Master:
         done.result(timeout=timeout_s)
 
     # --- the agents' side (called by the HTTP threads: record and wake, nothing else) -----------
-    def register(self, reg: Registration) -> list[str]:
-        """Record an agent; the workers the Master expects it to run."""
+    def register(self, reg: Registration) -> dict[str, int]:
+        """Record an agent; the workers the Master expects it to run, each with the number of
+        its metric lines the Master holds (a restarted agent sends the rest)."""
         with self.lock:
             self.compute.register(reg)
             self.cluster.offline.discard(reg.node)
-            expected = self.manager.expected_workers(reg.node)
+            held = {w: len(self.manager.worker_owner(w)[0].records.get(w, []))
+                    for w in self.manager.expected_workers(reg.node)}
         log.info("agent %s registered from %s", reg.node, reg.url)
         self._events.put(("node_up", reg.node))
-        return expected
+        return held
 
     def heartbeat(self, hb: Heartbeat) -> list[str]:
         """Record a heartbeat; the workers the agent should stop."""
@@ -609,6 +647,8 @@ class Master:
                     if self.store:
                         rec.unsaved_lines.append((line["worker"], line))
             stop = self.compute.unwanted(hb.node, expected)
+        if hb.records:  # on disk before the answer: the agent forgets what we acknowledge
+            self.persist()
         for w in ended:
             self._events.put(("ended", hb.node, w))
         if came_back:

@@ -1,11 +1,14 @@
 """The Master's memory on disk: every job record — the job as submitted, its attempts (decision,
-workers, rendezvous port, outcome), events and the workers' metric lines — in SQLite (WAL mode),
-so that a Master killed and started again with the same `--state FILE` knows every job it had.
+workers, rendezvous port, outcome), events and the workers' metric lines — and what an operator
+set through the API (the scheduler, cordoned nodes, link capacities) in SQLite (WAL mode), so
+that a Master killed and started again with the same `--state FILE` knows every job it had and
+schedules them as it was told to.
 
 The control loop writes the records that changed (`JobRecord.changed`) once per pass, in one
 transaction: a crash loses at most the last pass. A record is one JSON document without its metric
-lines, which are appended to a table of their own as they arrive (a running job's record is
-rewritten often; its lines only grow). The job is kept as the mapping it was submitted as and
+lines, which are appended to a table of their own as they arrive, before the heartbeat that
+brought them is answered (the agent forgets what was acknowledged; a running job's record is
+rewritten often, its lines only grow). The job is kept as the mapping it was submitted as and
 parsed again on load (one parser for jobs).
 """
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -39,6 +42,8 @@ class Store:
                             "doc TEXT NOT NULL)")
             self.db.execute("CREATE TABLE IF NOT EXISTS lines (job TEXT NOT NULL, "
                             "worker TEXT NOT NULL, line TEXT NOT NULL)")
+            self.db.execute("CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, "
+                            "value TEXT NOT NULL)")
             self.db.commit()
         except sqlite3.Error as e:
             raise StateError(f"state file {self.path}: {e}") from None
@@ -59,6 +64,15 @@ class Store:
             raise StateError(f"state file {self.path}: a job record: {e}") from None
         return sorted(records.values(), key=lambda r: r.submitted_at)
 
+    def settings(self) -> dict:
+        """The operator's settings as last saved (key -> value)."""
+        try:
+            return {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM settings")}
+        except sqlite3.Error as e:
+            raise StateError(f"state file {self.path}: {e}") from None
+        except ValueError as e:
+            raise StateError(f"state file {self.path}: a setting: {e}") from None
+
     def save(self, changes: Changes) -> None:
         """What `take_changes` took, in one transaction."""
         with self._lock:
@@ -78,6 +92,8 @@ class Store:
                                 changes.docs)
             self.db.executemany("INSERT INTO lines (job, worker, line) VALUES (?, ?, ?)",
                                 changes.lines)
+            self.db.executemany("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
+                                [(k, json.dumps(v)) for k, v in changes.settings.items()])
 
     def close(self) -> None:
         with self._lock:
@@ -88,9 +104,10 @@ class Store:
 class Changes:
     docs: list[tuple[str, str]]  # (job, record document)
     lines: list[tuple[str, str, str]]  # (job, worker, metric line)
+    settings: dict = field(default_factory=dict)  # the operator's settings, when they changed
 
     def __bool__(self) -> bool:
-        return bool(self.docs or self.lines)
+        return bool(self.docs or self.lines or self.settings)
 
 
 def take_changes(records: Iterable[JobRecord]) -> Changes:

@@ -1,7 +1,8 @@
 """The Master <-> edge agent messages: dataclasses that travel as JSON.
 
 Agent -> Master (the Messenger):
-  POST /agents                      Registration        -> {"expected_workers": [names]}
+  POST /agents                      Registration        -> {"expected_workers": [names],
+                                                            "lines": {name: metric lines held}}
   POST /agents/{node}/heartbeat     Heartbeat           -> {"stop": [names]}
 Master -> agent (the command channel, the agent's own HTTP server):
   POST   /workers                   WorkerSpec          -> WorkerState

@@ -5,9 +5,12 @@ was killed (`python experiments/run.py --cleanup [--prefix P]`). Without a prefi
 every *dead* run of this project left (`ces` + 4 hex digits): a run whose process is still alive
 (its containers carry its pid, its Mininet shells are its children) is left alone, so a cleanup
 never pulls the network from under a run in progress. Never anything else: no `mn -c`, no broad
-kills. Order matters: containers (and the processes in them) first, then the Mininet shells that
-still hold their network namespaces, then OVS bridges and ports, then veths left in the root
-namespace (their qdiscs go with them), then the nodes' cgroup parents.
+kills. Order matters: the run's own processes first (the SDN app, the Master and the agents that
+`experiments/run.py` starts in sessions of their own survive its kill -9; found by the prefix in
+their environment, they must not react to what is removed next), then containers (and the
+processes in them), then the Mininet shells that still hold their network namespaces, then OVS
+bridges and ports, then veths left in the root namespace (their qdiscs go with them), then the
+nodes' cgroup parents.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +33,7 @@ from .names import FAMILY_RE, check_prefix
 
 @dataclass
 class Removed:
+    processes: list[int] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)
     shells: list[int] = field(default_factory=list)
     bridges: list[str] = field(default_factory=list)
@@ -57,6 +62,7 @@ def pattern_for(prefix: str | None) -> re.Pattern[str]:
 
 
 PID_LABEL = "ces.pid"  # on every container of a run: the pid of the process that owns the run
+PREFIX_ENV = "CES_RUN_PREFIX"  # in the environment of every process a run starts: its prefix
 
 
 def cleanup(prefix: str | None = None, client: docker.DockerClient | None = None) -> Removed:
@@ -72,6 +78,7 @@ def cleanup(prefix: str | None = None, client: docker.DockerClient | None = None
         return removed
     pattern = pattern_for(prefix)
     removed = Removed()
+    _processes(pattern, removed)
     _containers(client, pattern, removed)
     _shells(pattern, removed)
     _ovs(pattern, removed)
@@ -91,16 +98,18 @@ def run_prefixes(client: docker.DockerClient) -> list[str]:
     names += _vsctl("list-br").split() + _root_interfaces()
     names += [p.lstrip("/") for p in cgroups.find(FAMILY_RE)]
     names += [arg[len("mininet:"):] for _, arg in _shell_pids(FAMILY_RE)]
+    names += [run for _, run in _run_processes(FAMILY_RE)]
     return sorted({n[:7] for n in names if FAMILY_RE.match(n)})
 
 
 def run_alive(prefix: str, client: docker.DockerClient) -> bool:
     """Is the process that runs `prefix` still there? (the pid on its containers, or the
-    parent of its Mininet shells — after a crash those are re-parented away)."""
+    parent of its Mininet shells or of the processes it started — after a crash those are
+    re-parented away)."""
     pattern = pattern_for(prefix)
     pids = {(c.attrs.get("Labels") or {}).get(PID_LABEL)
             for _, c in _matching_containers(client, pattern)}
-    pids |= {_parent_pid(pid) for pid, _ in _shell_pids(pattern)}
+    pids |= {_parent_pid(pid) for pid, _ in _shell_pids(pattern) + _run_processes(pattern)}
     return any(_is_owner(pid) for pid in pids if pid)
 
 
@@ -127,6 +136,7 @@ def leftovers(prefix: str | None = None, client: docker.DockerClient | None = No
     pattern = pattern_for(prefix)
     client = client or docker.from_env()
     return {
+        "processes": [pid for pid, _ in _run_processes(pattern)],
         "containers": [name for name, _ in _matching_containers(client, pattern)],
         "shells": [pid for pid, _ in _shell_pids(pattern)],
         "bridges": [b for b in _vsctl("list-br").split() if pattern.match(b)],
@@ -165,6 +175,40 @@ def _containers(client: docker.DockerClient, pattern: re.Pattern[str], removed: 
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         removed.containers += [n for n in pool.map(remove, doomed) if n]
+
+
+def _run_processes(pattern: re.Pattern[str]) -> list[tuple[int, str]]:
+    """(pid, prefix) of the live processes a matching run started (`PREFIX_ENV`), not ours."""
+    key = PREFIX_ENV.encode() + b"="
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")  # a zombie's is empty
+        except OSError:
+            continue
+        for var in env:
+            if var.startswith(key):
+                run = var[len(key):].decode(errors="replace")
+                if pattern.match(run):
+                    found.append((int(proc.name), run))
+    return found
+
+
+def _processes(pattern: re.Pattern[str], removed: Removed) -> None:
+    """SIGKILL the run's processes (the agents' workers go with the containers next) and wait
+    until they are gone."""
+    pids = [pid for pid, _ in _run_processes(pattern)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            removed.processes.append(pid)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _run_processes(pattern):
+        time.sleep(0.05)
 
 
 def _shell_pids(pattern: re.Pattern[str]) -> list[tuple[int, str]]:

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -124,8 +125,7 @@ class Emulation:
         self.net.build()
         self._prepare_interfaces(self.net.links)
         self.net.start()
-        self._enlarge_port_buffers([intf.name for s in self.switches.values()
-                                    for intf in s.intfList() if intf.name != "lo"])
+        self._enlarge_port_buffers()
         self.timings["up_s"] = time.monotonic() - t0
         if standalone:
             self.wait_converged(self.converge_timeout_s)
@@ -230,10 +230,14 @@ class Emulation:
             for intf in (mlink.intf1, mlink.intf2):
                 tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, self._pid(intf))
 
-    def _enlarge_port_buffers(self, ports: list[str]) -> None:
-        """Room for the userspace datapath to fall behind without dropping (ovs_sockets)."""
+    def _enlarge_port_buffers(self, ports: list[str] | None = None) -> None:
+        """Room for the userspace datapath to fall behind without dropping (ovs_sockets), on
+        `ports` (default: every port of our switches)."""
         if self.datapath != "user":
             return
+        if ports is None:
+            ports = [intf.name for s in self.switches.values() for intf in s.intfList()
+                     if intf.name != "lo"]
         try:
             ovs_sockets.enlarge_receive_buffers(ports)
         except (ovs_sockets.SocketBufferError, OSError) as e:
@@ -400,6 +404,40 @@ class Emulation:
             done = netns_run(pid, "ip", "link", "set", dev, "up" if up else "down")
             if done.returncode != 0:
                 raise EmulationError(f"set_link_up {a}-{b}: {done.stderr.strip()}")
+
+    def restart_vswitchd(self, timeout_s: float = 20.0) -> None:
+        """Restart the host's ovs-vswitchd, a fault to inject (it carries every bridge of the
+        host, not only ours): ask it to exit, wait until it and its monitor are gone, and start
+        it again with the command line it ran with, whatever happened meanwhile. The bridges
+        come back from ovsdb with empty flow tables and reconnect to their controller, which
+        must install them again; our ports get their larger receive buffers again."""
+        try:
+            pid = ovs_sockets.vswitchd_pid()
+            argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            monitor = Path(f"/proc/{ppid}/comm").read_text().strip() == "ovs-vswitchd"
+        except (ovs_sockets.SocketBufferError, OSError) as e:
+            raise EmulationError(f"restart_vswitchd: {e}") from None
+        argv = argv[:-1] if argv[-1] == "" else argv
+        if "--detach" not in argv:  # started in the foreground by someone we cannot replace
+            raise EmulationError(f"restart_vswitchd: ovs-vswitchd ({pid}) runs without "
+                                 "--detach: not restarted, it could not be started the same way")
+        procs = [Path(f"/proc/{pid}")] + ([Path(f"/proc/{ppid}")] if monitor else [])
+        try:
+            subprocess.run(["ovs-appctl", "-t", "ovs-vswitchd", "exit"], capture_output=True,
+                           timeout=timeout_s)
+            deadline = time.monotonic() + timeout_s
+            while any(p.exists() for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            if not procs[0].exists():  # --detach: returns once the daemon serves
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+                if done.returncode != 0:
+                    raise EmulationError(f"ovs-vswitchd did not start again "
+                                         f"({' '.join(argv)}): {done.stderr.strip()}")
+        if procs[0].exists():
+            raise EmulationError(f"ovs-vswitchd ({pid}) did not exit within {timeout_s:g} s")
+        self._enlarge_port_buffers()
 
     def update_node(self, name: str, cpu: float | None = None, mem_mb: int | None = None) -> None:
         """Change a node's CPU/memory capacity (node container and the cgroup of its workers)."""

@@ -184,7 +184,29 @@ def plan(args: argparse.Namespace) -> Plan:
     for d in scenario.jobs:
         _check_runnable(d, topo, cordoned)
     out = Path(args.out) if args.out else default_out(scenario, topo)
+    results_folder(out, "--out")
     return Plan(scenario, topo, schedulers, seeds, out, warnings)
+
+
+def results_folder(out: Path, what: str) -> None:
+    """Make the folder `out` and check that files can be written in it, last of the checks: a
+    run that could not keep its results is refused before anything is built. A ScenarioError
+    naming `what` (the option), the folder and why; nothing is left behind."""
+    made = [p for p in (out, *out.parents) if not p.exists()]
+    probe = out / ".ces-write-test"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        for p in made:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+        why = "exists and is not a folder" if isinstance(e, FileExistsError) else \
+            f"{e.strerror}: {e.filename}"
+        raise ScenarioError(f"{what} {out}: cannot write results there ({why})") from None
 
 
 def scaled(topo: Topology, factor: float) -> Topology:

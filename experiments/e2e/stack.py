@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import yaml
 from docker.errors import DockerException
@@ -20,12 +20,14 @@ from master.client import MasterClient
 from protocol.http import free_port
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from testbed import Emulation
+from testbed.cleanup import PREFIX_ENV
 from testbed.image import worker_image_tag
 from topologies import Topology, topology_document
 
 from .scenario import REPO, Background, traffic_quota
 
 log = logging.getLogger("run")
+T = TypeVar("T")
 
 
 # --- the testbed stack -------------------------------------------------------------------------
@@ -41,6 +43,7 @@ class Stack:
         self.topo, self.prefix, self.out, self.console = topo, prefix, out, console
         self.logs = out / "logs"
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.commands: dict[str, list[str]] = {}  # process -> its arguments (`restart`)
         self.net: Emulation | None = None
         self.sdn: SdnClient | None = None
         self.master: MasterClient | None = None
@@ -48,14 +51,31 @@ class Stack:
         self._traffic: dict[int, list] = {}  # background flow -> its containers
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self.commands[name] = args
+        self.procs.append((name, self._popen(name, "w")))
+        return self.procs[-1][1]
+
+    def _popen(self, name: str, mode: str) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
-        logf = (self.logs / f"{name}.log").open("w")
-        # A session of its own: Ctrl-C reaches only us, and we stop children in order.
-        p = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=logf,
-                             stderr=subprocess.STDOUT, start_new_session=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.procs.append((name, p))
-        return p
+        logf = (self.logs / f"{name}.log").open(mode)
+        # A session of its own: Ctrl-C reaches only us, and we stop children in order. The run's
+        # prefix in its environment: a cleanup after our own kill -9 finds it by that.
+        return subprocess.Popen([sys.executable, *self.commands[name]], cwd=REPO, stdout=logf,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                     PREFIX_ENV: self.prefix})
+
+    def process(self, name: str) -> subprocess.Popen:
+        return next(p for n, p in self.procs if n == name)
+
+    def restart(self, name: str) -> None:
+        """kill -9 process `name` ("master", "sdn_app", "agent-NODE") and start it again with
+        the same arguments (its log goes on): a fault to inject."""
+        i = next(i for i, (n, _) in enumerate(self.procs) if n == name)
+        old = self.procs[i][1]
+        old.kill()
+        old.wait()
+        self.procs[i] = (name, self._popen(name, "a"))
 
     def _check_alive(self) -> None:
         for name, p in self.procs:
@@ -143,7 +163,7 @@ class Stack:
         cpu, mem = traffic_quota(dst)
         self._traffic[i] = [self.net.start_worker(b.dst, f"bg{i}-server",
                                                   ["iperf3", "-s", "-p", str(port)], cpu, mem)]
-        _poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
+        poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
               f"background: the iperf3 server on {b.dst} does not listen")
         cpu, mem = traffic_quota(self.topo.node(b.src))
         self._traffic[i].append(self.net.start_worker(
@@ -151,7 +171,7 @@ class Stack:
                                      "-b", f"{b.mbps:g}M"], cpu, mem))
         if wait:
             first_hop = b.path[0] if b.path else self.topo.access_link(b.src).other(b.src)
-            _poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
+            poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
                               (lk.mbps or 0) >= 0.5 * b.mbps for lk in self.sdn.links()), 20,
                   f"background {b.label()}: no traffic seen on {b.src}->{first_hop}")
 
@@ -181,9 +201,12 @@ class Stack:
         self.timings["down_s"] = time.monotonic() - t0
 
 
-def _poll(ok: Callable[[], bool], timeout_s: float, error: str) -> None:
+def poll(ok: Callable[[], T], timeout_s: float, error: str) -> T:
+    """The first true value of `ok()`, polled every 0.3 s; RunError(`error`) after
+    `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not ok():
+    while not (value := ok()):
         if time.monotonic() > deadline:
             raise RunError(error)
         time.sleep(0.3)
+    return value

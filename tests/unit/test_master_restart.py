@@ -114,6 +114,23 @@ def test_a_killed_master_restarted_on_its_state_loses_and_duplicates_nothing(lab
         assert {r[0] for r in db.execute("SELECT name FROM jobs")} == {"done", "run", "wait"}
 
 
+def test_the_operators_settings_survive_a_restart(lab):
+    """What run.py sets through the API — the scheduler, seed and queue of a run, the cordoned
+    nodes of another tenant — and a link's capacity hold for a restarted Master too."""
+    master, _ = lab
+    c = master.client
+    c.set_scheduler("best-fit", 7, queue="sjf")
+    c.set_schedulable("e3", False)
+    c.set_link_capacity("e1", "hub", 300)
+    master.kill()
+    master.start()
+    health = c.health()
+    assert (health["scheduler"], health["seed"], health["queue"]) == ("best-fit", 7, "sjf")
+    assert [n["node"] for n in c.nodes() if n["cordoned"]] == ["e3"]
+    assert {lk["capacity_mbps"] for lk in c.links() if {lk["src"], lk["dst"]} == {"e1", "hub"}}\
+        == {300}
+
+
 def test_a_node_that_does_not_come_back_ends_its_restored_attempt(lab):
     master, agents = lab
     c = master.client

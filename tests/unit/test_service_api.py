@@ -109,7 +109,7 @@ def test_bad_requests_are_4xx_with_a_message(master):
 def test_registration_heartbeat_and_cordon(master):
     client = MasterClient(master.url)
     reg = Registration("lab1", "http://127.0.0.1:9", "10.0.0.1", "eth0", 1.0, 2048)
-    assert call("POST", master.url + "/agents", to_json(reg)) == {"expected_workers": []}
+    assert call("POST", master.url + "/agents", to_json(reg)) == {"expected_workers": [], "lines": {}}
     beat = Heartbeat("lab1", 1, 0.0, Usage(0.3, 120, 1.5, 0.5),
                      [WorkerState("old-w0-a1", "old", "w0", "running")])
     assert call("POST", master.url + "/agents/lab1/heartbeat", to_json(beat)) == \
