@@ -34,8 +34,7 @@ from e2e.scenario import ScenarioError, results_folder
 from machine import machine
 
 REPO = Path(__file__).resolve().parent.parent
-RERUN = "flock /tmp/ces-emulation.lock .venv/bin/python -m pytest tests/integration/" \
-        "test_faults.py -k {fault}"
+RERUN = "sudo .venv/bin/python -m pytest tests/integration/test_faults.py -k {fault}"
 
 
 def main(argv: list[str] | None = None) -> int:
