@@ -4,7 +4,7 @@
     sudo python experiments/bench_faults.py --seed 0 [--out results/faults.json] [--overwrite]
 
 One bring-up of the stack (the SDN app, the emulated network, the Master, an agent per node) for
-master_kill, agent_kill, ovs_restart (restarts the host's ovs-vswitchd: hold the emulation lock),
+master_kill, agent_kill, ovs_restart (restarts the host's ovs-vswitchd: no other testbed may run),
 oom_kill and node_stop, one job each; then out_unwritable and orchestrator_kill, which run
 `experiments/run.py`. The seed is the Master's scheduler seed (placements, the workers' seeds).
 Prints and writes the table: fault, time to detect, recovered, jobs lost, jobs duplicated, what
