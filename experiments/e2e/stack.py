@@ -164,7 +164,7 @@ class Stack:
         self._traffic[i] = [self.net.start_worker(b.dst, f"bg{i}-server",
                                                   ["iperf3", "-s", "-p", str(port)], cpu, mem)]
         poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
-              f"background: the iperf3 server on {b.dst} does not listen")
+             f"background: the iperf3 server on {b.dst} does not listen")
         cpu, mem = traffic_quota(self.topo.node(b.src))
         self._traffic[i].append(self.net.start_worker(
             b.src, f"bg{i}-client", ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400",
@@ -172,8 +172,8 @@ class Stack:
         if wait:
             first_hop = b.path[0] if b.path else self.topo.access_link(b.src).other(b.src)
             poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
-                              (lk.mbps or 0) >= 0.5 * b.mbps for lk in self.sdn.links()), 20,
-                  f"background {b.label()}: no traffic seen on {b.src}->{first_hop}")
+                             (lk.mbps or 0) >= 0.5 * b.mbps for lk in self.sdn.links()), 20,
+                 f"background {b.label()}: no traffic seen on {b.src}->{first_hop}")
 
     def stop_traffic(self, i: int) -> None:
         for container in self._traffic.pop(i, []):

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, str(REPO / "experiments" / "run.py")]
 sys.path.insert(0, str(REPO / "experiments"))
 import report  # noqa: E402
+from e2e import faults  # noqa: E402
 RESULT_KEYS = {"scheduler", "seed", "job", "tta_s", "reached_target", "final_accuracy", "jct_s",
                "placement", "flows", "curve", "state"}
 
@@ -139,15 +140,8 @@ def test_malformed_inputs_exit_2_and_create_nothing(tmp_path: Path, prefix: str)
 
 
 # --- the closed loop -------------------------------------------------------------------------
-TINY = {"name": "tiny", "switches": [{"name": "s1"}, {"name": "s2"}],
-        "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 1024} for i in range(1, 5)],
-        "links": [{"ends": ["s1", "s2"], "bw_mbps": 200},
-                  {"ends": ["n1", "s1"], "bw_mbps": 200}, {"ends": ["n2", "s1"], "bw_mbps": 200},
-                  {"ends": ["n3", "s2"], "bw_mbps": 200}, {"ends": ["n4", "s2"], "bw_mbps": 200}]}
-LONG_JOB = {"name": "long", "collective": "ring", "workers": 2,
-            "task": {"cpu": 0.75, "mem_mb": 600}, "model_params": 85000, "demand_mbps": 50,
-            "target_accuracy": 0.999,
-            "workload": {"model": "mlp-small", "eval_every": 50, "max_seconds": 900}}
+TINY = faults.TOPOLOGY  # two switches, four 1-core nodes
+LONG_JOB = faults.job("long", seconds=900)  # a 2-worker ring that trains until stopped
 DETECT_S = 10.0
 
 
