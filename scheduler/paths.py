@@ -25,6 +25,7 @@ gets). A single flow is never split over several paths: the SDN app installs one
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import weakref
 from typing import Callable, Hashable, Mapping
@@ -163,39 +164,81 @@ def links(path: Path) -> list[tuple[str, str]]:
 def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mapping[Hashable, float],
                weights: Mapping[Hashable, float] | None = None) -> dict[Hashable, float]:
     """The rate split (see module doc): weighted max-min fair rates on the cluster's residual,
-    each capped at its demand. Keys are any flow ids. A flow whose path has no residual gets 0."""
+    each capped at its demand. Keys are any flow ids. A flow whose path has no residual gets 0.
+
+    Progressive filling by events: every active flow's rate is its weight × a common fill level,
+    which rises to the next level where a link fills or a flow reaches its demand (heap `reach`);
+    there every link with at most EPS of its capacity left and every flow within EPS of its
+    demand freezes (heap `due`: the level at which each does). A link's left capacity is kept as
+    of the level it last changed (`since`), and its events are pushed again when its weight sum
+    changes (older ones are skipped by their version). Each freeze touches only its flow's
+    links: the Master re-shares the spare of hundreds of flows under its lock
+    (master/network.py), and the simulator shares every running job's flows at each event."""
     w = {f: (weights[f] if weights else 1.0) for f in paths}
     if any(x <= 0 for x in w.values()):
         raise ValueError("flow weights must be > 0")
     rate = {f: 0.0 for f in paths}
     on_path = {f: links(p) for f, p in paths.items()}
-    used = {lk for lks in on_path.values() for lk in lks}
-    left = {lk: max(cluster.residual(*lk), 0.0) for lk in used}
-    full_below = {lk: EPS * max(1.0, cluster.link_capacity(*lk)) for lk in used}
     active = {f for f in paths if demands[f] > EPS}
-    # per link: the active flows' weight sum and count (the count says exactly when it is empty)
-    wsum = {lk: 0.0 for lk in used}
-    count = {lk: 0 for lk in used}
+    crossing: dict[tuple[str, str], list[Hashable]] = {}  # link -> the active flows on it
     for f in active:
         for lk in on_path[f]:
-            wsum[lk] += w[f]
-            count[lk] += 1
+            crossing.setdefault(lk, []).append(f)
+    left = {lk: max(cluster.residual(*lk), 0.0) for lk in crossing}
+    full_below = {lk: EPS * max(1.0, cluster.link_capacity(*lk)) for lk in crossing}
+    # per link: the active flows' weight sum and count (the count says exactly when it is empty)
+    wsum = {lk: sum(w[f] for f in fs) for lk, fs in crossing.items()}
+    count = {lk: len(fs) for lk, fs in crossing.items()}
+    since = dict.fromkeys(crossing, 0.0)
+    version = dict.fromkeys(crossing, 0)
+    # events (level, 0 link | 1 flow, tie-break, id, version): where it fills (reach), where it
+    # freezes (due); the tie-break keeps ids (of any type) out of the comparison
+    order = itertools.count()
+    reach = [(demands[f] / w[f], 1, next(order), f, 0) for f in active]
+    due = [((demands[f] - EPS) / w[f], 1, next(order), f, 0) for f in active]
+
+    def link_events(lk: tuple[str, str]) -> tuple[tuple, tuple]:
+        n = next(order)
+        return ((since[lk] + left[lk] / wsum[lk], 0, n, lk, version[lk]),
+                (since[lk] + (left[lk] - full_below[lk]) / wsum[lk], 0, n, lk, version[lk]))
+
+    for lk in crossing:
+        r, d = link_events(lk)
+        reach.append(r)
+        due.append(d)
+    heapq.heapify(reach)
+    heapq.heapify(due)
+
+    def stale(event: tuple) -> bool:
+        _, kind, _, x, v = event
+        return x not in active if kind else (v != version[x] or not count[x])
+
+    level = 0.0
     while active:
-        step = min((demands[f] - rate[f]) / w[f] for f in active)
-        step = min([step] + [left[lk] / wsum[lk] for lk, n in count.items() if n])
-        step = max(step, 0.0)
-        for f in active:
-            rate[f] += step * w[f]
-            for lk in on_path[f]:
-                left[lk] -= step * w[f]
-        full = {lk for lk, x in left.items() if x <= full_below[lk]}
-        frozen = {f for f in active
-                  if demands[f] - rate[f] <= EPS or not full.isdisjoint(on_path[f])}
-        for f in frozen:
-            for lk in on_path[f]:
-                wsum[lk] -= w[f]
-                count[lk] -= 1
-        active -= frozen
+        while stale(reach[0]):
+            heapq.heappop(reach)
+        level = max(level, reach[0][0])
+        changed = set()
+        while due and due[0][0] <= level:
+            event = heapq.heappop(due)
+            if stale(event):
+                continue
+            _, kind, _, x, _ = event
+            for f in ([x] if kind else [f for f in crossing[x] if f in active]):
+                active.discard(f)
+                rate[f] = w[f] * level
+                for lk in on_path[f]:
+                    left[lk] -= wsum[lk] * (level - since[lk])
+                    since[lk] = level
+                    wsum[lk] -= w[f]
+                    count[lk] -= 1
+                    version[lk] += 1
+                    changed.add(lk)
+        for lk in changed:
+            if count[lk]:
+                r, d = link_events(lk)
+                heapq.heappush(reach, r)
+                heapq.heappush(due, d)
     return rate
 
 

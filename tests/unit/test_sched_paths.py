@@ -6,6 +6,10 @@ Access links 1000 Mbit/s, 1 ms.
 """
 from __future__ import annotations
 
+import math
+import random
+
+import networkx as nx
 import pytest
 
 from scheduler.model import CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, \
@@ -90,6 +94,42 @@ def test_fair_rates_weighted_and_capped():
     assert fair_rates(c, paths, {1: 20, 2: 100}) == pytest.approx({1: 20, 2: 80})
     # flows on disjoint paths get their whole demand up to their own bottleneck
     assert fair_rates(c, {1: SHORT, 2: LONG}, {1: 500, 2: 500}) == pytest.approx({1: 100, 2: 150})
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fair_rates_are_weighted_max_min_fair(seed):
+    """The characterisation of weighted max-min fairness, on random flows over the diamond (links
+    partly reserved, demands finite, infinite or zero, keys of mixed types): no link carries more
+    than its residual, no flow more than its demand, and every flow below its demand crosses a
+    full link on which no flow has a larger rate per weight (its bottleneck)."""
+    rng = random.Random(seed)
+    c = diamond()
+    for link in rng.sample(sorted(c.graph.edges), 3):
+        c.reserved[link] = rng.uniform(0, c.link_capacity(*link))
+    hosts = ["h1", "h2", "h3"]
+    paths, demands, weights = {}, {}, {}
+    for i in range(rng.randint(1, 12)):
+        a, b = rng.sample(hosts, 2)
+        route = list(nx.all_simple_paths(c.graph, a, b))
+        key = i if i % 2 else (a, b, i)
+        paths[key] = tuple(rng.choice([p for p in route if all(v.startswith("s") for v in p[1:-1])]))
+        demands[key] = rng.choice([0.0, 5.0, rng.uniform(1, 300), math.inf])
+        weights[key] = rng.choice([1.0, 3.0, rng.uniform(0.1, 10)])
+    rates = fair_rates(c, paths, demands, weights)
+    load: dict = {}
+    for f, p in paths.items():
+        for lk in zip(p, p[1:]):
+            load.setdefault(lk, []).append(f)
+    tol = 1e-6
+    for lk, fs in load.items():
+        assert sum(rates[f] for f in fs) <= max(c.residual(*lk), 0.0) + tol
+    for f, p in paths.items():
+        assert 0 <= rates[f] <= demands[f] + tol
+        if rates[f] >= demands[f] - tol:
+            continue
+        assert any(sum(rates[g] for g in load[lk]) >= max(c.residual(*lk), 0.0) - tol and
+                   all(rates[g] / weights[g] <= rates[f] / weights[f] + tol for g in load[lk])
+                   for lk in zip(p, p[1:])), f"flow {f} has no bottleneck"
 
 
 @pytest.mark.parametrize("rule, paths, rates", [
