@@ -4,10 +4,12 @@
     python experiments/bench_load.py --seed 0 [--nodes 200] [--jobs 1000] [--out FILE]
 
 A real Master (`python -m master serve` in its own process on loopback, no SDN app, as it runs in
-a deployment) and `--nodes` simulated agents in this process (`edge.simulated`: the real
-Messenger — registration, a heartbeat every second, the command channel over HTTP — in front of
-workers that only exist as records). The nodes sit in racks of 20 under a top-of-rack switch, the
-racks under one core switch.
+a deployment) and `--nodes` simulated agents (`edge.simulated`: the real Messenger —
+registration, a heartbeat every second, the command channel over HTTP — in front of workers that
+only exist as records), spread over `--agent-procs` processes: real agents are one process per
+host, and hundreds of them in one process wait for that process's GIL and garbage collector,
+which their round trips would count as the Master's. The nodes sit in racks of 20 under a
+top-of-rack switch, the racks under one core switch.
 
 1. Burst: `--jobs` submissions from 16 client threads at once; the seed draws each job (ring or
    star, 1-4 workers, 0.25-1 core, 256-1024 MiB, 10-100 Mbit/s) and makes 5 % of them invalid
@@ -28,7 +30,9 @@ from __future__ import annotations
 import _venv  # noqa: F401  (re-exec under .venv)
 
 import argparse
+import gc
 import json
+import multiprocessing
 import random
 import re
 import subprocess
@@ -45,7 +49,7 @@ import yaml
 from edge.simulated import SimulatedAgent
 from master.client import MasterClient
 from protocol.http import ApiError, Unreachable
-from topologies import parse_topology
+from topologies import Topology, parse_topology
 
 from machine import machine
 
@@ -120,7 +124,8 @@ def ms(x: float | None) -> float | None:
 
 
 class Runner:
-    """Ends every worker `work_s` after it was first seen running, as if its process exited 0."""
+    """Ends every worker `work_s` after it was first seen running, as if its process exited 0
+    (in each agent process)."""
 
     def __init__(self, agents: list[SimulatedAgent], work_s: float):
         self.agents, self.work_s = agents, work_s
@@ -140,6 +145,63 @@ class Runner:
                         a.finish(w.name, 0)
 
 
+def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work_s: float,
+               measuring, done, out) -> None:
+    """One agent process: its share of the agents heartbeat until `done`; their round trips
+    since `measuring` and every worker they were asked to start go back through `out`."""
+    agents = [SimulatedAgent(name, url, ip, cpu, mem_mb, 1.0) for name, ip, cpu, mem_mb in nodes]
+    for a in agents:
+        a.start()
+    gc.freeze()  # the agents' own start-up is not garbage: short collections, as in the Master
+    measuring.wait()
+    for a in agents:
+        a.messenger.round_trips.clear()
+    runner = Runner(agents, work_s)
+    runner.thread.start()
+    done.wait()
+    runner.stop.set()
+    for a in agents:  # before the Master stops, so that none is seen going silent
+        a.stop()
+    out.send({"trips": [t for a in agents for t in a.messenger.round_trips],
+              "started": [w for a in agents for w in a.compute.specs]})
+
+
+class AgentProcesses:
+    """`procs` processes sharing the topology's nodes, each running `run_agents`."""
+
+    def __init__(self, url: str, topo: Topology, procs: int, work_s: float):
+        ctx = multiprocessing.get_context("spawn")  # no threads or sockets of ours inherited
+        self.measuring, self.done = ctx.Event(), ctx.Event()
+        self.procs, self.pipes = [], []
+        nodes = [(n.name, n.ip, n.cpu, n.mem_mb) for n in topo.nodes]
+        for i in range(procs):
+            here, there = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=run_agents, daemon=True,
+                            args=(url, nodes[i::procs], work_s, self.measuring, self.done, there))
+            p.start()
+            self.procs.append(p)
+            self.pipes.append(here)
+
+    def results(self, timeout_s: float = 60.0) -> tuple[list[float], list[str]]:
+        """Stop the agents: (every round trip measured, every worker started)."""
+        self.done.set()
+        trips, started = [], []
+        for pipe, p in zip(self.pipes, self.procs):
+            if not pipe.poll(timeout_s):
+                raise RuntimeError(f"agent process {p.pid} did not report within {timeout_s} s")
+            r = pipe.recv()
+            trips += r["trips"]
+            started += r["started"]
+        for p in self.procs:
+            p.join(timeout=10)
+        return trips, started
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+
+
 def run(args: argparse.Namespace) -> dict:
     spec = racks(args.nodes)
     topo = parse_topology(spec, "bench_load")
@@ -148,33 +210,27 @@ def run(args: argparse.Namespace) -> dict:
         topo_file = Path(tmp) / "racks.yaml"
         topo_file.write_text(yaml.safe_dump(spec))
         proc, url = start_master(topo_file, Path(tmp) / "master.log", args.algorithm, args.seed)
-        agents = [SimulatedAgent(n.name, url, n.ip, n.cpu, n.mem_mb, 1.0) for n in topo.nodes]
+        agents = AgentProcesses(url, topo, min(args.agent_procs, args.nodes), args.work_s)
         try:
             return measure(MasterClient(url, timeout_s=60.0), agents, jobs, args)
         finally:
-            for a in agents:  # first, so that none is seen going silent
-                a.stop()
+            agents.kill()
             proc.terminate()
             proc.wait(timeout=30)
 
 
-def measure(client: MasterClient, agents: list[SimulatedAgent], jobs: list[tuple[dict, bool]],
+def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict, bool]],
             args: argparse.Namespace) -> dict:
-    runner = Runner(agents, args.work_s)
     stop_health = threading.Event()
     try:
-        for a in agents:
-            a.start()
-        client.wait_ready(len(agents), timeout_s=60)
-        for a in agents:
-            a.messenger.round_trips.clear()
-        runner.thread.start()
+        client.wait_ready(args.nodes, timeout_s=60)
+        agents.measuring.set()
         offline = 0
 
         def watch_health() -> None:
             nonlocal offline
             while not stop_health.wait(0.5):
-                offline = max(offline, len(agents) - client.health()["nodes_online"])
+                offline = max(offline, args.nodes - client.health()["nodes_online"])
         threading.Thread(target=watch_health, daemon=True).start()
 
         def submit(item: tuple[dict, bool]) -> dict:
@@ -209,15 +265,14 @@ def measure(client: MasterClient, agents: list[SimulatedAgent], jobs: list[tuple
         views = {n: client.job(n) for n in accepted}
     finally:
         stop_health.set()
-        runner.stop.set()
-    trips = [t for a in agents for t in a.messenger.round_trips]
-    started = [w for a in agents for w in a.compute.specs]
+    trips, started = agents.results()
     by_state: dict[str, int] = {}
     for n in accepted:
         by_state[states.get(n, "missing")] = by_state.get(states.get(n, "missing"), 0) + 1
     return {
         "seed": args.seed, "nodes": args.nodes, "jobs": args.jobs, "algorithm": args.algorithm,
-        "work_s": args.work_s, "machine": machine(),
+        "work_s": args.work_s, "agent_procs": min(args.agent_procs, args.nodes),
+        "machine": machine(),
         "submissions": {
             "accepted": len(accepted),
             "refused": sum(a["outcome"] == "refused" for a in answers),
@@ -269,19 +324,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--algorithm", default="network-aware")
     p.add_argument("--work-s", type=float, default=2.0, help="how long a worker runs")
+    p.add_argument("--agent-procs", type=int, default=4,
+                   help="processes the simulated agents are spread over")
     p.add_argument("--max-s", type=float, default=600.0, help="give up draining after this")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "results" /
                                         "bench_load.json"))
     a = p.parse_args(argv)
-    if a.nodes < 1 or a.jobs < 1 or a.work_s < 0 or a.max_s <= 0:
-        p.error("--nodes and --jobs must be ≥ 1, --work-s ≥ 0, --max-s > 0")
+    if a.nodes < 1 or a.jobs < 1 or a.agent_procs < 1 or a.work_s < 0 or a.max_s <= 0:
+        p.error("--nodes, --jobs and --agent-procs must be ≥ 1, --work-s ≥ 0, --max-s > 0")
     r = run(a)
     bad = verdict(r)
     s, hb = r["submissions"], r["heartbeats"]
     print(f"{a.jobs} submissions in {s['burst_s']} s: {s['accepted']} accepted, {s['refused']} "
           f"refused; latency p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms")
     print(f"drained in {r['drain_s']} s: {r['jobs_by_state']}; {r['workers_started']} workers")
-    print(f"heartbeats ({a.nodes} agents, every 1 s): {hb['count']}, p50 {hb['p50_ms']} ms, "
+    print(f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s): {hb['count']}, p50 {hb['p50_ms']} ms, "
           f"p99 {hb['p99_ms']} ms (target ≤ 50), max {hb['max_ms']} ms; nodes offline "
           f"{r['nodes_offline_max']}")
     print("all checks passed" if not bad else "FAILED: " + "; ".join(bad))
