@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from docker.errors import DockerException
-from lab import deploy
-from lab.inventory import Inventory, InventoryError, load_inventory
 from rich.console import Console
 
+from lab import deploy
+from lab.inventory import Inventory, InventoryError, load_inventory
 from master.client import MasterClient
 from master.scheduling import QUEUES
 from protocol.http import ApiError, TokenError, Unreachable, default_token_file, read_token
@@ -60,7 +60,8 @@ import report
 from machine import cpu_stall_us, machine
 from e2e.display import Display, fmt
 from e2e.rows import job_row
-from e2e.scenario import Plan, Scenario, ScenarioError, plan, tenant_path
+from e2e.scenario import Plan, Scenario, ScenarioError, load_scenario, plan, scenario_path, \
+    tenant_path
 from e2e.lab_stack import HostsRefused, LabStack
 from e2e.stack import RunError, Stack, StackBase
 
@@ -236,14 +237,14 @@ def hosts_main(args: argparse.Namespace, console: Console) -> int:
             if not args.prefix:
                 raise ValueError("--cleanup --hosts: give the run's --prefix (run.py printed it "
                                  "at bring-up)")
-            inv = load_inventory(args.hosts, load_topology(args.topo or "campus"))
+            topo = args.topo or load_scenario(scenario_path(args)).topology
+            inv = load_inventory(args.hosts, load_topology(topo))  # the hosts it names
             return cleanup_hosts(inv, args.prefix, args.accept_new_host_keys)
-        p = plan(args)
-        inv = load_inventory(args.hosts, p.topo)
         if not args.token_file:
             raise ValueError("--hosts: the Master and the agents need the shared secret: give "
                              "--token-file or set $CES_TOKEN_FILE (docs/lab.md)")
         token = read_token(args.token_file)
+        p = plan(args)
     except (ScenarioError, TopologyError, JobError, InventoryError, TokenError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -251,8 +252,8 @@ def hosts_main(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[yellow]warning:[/] {w}")
     prefix = args.prefix or new_prefix()
     return execute(p, prefix, console, lambda: LabStack(
-        p.topo, prefix, p.out, console, inv, args.token_file, token, worker_image_tag(),
-        args.accept_new_host_keys), inventory=inv)
+        p.topo, prefix, p.out, console, p.inventory, args.token_file, token, worker_image_tag(),
+        args.accept_new_host_keys))
 
 
 def cleanup_hosts(inv: Inventory, prefix: str, accept_new: bool) -> int:
@@ -268,8 +269,7 @@ def cleanup_hosts(inv: Inventory, prefix: str, accept_new: bool) -> int:
     return 2 if errors else 0
 
 
-def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], StackBase],
-            inventory: Inventory | None = None) -> int:
+def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], StackBase]) -> int:
     p.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "version": 1, "scenario": {"name": p.scenario.name, "source": p.scenario.source,
@@ -278,8 +278,8 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
                                    "timeout_s": p.scenario.timeout_s,
                                    "link_scale": p.scenario.link_scale},
         "topology": p.topo.name, "schedulers": p.schedulers, "seeds": p.seeds,
-        "mode": "hosts" if inventory else "emulation",
-        **({"inventory": str(inventory.path)} if inventory else {}),
+        "mode": "hosts" if p.inventory else "emulation",
+        **({"inventory": str(p.inventory.path)} if p.inventory else {}),
         "machine": machine(), "started_at": time.time(), "runs": []}
     t0 = time.monotonic()
     total = len(p.schedulers) * p.seeds

@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default="", help="the run's prefix (start: default a new one)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s lab %(message)s")
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # our errors say it in one line
     try:
         topo = load_topology(a.topo)
         inv = load_inventory(a.hosts, topo)
