@@ -197,14 +197,28 @@ def stop_agent(remote: Remote, prefix: str, node: str) -> None:
     remote.run(f"docker stop -t 20 {name}; docker rm -f {name}", timeout_s=60)
 
 
-def cleanup(remote: Remote, prefix: str) -> list[str]:
-    """Remove every container of run `prefix` on the host (the agent, its workers); names."""
+def run_containers(remote: Remote, prefix: str) -> list[str]:
+    """The names of run `prefix`'s containers on the host."""
     out = remote.ok(f"docker ps -a --filter name=^{prefix}- --format '{{{{.Names}}}}'",
                     "cannot list containers")
-    names = [n for n in out.split() if n.startswith(f"{prefix}-")]
-    if names:
-        remote.ok("docker rm -f " + " ".join(map(shlex.quote, names)),
-                  "cannot remove the run's containers")
+    return [n for n in out.split() if n.startswith(f"{prefix}-")]
+
+
+def cleanup(remote: Remote, prefix: str, timeout_s: float = 30.0) -> list[str]:
+    """Remove every container of run `prefix` on the host (the agent, its workers, its tools);
+    their names. One that goes meanwhile (its agent removed it, or another cleanup of a host on
+    the same engine) is not an error; one still there after `timeout_s` is."""
+    names = run_containers(remote, prefix)
+    deadline = time.monotonic() + timeout_s
+    left = names
+    while left:
+        remote.run("docker rm -f " + " ".join(map(shlex.quote, left)), timeout_s=timeout_s)
+        left = run_containers(remote, prefix)
+        if left and time.monotonic() > deadline:
+            raise HostError(remote.host, f"cannot remove the run's containers "
+                                         f"{', '.join(left)}")
+        if left:
+            time.sleep(0.5)
     return names
 
 

@@ -141,6 +141,7 @@ def standin_lab(workdir: Path, topo: Topology, image: str, prefix: str, openflow
     controller at this machine's management address on `openflow_port`. Yields (the hosts, an
     inventory of them that puts the Master at `master_port`, a token file); the key, the token
     and known_hosts are made in `workdir`. The hosts are removed on exit."""
+    workdir.mkdir(parents=True, exist_ok=True)
     pubkey = new_key(workdir / "id_rsa")
     token = workdir / "token"
     token.write_text(secrets.token_urlsafe(24) + "\n")
