@@ -2,7 +2,7 @@
 whose `eth1` hangs off plain OVS bridges (OpenFlow 1.3, fail-mode secure) built for the quick
 scenario's topology and connecting to the run's SDN app on the management network. run.py checks
 the hosts over SSH, deploys the agents, runs the scenario and leaves nothing on the hosts; after
-a kill -9 of run.py, `--cleanup --hosts` removes what the run left."""
+a kill -9 of run.py, `--cleanup --hosts` removes what the run left; SIGTERM tears everything down."""
 from __future__ import annotations
 
 import json
@@ -86,21 +86,34 @@ def test_quick_scenario_on_real_hosts(standin, tmp_path, prefix):
     print(f"run.py --quick --hosts: {wall:.0f} s wall, deploy {res['deploy_s']:.1f} s")
 
 
+def started(standin, prefix: str, out: Path, log: Path) -> subprocess.Popen:
+    """run.py --quick --hosts, once every host's agent container exists."""
+    run = subprocess.Popen(RUN + ["--quick", *standin["args"](prefix, out)],
+                           stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: len([c for c in on_hosts(prefix) if "-agent-" in c]) ==
+                 len(standin["hosts"].topo.nodes), 180, "the agents to be deployed")
+    except BaseException:
+        run.kill()
+        run.wait()
+        raise
+    return run
+
+
+def test_sigterm_tears_everything_down(standin, tmp_path, prefix):
+    run = started(standin, prefix, tmp_path / "out", tmp_path / "run.log")
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=120) == 130, (tmp_path / "run.log").read_text()[-2000:]
+    assert on_hosts(prefix) == [] and leftovers(prefix)["processes"] == []
+
+
 def test_cleanup_after_kill_9_removes_the_agents(standin, tmp_path, prefix):
     """kill -9 of run.py once the agents are on the Master: its agents (and its SDN app and
     Master, in sessions of their own) survive it; `--cleanup --hosts --prefix` removes them."""
-    out = tmp_path / "killed"
-    log = (tmp_path / "run.log").open("w")
-    run = subprocess.Popen(RUN + ["--quick", *standin["args"](prefix, out)], stdout=log,
-                           stderr=subprocess.STDOUT)
-    try:
-        agents = wait_for(lambda: len([c for c in on_hosts(prefix) if "-agent-" in c]) ==
-                          len(standin["hosts"].topo.nodes) and on_hosts(prefix), 180,
-                          "the agents to be deployed")
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.wait()
-    assert agents
+    run = started(standin, prefix, tmp_path / "killed", tmp_path / "run.log")
+    run.kill()
+    run.wait()
+    assert on_hosts(prefix)  # the agents outlive run.py
     inventory = yaml.safe_load(standin["inventory"].read_text())
     master = MasterClient(f"http://{inventory['master']}:{inventory['master_port']}")
     t0 = time.monotonic()
