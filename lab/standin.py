@@ -127,9 +127,10 @@ class LabHosts(NetnsNetwork):
                               capture_output=True, text=True, timeout=60)
 
     def stop(self) -> None:
-        for c in self.client.containers.list(all=True, filters={"label": f"ces.test={self.prefix}"}):
+        mine = {"label": f"ces.test={self.prefix}"}
+        for c in self.client.containers.list(all=True, filters=mine):
             c.remove(force=True)
-        for net in self.client.networks.list(filters={"label": f"ces.test={self.prefix}"}):
+        for net in self.client.networks.list(filters=mine):
             net.remove()
         super().stop()
 

@@ -1,8 +1,9 @@
 """`experiments/run.py --hosts` end to end on stand-in real hosts (`lab.standin`): sshd containers
 whose `eth1` hangs off plain OVS bridges (OpenFlow 1.3, fail-mode secure) built for the quick
 scenario's topology and connecting to the run's SDN app on the management network. run.py checks
-the hosts over SSH, deploys the agents, runs the scenario and leaves nothing on the hosts; after
-a kill -9 of run.py, `--cleanup --hosts` removes what the run left; SIGTERM tears everything down."""
+the hosts over SSH, deploys the agents, runs the scenario and leaves nothing on the hosts;
+SIGTERM tears everything down; after a kill -9 of run.py, `--cleanup --hosts` removes what the
+run left."""
 from __future__ import annotations
 
 import json
