@@ -1,5 +1,5 @@
 """Real-host mode on this machine, for real: `python -m lab` deploys edge agents over SSH to
-stand-in hosts (containers running sshd, `lab_hosts.LabHosts`) whose data interfaces hang off a
+stand-in hosts (containers running sshd, `lab.standin.LabHosts`) whose data interfaces hang off a
 plain OVS bridge; a Master on the management network (beyond loopback, so with the shared
 secret) registers them, and a job spans the two hosts over the bridge the SDN app controls.
 Bad inventories and hosts are refused with one line naming host and problem, leaving nothing."""
