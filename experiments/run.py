@@ -1,22 +1,29 @@
 #!/usr/bin/env python3
-"""The end-to-end comparison of schedulers on the emulated network.
+"""The end-to-end comparison of schedulers on the emulated network, or on real hosts.
 
     sudo python experiments/run.py --topo campus                 # the default scenario
     sudo python experiments/run.py --quick                       # a small one (CI)
     sudo python experiments/run.py --schedulers ces-ppo,k8s-spread --seeds 3 --out results/e2e
     sudo python experiments/run.py --jobs workloads/jobs/ring-cnn.yaml
     sudo python experiments/run.py --cleanup [--prefix cesXXXX]  # remove what a killed run left
+    python experiments/run.py --quick --hosts lab.yaml --topo lab-topo.yaml --token-file F
+    python experiments/run.py --cleanup --hosts lab.yaml --topo lab-topo.yaml --prefix cesXXXX
 
 Once: build the testbed (`testbed.Emulation`, switches connected to the SDN app), start the SDN
 app, the Master and one edge agent per compute node (real processes), and the scenario's
-background traffic. Then per scheduler and seed: submit the scenario's jobs to the Master, follow
+background traffic. With `--hosts` (docs/lab.md) there is no emulation: the hosts of the
+inventory are checked over SSH, the SDN app waits for the lab's switches (configured to connect
+to the inventory's `master` address and `openflow_port`), the Master listens there with the
+shared secret (--token-file, default $CES_TOKEN_FILE; required), and one agent per host is
+deployed over SSH (`lab.deploy`); the background traffic runs in containers on the hosts. Then
+per scheduler and seed: submit the scenario's jobs to the Master, follow
 them live (jobs, accuracy, link utilisation), collect what the workers measured, and wait until
 the testbed is idle again. Finally tear everything down and write DIR/results.json,
 DIR/results.csv, DIR/summary.md and the PNG figures (each re-made by experiments/plots.py from
 the JSON). Logs of every process are in DIR/logs/, the workers' metric lines in DIR/agents/.
 
-Exit codes: 0 done, 1 the testbed failed, 2 bad input (topology, jobs, scenario, schedulers;
-nothing is created), 130 interrupted (torn down).
+Exit codes: 0 done, 1 the testbed failed, 2 bad input (topology, jobs, scenario, schedulers,
+inventory, token, a host refused; nothing is left), 130 interrupted (torn down).
 """
 from __future__ import annotations
 
@@ -30,34 +37,39 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from docker.errors import DockerException
 from rich.console import Console
 
+from lab import deploy
+from lab.inventory import Inventory, InventoryError, load_inventory
 from master.client import MasterClient
 from master.scheduling import QUEUES
-from protocol.http import ApiError, Unreachable
+from protocol.http import ApiError, TokenError, Unreachable, default_token_file, read_token
 from scheduler.jobs import JobError
 from scheduler.multi import default_algorithm
 from sdn_app.client import SdnError
 from testbed import EmulationError, cleanup
+from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
-from topologies import TopologyError
+from topologies import TopologyError, load_topology
 
 import plots
 import report
 from machine import cpu_stall_us, machine
 from e2e.display import Display, fmt
 from e2e.rows import job_row
-from e2e.scenario import Plan, Scenario, ScenarioError, plan, tenant_path
-from e2e.stack import RunError, Stack
+from e2e.scenario import Plan, Scenario, ScenarioError, load_scenario, plan, scenario_path, \
+    tenant_path
+from e2e.lab_stack import HostsRefused, LabStack
+from e2e.stack import RunError, Stack, StackBase
 
 log = logging.getLogger("run")
 TERMINAL = ("finished", "failed", "cancelled")
 
 
-def run_once(stack: Stack, scenario: Scenario, scheduler: str, seed: int, index: int,
+def run_once(stack: StackBase, scenario: Scenario, scheduler: str, seed: int, index: int,
              title: str, display: Display) -> dict:
     """Submit the scenario's jobs under `scheduler`/`seed`, follow them, collect the results."""
     master = stack.master
@@ -173,8 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="results folder (default: a new results/runs/SCENARIO-TOPO-TIME;"
                                  " results/e2e/... holds the committed ones)")
     p.add_argument("--cleanup", action="store_true",
-                   help="remove what killed runs left (all runs, or --prefix)")
+                   help="remove what killed runs left (all runs, or --prefix; with --hosts, "
+                        "the run --prefix on every host)")
     p.add_argument("--prefix", help="run prefix: 'ces' + 4 hex digits")
+    p.add_argument("--hosts", help="an inventory (docs/lab.md): run on its real hosts and "
+                                   "OpenFlow switches instead of the emulation")
+    p.add_argument("--token-file", default=default_token_file(),
+                   help="with --hosts: the shared secret of the Master and the agents "
+                        "(default $CES_TOKEN_FILE)")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="with --hosts: add unknown host keys to known_hosts (a changed key is "
+                        "always refused)")
     return p
 
 
@@ -187,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             check_prefix(args.prefix)
         except ValueError as e:
             build_parser().error(str(e))  # exit code 2
+    if args.hosts:
+        return hosts_main(args, console)
     if os.geteuid() != 0:
         print("error: run as root (sudo): the testbed creates bridges, veths and containers",
               file=sys.stderr)
@@ -202,10 +225,51 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for w in p.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-    return execute(p, args.prefix or new_prefix(), console)
+    prefix = args.prefix or new_prefix()
+    return execute(p, prefix, console, lambda: Stack(p.topo, prefix, p.out, console))
 
 
-def execute(p: Plan, prefix: str, console: Console) -> int:
+def hosts_main(args: argparse.Namespace, console: Console) -> int:
+    """`--hosts`: every input checked (scenario, inventory against its topology, token) before
+    anything is created, then the run on the hosts; or `--cleanup` of a run on every host."""
+    try:
+        if args.cleanup:
+            if not args.prefix:
+                raise ValueError("--cleanup --hosts: give the run's --prefix (run.py printed it "
+                                 "at bring-up)")
+            topo = args.topo or load_scenario(scenario_path(args)).topology
+            inv = load_inventory(args.hosts, load_topology(topo))  # the hosts it names
+            return cleanup_hosts(inv, args.prefix, args.accept_new_host_keys)
+        if not args.token_file:
+            raise ValueError("--hosts: the Master and the agents need the shared secret: give "
+                             "--token-file or set $CES_TOKEN_FILE (docs/lab.md)")
+        token = read_token(args.token_file)
+        p = plan(args)
+    except (ScenarioError, TopologyError, JobError, InventoryError, TokenError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for w in p.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    prefix = args.prefix or new_prefix()
+    return execute(p, prefix, console, lambda: LabStack(
+        p.topo, prefix, p.out, console, p.inventory, args.token_file, token, worker_image_tag(),
+        args.accept_new_host_keys))
+
+
+def cleanup_hosts(inv: Inventory, prefix: str, accept_new: bool) -> int:
+    """What run `prefix` left on this machine (its SDN app and Master survive run.py's kill -9:
+    sessions of their own) and on every host of `inv`."""
+    removed = cleanup(prefix)
+    print(f"cleanup of {prefix} here: removed {removed.summary()}")
+    done, errors = deploy.each_host(inv, accept_new, lambda r: deploy.cleanup(r, prefix))
+    for node, names in done.items():
+        print(f"{inv.host(node).label()}: removed {len(names)} containers")
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return 2 if errors else 0
+
+
+def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], StackBase]) -> int:
     p.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "version": 1, "scenario": {"name": p.scenario.name, "source": p.scenario.source,
@@ -214,11 +278,13 @@ def execute(p: Plan, prefix: str, console: Console) -> int:
                                    "timeout_s": p.scenario.timeout_s,
                                    "link_scale": p.scenario.link_scale},
         "topology": p.topo.name, "schedulers": p.schedulers, "seeds": p.seeds,
+        "mode": "hosts" if p.inventory else "emulation",
+        **({"inventory": str(p.inventory.path)} if p.inventory else {}),
         "machine": machine(), "started_at": time.time(), "runs": []}
     t0 = time.monotonic()
     total = len(p.schedulers) * p.seeds
     try:
-        with Stack(p.topo, prefix, p.out, console) as stack:
+        with make_stack() as stack:
             stack.prepare_background(p.scenario.background)
             for i, b in enumerate(p.scenario.background):
                 if b.start_s is None:  # the whole session long
@@ -226,6 +292,8 @@ def execute(p: Plan, prefix: str, console: Console) -> int:
             results["background"] = [{**asdict(b), "path": list(b.path)}
                                      for b in p.scenario.background]
             results["bringup_s"] = round(stack.timings["up_s"], 2)
+            if "deploy_s" in stack.timings:  # hosts: the agents deployed over SSH
+                results["deploy_s"] = round(stack.timings["deploy_s"], 2)
             with Display(console, total) as display:
                 for i, (scheduler, seed) in enumerate(
                         (s, seed) for s in p.schedulers for seed in range(p.seeds)):
@@ -242,6 +310,10 @@ def execute(p: Plan, prefix: str, console: Console) -> int:
                     _write(p.out, results, t0)
                     display.run_done(i + 1)
         results["teardown_s"] = round(stack.timings["down_s"], 2)
+    except HostsRefused as e:
+        for error in e.errors:
+            print(f"error: {error}", file=sys.stderr)
+        return 2
     except (RunError, EmulationError, DockerException, ApiError, Unreachable, SdnError) as e:
         print(f"error: {e}", file=sys.stderr)
         _write(p.out, results, t0)

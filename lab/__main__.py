@@ -31,7 +31,7 @@ from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import TopologyError, load_topology
 
-from .deploy import cleanup, deploy_agents, each_host, install, probe, stop_agent
+from .deploy import check_hosts, cleanup, deploy_agents, each_host, install, stop_agent
 from .inventory import InventoryError, load_inventory
 from .ssh import HostError
 
@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default="", help="the run's prefix (start: default a new one)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s lab %(message)s")
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # our errors say it in one line
     try:
         topo = load_topology(a.topo)
         inv = load_inventory(a.hosts, topo)
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.monotonic()
     if a.action == "check":
-        facts, errors = each_host(inv, a.accept_new_host_keys, lambda r: probe(r, topo))
+        facts, errors = check_hosts(inv, topo, a.accept_new_host_keys)
         for node, f in facts.items():
             print(f"{inv.host(node).label()}: ok (docker {f.docker}, {f.cpu:g} CPUs, "
                   f"{f.mem_mb:.0f} MB, clock {f.clock_offset_s * 1000:+.0f} ms)")
@@ -102,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{time.monotonic() - t0:.1f} s")
         return _report(errors)
     prefix = prefix or new_prefix()
-    names, errors = deploy_agents(inv, topo, a.accept_new_host_keys, client, tag, prefix, a.master,
-                          token)
+    names, errors = deploy_agents(inv, topo, a.accept_new_host_keys, client, tag, prefix,
+                                  a.master, token)
     if errors:
         return _report(errors)
     for node, name in names.items():

@@ -4,8 +4,9 @@ Each host runs its agent in a container of the worker image (which carries `edge
 needs only a Docker engine and sshd. The agent container shares the host's network namespace
 (`--network host`; when the "host" is itself a container on the engine it talks to, that
 container's namespace) and PID namespace (tc runs there), and drives the host's engine through
-its socket; its workers join the same namespace. Everything a run creates on a host — the agent,
-its workers — is a container named `<prefix>-...`, which is what `cleanup` removes.
+its socket; its workers join the same namespace, and so do the tools a run starts there
+(`start_tool`: a scenario's background traffic). Everything a run creates on a host — the agent,
+its workers, its tools — is a container named `<prefix>-...`, which is what `cleanup` removes.
 
 The shared secret reaches the agent as a file copied into its container before it starts (a tar
 stream over SSH to `docker cp -`): it is never on a command line nor on the host's disk.
@@ -127,12 +128,16 @@ def agent_name(prefix: str, node: str) -> str:
     return f"{prefix}-agent-{node}"
 
 
+def _network(facts: Facts) -> str:
+    """`docker run --network` for the host's own namespace."""
+    return "host" if facts.netns == "host" else f"container:{facts.netns}"
+
+
 def start_agent(remote: Remote, inv: Inventory, topo: Topology, facts: Facts, prefix: str,
                 tag: str, master_url: str, token: str) -> str:
     """Start the host's agent (its container name is returned); it registers with the Master."""
     h = remote.host
     name = agent_name(prefix, h.node)
-    netns = "host" if facts.netns == "host" else f"container:{facts.netns}"
     agent = ["python3", "-m", "edge", "--node", h.node, "--master", master_url,
              "--listen", f"{h.address}:{inv.agent_port}",
              "--iface", h.iface, "--ip", h.ip, "--name-prefix", f"{prefix}-{h.node}-",
@@ -143,7 +148,7 @@ def start_agent(remote: Remote, inv: Inventory, topo: Topology, facts: Facts, pr
     create = ["docker", "create", "--name", name, "--label", f"ces.run={prefix}",
               # tc (NET_ADMIN) in the host's namespace, entered with nsenter (SYS_ADMIN)
               "--cap-add", "NET_ADMIN", "--cap-add", "SYS_ADMIN", "--pid", "host",
-              "--network", netns,
+              "--network", _network(facts),
               "-v", "/var/run/docker.sock:/var/run/docker.sock", tag, *agent]
     remote.ok(shlex.join(create), f"cannot create the agent container {name}")
     status, _, err = remote.run(f"docker cp - {name}:/run", stdin=[_token_tar(token)])
@@ -168,20 +173,52 @@ def agent_logs(remote: Remote, prefix: str, node: str, lines: int = 20) -> str:
     return out + err
 
 
+def start_tool(remote: Remote, facts: Facts, prefix: str, name: str, tag: str,
+               argv: list[str], cpu: float, mem_mb: int) -> str:
+    """Run `argv` in a container `<prefix>-<name>` of image `tag` in the host's network
+    namespace, within `cpu` and `mem_mb` (not named like the agent's workers, whom it would take
+    for its own); the container's name."""
+    container = f"{prefix}-{name}"
+    remote.ok(shlex.join(["docker", "run", "-d", "--init", "--name", container, "--label",
+                          f"ces.run={prefix}", "--network", _network(facts), "--cpus", f"{cpu:g}",
+                          "--memory", f"{mem_mb}m", tag, *argv]),
+              f"cannot start {container}")
+    return container
+
+
+def remove(remote: Remote, names: list[str]) -> None:
+    """Remove containers `names` (absent ones are fine)."""
+    remote.run("docker rm -f " + " ".join(map(shlex.quote, names)))
+
+
 def stop_agent(remote: Remote, prefix: str, node: str) -> None:
     """SIGTERM: the agent stops its workers and removes its tc classes, then its container."""
     name = agent_name(prefix, node)
     remote.run(f"docker stop -t 20 {name}; docker rm -f {name}", timeout_s=60)
 
 
-def cleanup(remote: Remote, prefix: str) -> list[str]:
-    """Remove every container of run `prefix` on the host (the agent, its workers); names."""
+def run_containers(remote: Remote, prefix: str) -> list[str]:
+    """The names of run `prefix`'s containers on the host."""
     out = remote.ok(f"docker ps -a --filter name=^{prefix}- --format '{{{{.Names}}}}'",
                     "cannot list containers")
-    names = [n for n in out.split() if n.startswith(f"{prefix}-")]
-    if names:
-        remote.ok("docker rm -f " + " ".join(map(shlex.quote, names)),
-                  "cannot remove the run's containers")
+    return [n for n in out.split() if n.startswith(f"{prefix}-")]
+
+
+def cleanup(remote: Remote, prefix: str, timeout_s: float = 30.0) -> list[str]:
+    """Remove every container of run `prefix` on the host (the agent, its workers, its tools);
+    their names. One that goes meanwhile (its agent removed it, or another cleanup of a host on
+    the same engine) is not an error; one still there after `timeout_s` is."""
+    names = run_containers(remote, prefix)
+    deadline = time.monotonic() + timeout_s
+    left = names
+    while left:
+        remote.run("docker rm -f " + " ".join(map(shlex.quote, left)), timeout_s=timeout_s)
+        left = run_containers(remote, prefix)
+        if left and time.monotonic() > deadline:
+            raise HostError(remote.host, f"cannot remove the run's containers "
+                                         f"{', '.join(left)}")
+        if left:
+            time.sleep(0.5)
     return names
 
 
@@ -205,18 +242,26 @@ def each_host(inv: Inventory, accept_new: bool,
     return results, errors
 
 
+def check_hosts(inv: Inventory, topo: Topology,
+                accept_new: bool) -> tuple[dict[str, Facts], list[HostError]]:
+    """`probe` every host: (facts by node, the hosts' errors)."""
+    return each_host(inv, accept_new, lambda r: probe(r, topo))  # type: ignore[return-value]
+
 
 def deploy_agents(inv: Inventory, topo: Topology, accept_new: bool,
                   client: docker.DockerClient, tag: str, prefix: str, master_url: str,
-                  token: str) -> tuple[dict[str, object], list[HostError]]:
-    """Check every host, then install the image and start the agents; on any host's problem,
-    remove what was started everywhere. (agent container by node, the hosts' errors)."""
-    facts, errors = each_host(inv, accept_new, lambda r: probe(r, topo))
-    if errors:
-        return {}, errors
+                  token: str, facts: dict[str, Facts] | None = None,
+                  force_copy: bool = False) -> tuple[dict[str, object], list[HostError]]:
+    """Check every host (unless its `facts` are given: checked already), then install the image
+    and start the agents; on any host's problem, remove what was started everywhere. (agent
+    container by node, the hosts' errors)."""
+    if facts is None:
+        facts, errors = check_hosts(inv, topo, accept_new)
+        if errors:
+            return {}, errors
 
     def up(r: Remote) -> str:
-        install(r, client, tag)
+        install(r, client, tag, force_copy)
         return start_agent(r, inv, topo, facts[r.host.node], prefix, tag, master_url, token)
 
     names, errors = each_host(inv, accept_new, up)

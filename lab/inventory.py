@@ -5,6 +5,8 @@ file, the field and what was expected.
     master: 192.168.50.1            # the Master's address on the management network (required)
     known_hosts: ~/.ssh/known_hosts # SSH host keys to trust (default: this one)
     agent_port: 7071                # where each agent listens on its host's address (default)
+    master_port: 7070               # where `run.py --hosts` runs the Master (default)
+    openflow_port: 6653             # where it runs the SDN app for the switches (default)
     defaults: {user: ces, port: 22, key_file: ~/.ssh/id_ed25519, iface: eth1}
     hosts:
       - {node: lab1, address: 192.168.50.11}
@@ -30,6 +32,10 @@ HOST_FIELDS = ("node", "address", "port", "user", "key_file", "iface", "ip")
 SHARED_FIELDS = tuple(f for f in HOST_FIELDS if f not in ("node", "address", "ip"))  # defaults
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_AGENT_PORT = 7071
+DEFAULT_MASTER_PORT = 7070
+DEFAULT_OPENFLOW_PORT = 6653
+TOP_FIELDS = ("master", "known_hosts", "agent_port", "master_port", "openflow_port", "defaults",
+              "hosts")
 
 
 class InventoryError(ValueError):
@@ -56,6 +62,8 @@ class Inventory:
     master: str
     known_hosts: Path
     agent_port: int
+    master_port: int
+    openflow_port: int
     hosts: tuple[Host, ...]
 
     def host(self, node: str) -> Host:
@@ -79,12 +87,15 @@ def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) 
 
     if not isinstance(doc, dict):
         raise fail("(top)", "expected a mapping with 'master' and 'hosts'")
-    unknown = set(doc) - {"master", "known_hosts", "agent_port", "defaults", "hosts"}
+    unknown = set(doc) - set(TOP_FIELDS)
     if unknown:
-        raise fail(sorted(unknown)[0], "unknown field (allowed: master, known_hosts, "
-                                       "agent_port, defaults, hosts)")
+        raise fail(sorted(map(str, unknown))[0], f"unknown field (allowed: "
+                                                 f"{', '.join(TOP_FIELDS)})")
     master = _address(doc.get("master"), lambda m: fail("master", m))
-    agent_port = _port(doc.get("agent_port", DEFAULT_AGENT_PORT), lambda m: fail("agent_port", m))
+    ports = {key: _port(doc.get(key, default), lambda m, key=key: fail(key, m))
+             for key, default in (("agent_port", DEFAULT_AGENT_PORT),
+                                  ("master_port", DEFAULT_MASTER_PORT),
+                                  ("openflow_port", DEFAULT_OPENFLOW_PORT))}
     known = doc.get("known_hosts", DEFAULT_KNOWN_HOSTS)
     if not isinstance(known, str) or not known:
         raise fail("known_hosts", "expected a file path")
@@ -133,7 +144,8 @@ def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) 
     if missing:
         raise fail("hosts", f"no host for compute node(s) {', '.join(missing)} of topology "
                             f"'{topo.name}'")
-    return Inventory(path, master, Path(known).expanduser(), agent_port, tuple(hosts))
+    return Inventory(path, master, Path(known).expanduser(), ports["agent_port"],
+                     ports["master_port"], ports["openflow_port"], tuple(hosts))
 
 
 def _address(value: Any, fail) -> str:

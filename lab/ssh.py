@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -18,6 +19,9 @@ import paramiko
 from .inventory import Host
 
 CONNECT_TIMEOUT_S = 10.0
+# Every failure is a HostError in one line; paramiko's own log (connections, tracebacks) would
+# bury it, wherever this module is used (python -m lab, run.py --hosts).
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
 class HostError(RuntimeError):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import networkx as nx
 
+from lab.inventory import Inventory, load_inventory
 from master.scheduling import QUEUES
 from scheduler import compose
 from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_documents, \
@@ -145,14 +146,21 @@ class Plan:
     seeds: int
     out: Path
     warnings: list[str] = field(default_factory=list)
+    inventory: Inventory | None = None  # --hosts: the real hosts instead of the emulation
+
+
+def scenario_path(args: argparse.Namespace) -> Path:
+    """The scenario file `--scenario`/`--quick` name (default: contention)."""
+    return Path(args.scenario) if args.scenario \
+        else SCENARIOS / ("quick.yaml" if args.quick else "contention.yaml")
 
 
 def plan(args: argparse.Namespace) -> Plan:
-    """Resolve and check every input; any problem is a ScenarioError/TopologyError/JobError.
+    """Resolve and check every input; any problem is a ScenarioError/TopologyError/JobError
+    (InventoryError for `--hosts`, checked against the topology).
     What could only fail later — a job no node can hold, one the worker program cannot run, a
     background flow its nodes cannot send or its path cannot carry — is refused here."""
-    scenario = load_scenario(Path(args.scenario) if args.scenario
-                             else SCENARIOS / ("quick.yaml" if args.quick else "contention.yaml"))
+    scenario = load_scenario(scenario_path(args))
     seeds = scenario.seeds if args.seeds is None else args.seeds
     if seeds < 1:
         raise ScenarioError(f"--seeds: expected an integer >= 1, got {seeds}")
@@ -183,9 +191,10 @@ def plan(args: argparse.Namespace) -> Plan:
     cordoned = {v for b in background if b.cordon for v in (b.src, b.dst)}
     for d in scenario.jobs:
         _check_runnable(d, topo, cordoned)
+    inventory = load_inventory(args.hosts, topo) if args.hosts else None
     out = Path(args.out) if args.out else default_out(scenario, topo)
     results_folder(out, "--out")
-    return Plan(scenario, topo, schedulers, seeds, out, warnings)
+    return Plan(scenario, topo, schedulers, seeds, out, warnings, inventory)
 
 
 def results_folder(out: Path, what: str) -> None:

@@ -1,6 +1,6 @@
 """The live system of an end-to-end run, brought up once and torn down in reverse on exit,
-exception, Ctrl-C or SIGTERM: the SDN app, the emulated network, the Master, one edge agent per
-node, and the scenario's background traffic."""
+exception, Ctrl-C or SIGTERM: the SDN app, the network (emulated here; real hosts in
+`lab_stack`), the Master, one edge agent per node, and the scenario's background traffic."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -35,20 +36,23 @@ class RunError(RuntimeError):
     """The testbed broke (a component did not start, the network does not connect)."""
 
 
-class Stack:
-    """SDN app + emulated network + Master + one agent per node + background traffic, brought up
-    in that order and torn down in reverse on exit, exception, Ctrl-C or SIGTERM."""
+class StackBase:
+    """What a run brings up on any network — the SDN app and the Master as processes of this
+    machine, the scenario's background traffic — and tears down in reverse on exit, exception,
+    Ctrl-C or SIGTERM. `Stack` adds the emulated network and local agents; `lab_stack.LabStack`
+    real hosts' agents over SSH."""
+    mode = ""  # what results.json records: "emulation" or "hosts"
 
     def __init__(self, topo: Topology, prefix: str, out: Path, console: Console):
         self.topo, self.prefix, self.out, self.console = topo, prefix, out, console
         self.logs = out / "logs"
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.commands: dict[str, list[str]] = {}  # process -> its arguments (`restart`)
-        self.net: Emulation | None = None
         self.sdn: SdnClient | None = None
         self.master: MasterClient | None = None
         self.timings: dict[str, float] = {}
-        self._traffic: dict[int, list] = {}  # background flow -> its containers
+        self._traffic: dict[int, list] = {}  # background flow -> its traffic ends
+        self._saved_handlers: dict[int, object] = {}
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.commands[name] = args
@@ -83,7 +87,9 @@ class Stack:
                 raise RunError(f"{name} exited with code {p.returncode} (see "
                                f"{self.logs / (name + '.log')})")
 
-    def __enter__(self) -> Stack:
+    def __enter__(self) -> StackBase:
+        if threading.current_thread() is threading.main_thread():
+            self._saved_handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, _interrupt)}
         try:
             self._up()
         except BaseException:
@@ -91,50 +97,79 @@ class Stack:
             raise
         return self
 
-    def _up(self) -> None:
+    def __exit__(self, *exc: object) -> None:
+        """Down in reverse, with Ctrl-C and SIGTERM ignored meanwhile: a second one must not
+        leave half of it."""
         t0 = time.monotonic()
-        image = worker_image_tag()
-        # The SDN app and the Master load exactly the topology emulated here (scaled ones too).
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} \
+            if threading.current_thread() is threading.main_thread() else {}
+        try:
+            self._down()
+        finally:
+            for s, handler in {**held, **self._saved_handlers}.items():
+                signal.signal(s, handler)
+            self._saved_handlers = {}
+            self.timings["down_s"] = time.monotonic() - t0
+
+    def _up(self) -> None:
+        raise NotImplementedError
+
+    def _down(self) -> None:
+        raise NotImplementedError
+
+    def _topology_file(self) -> str:
+        """The SDN app and the Master load exactly the topology of the run (scaled ones too)."""
         self.out.mkdir(parents=True, exist_ok=True)
         topo_file = self.out / "topology.yaml"
         topo_file.write_text(yaml.safe_dump(topology_document(self.topo), sort_keys=False))
-        topo_arg = str(topo_file)
-        of_port, rest_port, master_port = free_port(), free_port(), free_port()
-        self.console.print(f"[bold]bring-up[/] {self.topo.name} (prefix {self.prefix})")
+        return str(topo_file)
+
+    def _start_sdn(self, topo_arg: str, of_host: str, of_port: int) -> None:
+        """The SDN app, its OpenFlow port on `of_host`:`of_port`, its REST API on loopback (only
+        the Master and we call it); until every switch of the topology is connected."""
+        rest_port = free_port()
         self._spawn("sdn_app", ["-m", "sdn_app", "--topo", topo_arg, "--of-port", str(of_port),
-                                "--of-host", "127.0.0.1", "--rest", f"127.0.0.1:{rest_port}"])
+                                "--of-host", of_host, "--rest", f"127.0.0.1:{rest_port}"])
         self.sdn = SdnClient(f"http://127.0.0.1:{rest_port}")
-        self.net = Emulation(self.topo, prefix=self.prefix, controller=("127.0.0.1", of_port),
-                             image=image)
-        self.net.__enter__()
+
+    def _wait_switches(self, timeout_s: float) -> None:
         try:
-            self.sdn.wait_ready(timeout_s=60)
+            self.sdn.wait_ready(timeout_s=timeout_s)
         except SdnError as e:
             self._check_alive()
             raise RunError(f"the SDN app did not get every switch: {e.message}") from None
-        loss = self.net.ping_all(timeout_s=1.0)
-        if loss > 0:
-            raise RunError(f"{loss:.0%} of pings lost with no job scheduled")
-        self._spawn("master", ["-m", "master", "serve", "--topo", topo_arg,
-                               "--port", str(master_port), "--sdn", self.sdn.url,
+
+    def _start_master(self, topo_arg: str, image: str, host: str, port: int,
+                      token_file: str = "", token: str | None = None) -> None:
+        self._spawn("master", ["-m", "master", "serve", "--topo", topo_arg, "--host", host,
+                               "--port", str(port), "--sdn", self.sdn.url,
                                "--sdn-job-id", f"{self.prefix}-jobs", "--image", image,
                                # a Master restarted in this run (not the next) takes its jobs over
-                               "--state", str(self.logs / f"master-{self.prefix}.sqlite")])
-        self.master = MasterClient(f"http://127.0.0.1:{master_port}")
-        for n in self.topo.nodes:
-            self._spawn(f"agent-{n.name}", [
-                "-m", "edge", "--node", n.name, "--master", self.master.url,
-                "--node-container", self.net.node_container_name(n.name),
-                "--workdir", str(self.out / "agents" / n.name)])
+                               "--state", str(self.logs / f"master-{self.prefix}.sqlite"),
+                               *(["--token-file", token_file] if token_file else [])])
+        self.master = MasterClient(f"http://{host}:{port}", token=token)
+
+    def _wait_agents(self, timeout_s: float) -> None:
         try:
-            self.master.wait_ready(len(self.topo.nodes), timeout_s=60)
+            self.master.wait_ready(len(self.topo.nodes), timeout_s=timeout_s)
         except TimeoutError as e:
             self._check_alive()
             raise RunError(str(e)) from None
-        self.timings["up_s"] = time.monotonic() - t0
-        self.console.print(f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
-                           f"switches on the SDN app, {len(self.topo.nodes)} agents on the Master")
 
+    def _stop_processes(self) -> None:
+        for name, p in reversed(self.procs):  # agents, then the Master, then the SDN app
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, p in reversed(self.procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop: killing it", name)
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+    # --- background traffic --------------------------------------------------------------------
     def prepare_background(self, flows: list[Background]) -> None:
         """Cordon the endpoints of every background flow that asks for it (another tenant's
         machines) and pin the paths given (the tenant's own route; its meter only guards
@@ -160,15 +195,14 @@ class Stack:
         switches see it flowing."""
         dst = self.topo.node(b.dst)
         port = 5201 + i
-        cpu, mem = traffic_quota(dst)
-        self._traffic[i] = [self.net.start_worker(b.dst, f"bg{i}-server",
-                                                  ["iperf3", "-s", "-p", str(port)], cpu, mem)]
-        poll(lambda: self.net.exec(b.dst, f"ss -ltn | grep -q ':{port} '")[0] == 0, 15,
+        self._traffic[i] = [self._start_end(b.dst, f"bg{i}-server",
+                                            ["iperf3", "-s", "-p", str(port)],
+                                            *traffic_quota(dst))]
+        poll(lambda: self._listens(b.dst, port), 15,
              f"background: the iperf3 server on {b.dst} does not listen")
-        cpu, mem = traffic_quota(self.topo.node(b.src))
-        self._traffic[i].append(self.net.start_worker(
+        self._traffic[i].append(self._start_end(
             b.src, f"bg{i}-client", ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400",
-                                     "-b", f"{b.mbps:g}M"], cpu, mem))
+                                     "-b", f"{b.mbps:g}M"], *traffic_quota(self.topo.node(b.src))))
         if wait:
             first_hop = b.path[0] if b.path else self.topo.access_link(b.src).other(b.src)
             poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
@@ -176,29 +210,76 @@ class Stack:
                  f"background {b.label()}: no traffic seen on {b.src}->{first_hop}")
 
     def stop_traffic(self, i: int) -> None:
-        for container in self._traffic.pop(i, []):
+        self._stop_ends(self._traffic.pop(i, []))
+
+    def _start_end(self, node: str, name: str, argv: list[str], cpu: float, mem_mb: int):
+        """A traffic end `name` running `argv` in `node`'s network namespace; its handle."""
+        raise NotImplementedError
+
+    def _listens(self, node: str, port: int) -> bool:
+        raise NotImplementedError
+
+    def _stop_ends(self, ends: list) -> None:
+        raise NotImplementedError
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM behaves like Ctrl-C (an exception), so the `with` block tears down."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class Stack(StackBase):
+    """SDN app + emulated network + Master + one agent per node + background traffic, brought up
+    in that order and torn down in reverse on exit, exception, Ctrl-C or SIGTERM."""
+    mode = "emulation"
+
+    def __init__(self, topo: Topology, prefix: str, out: Path, console: Console):
+        super().__init__(topo, prefix, out, console)
+        self.net: Emulation | None = None
+
+    def _up(self) -> None:
+        t0 = time.monotonic()
+        image = worker_image_tag()
+        topo_arg = self._topology_file()
+        of_port = free_port()
+        self.console.print(f"[bold]bring-up[/] {self.topo.name} (prefix {self.prefix})")
+        self._start_sdn(topo_arg, "127.0.0.1", of_port)
+        self.net = Emulation(self.topo, prefix=self.prefix, controller=("127.0.0.1", of_port),
+                             image=image)
+        self.net.__enter__()
+        self._wait_switches(60)
+        loss = self.net.ping_all(timeout_s=1.0)
+        if loss > 0:
+            raise RunError(f"{loss:.0%} of pings lost with no job scheduled")
+        self._start_master(topo_arg, image, "127.0.0.1", free_port())
+        for n in self.topo.nodes:
+            self._spawn(f"agent-{n.name}", [
+                "-m", "edge", "--node", n.name, "--master", self.master.url,
+                "--node-container", self.net.node_container_name(n.name),
+                "--workdir", str(self.out / "agents" / n.name)])
+        self._wait_agents(60)
+        self.timings["up_s"] = time.monotonic() - t0
+        self.console.print(f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
+                           f"switches on the SDN app, {len(self.topo.nodes)} agents on the Master")
+
+    def _start_end(self, node: str, name: str, argv: list[str], cpu: float, mem_mb: int):
+        return self.net.start_worker(node, name, argv, cpu, mem_mb)
+
+    def _listens(self, node: str, port: int) -> bool:
+        return self.net.exec(node, f"ss -ltn | grep -q ':{port} '")[0] == 0
+
+    def _stop_ends(self, ends: list) -> None:
+        for container in ends:
             try:
                 container.remove(force=True)
             except DockerException as e:  # gone already: nothing to stop
-                log.debug("background %d: %s", i, e)
+                log.debug("background: %s", e)
 
-    def __exit__(self, *exc: object) -> None:
-        t0 = time.monotonic()
-        for name, p in reversed(self.procs):  # agents, then the Master, then the SDN app
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name, p in reversed(self.procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop: killing it", name)
-                p.kill()
-                p.wait()
-        self.procs.clear()
+    def _down(self) -> None:
+        self._stop_processes()
         if self.net is not None:
             self.net.__exit__(None, None, None)
             self.net = None
-        self.timings["down_s"] = time.monotonic() - t0
 
 
 def poll(ok: Callable[[], T], timeout_s: float, error: str) -> T:

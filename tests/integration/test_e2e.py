@@ -59,6 +59,7 @@ def test_quick_run_end_to_end(tmp_path: Path, prefix: str, worker_image: str) ->
     cordoned = {v for b in scenario["background"] if b.get("cordon", True)
                 for v in (b["src"], b["dst"])}
     assert res["topology"] == "campus" and res["schedulers"] == scenario["schedulers"]
+    assert res["mode"] == "emulation"
     assert res["machine"]["cores"] == os.cpu_count() and res["machine"]["datapath"]
     assert [r["scheduler"] for r in res["runs"]] == scenario["schedulers"]
     # the emulated topology, its links scaled as the scenario says, handed to the SDN app

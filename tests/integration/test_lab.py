@@ -1,5 +1,5 @@
 """Real-host mode on this machine, for real: `python -m lab` deploys edge agents over SSH to
-stand-in hosts (containers running sshd, `lab_hosts.LabHosts`) whose data interfaces hang off a
+stand-in hosts (containers running sshd, `lab.standin.LabHosts`) whose data interfaces hang off a
 plain OVS bridge; a Master on the management network (beyond loopback, so with the shared
 secret) registers them, and a job spans the two hosts over the bridge the SDN app controls.
 Bad inventories and hosts are refused with one line naming host and problem, leaving nothing."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab_hosts import LabHosts, new_key
+from lab.standin import LabHosts, new_key
 from master.client import MasterClient
 from protocol.http import ApiError, call
 from test_sdn_app import ControllerProcess, wait_for
@@ -51,10 +51,9 @@ def lab(tmp_path_factory, worker_image, testbed_host):
 
 def inventory(lab, path: Path, **host_changes) -> Path:
     """An inventory of the stand-in hosts; `host_changes[node]` overrides that host's fields."""
-    hosts = [{"node": n, "address": lab["hosts"].mgmt[n], "iface": "eth1",
-              **host_changes.get(n, {})} for n in ("lab1", "lab2")]
-    doc = {"master": lab["hosts"].gateway, "known_hosts": str(lab["dir"] / "known_hosts"),
-           "defaults": {"user": "root", "key_file": str(lab["dir"] / "id_rsa")}, "hosts": hosts}
+    doc = lab["hosts"].inventory(lab["dir"] / "id_rsa", lab["dir"] / "known_hosts")
+    for h in doc["hosts"]:
+        h.update(host_changes.get(h["node"], {}))
     path.write_text(yaml.safe_dump(doc))
     return path
 

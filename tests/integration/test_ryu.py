@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from sdn_app.client import FlowRequest
-from sdn_netns import NetnsNetwork
+from testbed.netns import NetnsNetwork
 from test_sdn_app import DETOUR, REPO, TOPOLOGY, ControllerProcess, job_entries
 from topologies import load_topology
 

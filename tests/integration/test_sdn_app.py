@@ -28,7 +28,7 @@ import pytest
 from protocol.http import free_port
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from sdn_app.flows import COOKIE_JOB
-from sdn_netns import NetnsNetwork, sh
+from testbed.netns import NetnsNetwork, sh
 from topologies import Topology, load_topology
 
 pytestmark = pytest.mark.integration

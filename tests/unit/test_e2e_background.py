@@ -62,7 +62,7 @@ def _plan(tmp_path: Path, background: str) -> argparse.Namespace:
                         f"background: [{background}]\n"
                         f"jobs: {REPO / 'experiments' / 'jobs' / 'contention.yaml'}\n")
     return argparse.Namespace(scenario=str(scenario), quick=False, seeds=None, topo=None,
-                              jobs=None, schedulers=None, out=str(tmp_path / "out"))
+                              jobs=None, schedulers=None, out=str(tmp_path / "out"), hosts=None)
 
 
 def test_a_scenario_names_the_job_the_tenant_follows(tmp_path: Path):

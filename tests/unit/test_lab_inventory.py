@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lab.inventory import DEFAULT_AGENT_PORT, InventoryError, load_inventory, parse_inventory
+from lab.inventory import DEFAULT_AGENT_PORT, DEFAULT_MASTER_PORT, DEFAULT_OPENFLOW_PORT, \
+    InventoryError, load_inventory, parse_inventory
 from topologies import load_topology
 
 STAR = load_topology("star")  # e1..e6 on one hub
@@ -26,6 +27,7 @@ def doc(key, **changes):
 def test_a_good_inventory_with_defaults(key):
     inv = parse_inventory(doc(key), STAR)
     assert inv.master == "192.168.50.1" and inv.agent_port == DEFAULT_AGENT_PORT
+    assert (inv.master_port, inv.openflow_port) == (DEFAULT_MASTER_PORT, DEFAULT_OPENFLOW_PORT)
     h = inv.host("e3")
     assert (h.address, h.port, h.user, h.iface, h.ip) == ("192.168.50.13", 22, "ces", "eth1",
                                                           STAR.node("e3").ip)
@@ -51,6 +53,9 @@ CASES = {
     "master not an address": (lambda d: d.update(master="ctl"), "master: expected an IP address"),
     "master missing": (lambda d: d.pop("master"), "master: expected an IP address"),
     "bad agent port": (lambda d: d.update(agent_port=70000), "agent_port: expected a port"),
+    "bad master port": (lambda d: d.update(master_port=0), "master_port: expected a port"),
+    "bad openflow port": (lambda d: d.update(openflow_port="of"),
+                          "openflow_port: expected a port"),
     "node in defaults": (lambda d: d["defaults"].update(node="e1"),
                          "defaults.node: not a field every host can share"),
     "no hosts": (lambda d: d.update(hosts=[]), "hosts: expected a list of hosts"),
