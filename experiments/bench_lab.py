@@ -4,8 +4,8 @@ time-to-accuracy on hosts vs the emulation of the same topology. As root.
 
     sudo python experiments/bench_lab.py [--nodes 4] [--seeds 3] [--out results/bench_lab.json]
 
-Deploy: `--nodes` stand-in hosts (`lab.standin`: sshd containers, one OVS switch) and the bring-up
-of `run.py --hosts`'s stack (`LabStack`) on them, `--seeds` times each way; `deploy_s` is
+Deploy: `--nodes` stand-in hosts (`testbed.standin`: sshd containers, one OVS switch) and the
+bring-up of `run.py --hosts`'s stack (`LabStack`) on them, `--seeds` times each way; `deploy_s` is
 `lab.deploy.deploy_agents` (install the worker image where needed, start the agents),
 `register_s` until every agent is on the Master.
 - cold: the worker image copied to every host, in full (`docker save | ssh | docker load`, as
@@ -43,7 +43,7 @@ import docker
 from rich.console import Console
 
 from lab.inventory import load_inventory
-from lab.standin import standin_lab
+from testbed.standin import standin_lab
 from protocol.http import free_port, read_token
 from testbed import cleanup
 from testbed.image import ImageError, ensure

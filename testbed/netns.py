@@ -1,7 +1,7 @@
 """A small OpenFlow network built by hand: Open vSwitch bridges made with `ovs-vsctl` outside
 Mininet (the stand-in for a physical OpenFlow 1.3 switch: it knows nothing but its dpid, its port
 numbers and the controller's address) and network namespaces as hosts. The SDN app's tests use it
-as it is; `lab.standin` puts stand-in lab hosts on it.
+as it is; `testbed.standin` puts stand-in lab hosts on it.
 
 Everything is named with the given prefix and removed by `stop()` (also after a partial start).
 """

@@ -39,7 +39,6 @@ class HostsRefused(Exception):
 class LabStack(StackBase):
     """Hosts checked, SDN app (its switches connected), Master, agents deployed, background
     traffic: brought up in that order and torn down in reverse."""
-    mode = "hosts"
 
     def __init__(self, topo: Topology, prefix: str, out: Path, console: Console, inv: Inventory,
                  token_file: str, token: str, image: str, accept_new_host_keys: bool = False,

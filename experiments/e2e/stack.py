@@ -41,7 +41,6 @@ class StackBase:
     machine, the scenario's background traffic — and tears down in reverse on exit, exception,
     Ctrl-C or SIGTERM. `Stack` adds the emulated network and local agents; `lab_stack.LabStack`
     real hosts' agents over SSH."""
-    mode = ""  # what results.json records: "emulation" or "hosts"
 
     def __init__(self, topo: Topology, prefix: str, out: Path, console: Console):
         self.topo, self.prefix, self.out, self.console = topo, prefix, out, console
@@ -231,7 +230,6 @@ def _interrupt(signum: int, frame: object) -> None:
 class Stack(StackBase):
     """SDN app + emulated network + Master + one agent per node + background traffic, brought up
     in that order and torn down in reverse on exit, exception, Ctrl-C or SIGTERM."""
-    mode = "emulation"
 
     def __init__(self, topo: Topology, prefix: str, out: Path, console: Console):
         super().__init__(topo, prefix, out, console)

@@ -1,6 +1,6 @@
 """Real-host mode on this machine, for real: `python -m lab` deploys edge agents over SSH to
-stand-in hosts (containers running sshd, `lab.standin.LabHosts`) whose data interfaces hang off a
-plain OVS bridge; a Master on the management network (beyond loopback, so with the shared
+stand-in hosts (containers running sshd, `testbed.standin.LabHosts`) whose data interfaces hang
+off a plain OVS bridge; a Master on the management network (beyond loopback, so with the shared
 secret) registers them, and a job spans the two hosts over the bridge the SDN app controls.
 Bad inventories and hosts are refused with one line naming host and problem, leaving nothing."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.standin import LabHosts, new_key
+from testbed.standin import LabHosts, new_key
 from master.client import MasterClient
 from protocol.http import ApiError, call
 from test_sdn_app import ControllerProcess, wait_for
@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 TOPO = {"name": "lab", "switches": [{"name": "s1"}],
         "nodes": [{"name": "lab1", "cpu": 0.5, "mem_mb": 512},
                   {"name": "lab2", "cpu": 0.5, "mem_mb": 512}],
-        "links": [{"ends": ["lab1", "s1"], "bw_mbps": 100}, {"ends": ["lab2", "s1"], "bw_mbps": 100}]}
+        "links": [{"ends": ["lab1", "s1"], "bw_mbps": 100},
+                  {"ends": ["lab2", "s1"], "bw_mbps": 100}]}
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""`experiments/run.py --hosts` end to end on stand-in real hosts (`lab.standin`): sshd containers
-whose `eth1` hangs off plain OVS bridges (OpenFlow 1.3, fail-mode secure) built for the quick
+"""`experiments/run.py --hosts` end to end on stand-in real hosts (`testbed.standin`): sshd
+containers whose `eth1` hangs off plain OVS bridges (OpenFlow 1.3, fail-mode secure) built for the quick
 scenario's topology and connecting to the run's SDN app on the management network. run.py checks
 the hosts over SSH, deploys the agents, runs the scenario and leaves nothing on the hosts;
 SIGTERM tears everything down; after a kill -9 of run.py, `--cleanup --hosts` removes what the
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.standin import standin_lab
+from testbed.standin import standin_lab
 from master.client import MasterClient
 from protocol.http import Unreachable, free_port
 from testbed import leftovers
