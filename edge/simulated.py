@@ -46,6 +46,11 @@ class SimulatedCompute:
             out, self.records = self.records, []
         return out
 
+    def log(self, name: str, line: dict) -> None:
+        """The worker writes a metric line (sent with the next heartbeat)."""
+        with self.lock:
+            self.records.append({**line, "worker": name})
+
     def reconcile(self, expected: list[str], held: dict[str, int] | None = None) -> None:
         with self.lock:
             for name in [n for n in self.workers if n not in expected]:

@@ -15,11 +15,15 @@ top-of-rack switch, the racks under one core switch.
    star, 1-4 workers, 0.25-1 core, 256-1024 MiB, 10-100 Mbit/s) and makes 5 % of them invalid
    (a task no node can hold, an unknown collective, a negative demand). Each must be accepted or
    refused with a 4xx naming the problem; none may go unanswered.
-2. Drain: a worker "runs" for `--work-s` seconds after its agent starts it, then exits 0. The
-   Master schedules the queue as nodes free up, until every accepted job has finished or
-   `--max-s` passed.
+2. Drain: a worker "runs" for `--work-s` seconds after its agent starts it, writing
+   `--lines-per-s` metric lines a second (sent with the heartbeats, as a training worker's), then
+   exits 0. The Master keeps its jobs in a state file as run.py runs it (`--no-state`: in memory
+   only), so each heartbeat with lines is committed to SQLite before it is answered. The Master
+   schedules the queue as nodes free up, until every accepted job has finished or `--max-s`
+   passed.
 3. Checks: every accepted job is listed exactly once and finished; every worker was started once
-   (no job run twice); the refused ones are not listed.
+   (no job run twice); the refused ones are not listed; the Master holds every metric line
+   written, once.
 
 Figures: submission latency (p50/p99), heartbeat round trip seen by the agents during the burst
 and the drain (p50/p99/max; target p99 ≤ 50 ms), nodes that went offline (target 0), jobs lost or
@@ -73,11 +77,13 @@ def racks(nodes: int) -> dict:
                      [{"ends": [f"tor{r}", "core"], "bw_mbps": 10000} for r in range(tors)]}
 
 
-def start_master(topo_file: Path, log_file: Path, algorithm: str, seed: int) \
-        -> tuple[subprocess.Popen, str]:
-    """`python -m master serve` on a free loopback port; (the process, its URL)."""
+def start_master(topo_file: Path, log_file: Path, algorithm: str, seed: int,
+                 state: Path | None) -> tuple[subprocess.Popen, str]:
+    """`python -m master serve` on a free loopback port, keeping its jobs in `state` (as
+    experiments/run.py runs it) if given; (the process, its URL)."""
     proc = subprocess.Popen([sys.executable, "-m", "master", "serve", "--topo", str(topo_file),
-                             "--port", "0", "--algorithm", algorithm, "--seed", str(seed)],
+                             "--port", "0", "--algorithm", algorithm, "--seed", str(seed),
+                             *(["--state", str(state)] if state else [])],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=log_file.open("w"),
                             text=True)
     line = proc.stdout.readline()
@@ -124,12 +130,14 @@ def ms(x: float | None) -> float | None:
 
 
 class Runner:
-    """Ends every worker `work_s` after it was first seen running, as if its process exited 0
-    (in each agent process)."""
+    """Ends every worker `work_s` after it was first seen running, as if its process exited 0,
+    and meanwhile has it write `lines_per_s` metric lines a second, as a training worker logs
+    its iterations (in each agent process)."""
 
-    def __init__(self, agents: list[SimulatedAgent], work_s: float):
-        self.agents, self.work_s = agents, work_s
+    def __init__(self, agents: list[SimulatedAgent], work_s: float, lines_per_s: float):
+        self.agents, self.work_s, self.lines_per_s = agents, work_s, lines_per_s
         self.seen: dict[str, float] = {}
+        self.lines: dict[str, int] = {}  # worker -> lines written
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -141,12 +149,16 @@ class Runner:
                     if w.state != "running":
                         continue
                     first = self.seen.setdefault(w.name, now)
+                    while self.lines.get(w.name, 0) < self.lines_per_s * (now - first):
+                        i = self.lines[w.name] = self.lines.get(w.name, 0) + 1
+                        a.compute.log(w.name, {"type": "iter", "iter": i, "loss": 1.0 / i,
+                                               "iter_s": 1.0 / self.lines_per_s})
                     if now - first >= self.work_s:
                         a.finish(w.name, 0)
 
 
 def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work_s: float,
-               measuring, done, out) -> None:
+               lines_per_s: float, measuring, done, out) -> None:
     """One agent process: its share of the agents heartbeat until `done`; their round trips
     since `measuring` and every worker they were asked to start go back through `out`."""
     agents = [SimulatedAgent(name, url, ip, cpu, mem_mb, 1.0) for name, ip, cpu, mem_mb in nodes]
@@ -156,20 +168,22 @@ def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work_s: flo
     measuring.wait()
     for a in agents:
         a.messenger.round_trips.clear()
-    runner = Runner(agents, work_s)
+    runner = Runner(agents, work_s, lines_per_s)
     runner.thread.start()
     done.wait()
     runner.stop.set()
     for a in agents:  # before the Master stops, so that none is seen going silent
         a.stop()
     out.send({"trips": [t for a in agents for t in a.messenger.round_trips],
-              "started": [w for a in agents for w in a.compute.specs]})
+              "started": [w for a in agents for w in a.compute.specs],
+              "lines": sum(runner.lines.values())})
 
 
 class AgentProcesses:
     """`procs` processes sharing the topology's nodes, each running `run_agents`."""
 
-    def __init__(self, url: str, topo: Topology, procs: int, work_s: float):
+    def __init__(self, url: str, topo: Topology, procs: int, work_s: float,
+                 lines_per_s: float):
         ctx = multiprocessing.get_context("spawn")  # no threads or sockets of ours inherited
         self.measuring, self.done = ctx.Event(), ctx.Event()
         self.procs, self.pipes = [], []
@@ -177,24 +191,27 @@ class AgentProcesses:
         for i in range(procs):
             here, there = ctx.Pipe(duplex=False)
             p = ctx.Process(target=run_agents, daemon=True,
-                            args=(url, nodes[i::procs], work_s, self.measuring, self.done, there))
+                            args=(url, nodes[i::procs], work_s, lines_per_s, self.measuring,
+                                  self.done, there))
             p.start()
             self.procs.append(p)
             self.pipes.append(here)
 
-    def results(self, timeout_s: float = 60.0) -> tuple[list[float], list[str]]:
-        """Stop the agents: (every round trip measured, every worker started)."""
+    def results(self, timeout_s: float = 60.0) -> tuple[list[float], list[str], int]:
+        """Stop the agents: (every round trip measured, every worker started, metric lines
+        written)."""
         self.done.set()
-        trips, started = [], []
+        trips, started, lines = [], [], 0
         for pipe, p in zip(self.pipes, self.procs):
             if not pipe.poll(timeout_s):
                 raise RuntimeError(f"agent process {p.pid} did not report within {timeout_s} s")
             r = pipe.recv()
             trips += r["trips"]
             started += r["started"]
+            lines += r["lines"]
         for p in self.procs:
             p.join(timeout=10)
-        return trips, started
+        return trips, started, lines
 
     def kill(self) -> None:
         for p in self.procs:
@@ -209,8 +226,10 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="ces-bench-load-") as tmp:
         topo_file = Path(tmp) / "racks.yaml"
         topo_file.write_text(yaml.safe_dump(spec))
-        proc, url = start_master(topo_file, Path(tmp) / "master.log", args.algorithm, args.seed)
-        agents = AgentProcesses(url, topo, min(args.agent_procs, args.nodes), args.work_s)
+        proc, url = start_master(topo_file, Path(tmp) / "master.log", args.algorithm, args.seed,
+                                 Path(tmp) / "master.sqlite" if args.state else None)
+        agents = AgentProcesses(url, topo, min(args.agent_procs, args.nodes), args.work_s,
+                                args.lines_per_s)
         try:
             return measure(MasterClient(url, timeout_s=60.0), agents, jobs, args)
         finally:
@@ -262,16 +281,17 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
         final = client.jobs()
         listed = Counter(j["name"] for j in final)
         states = {j["name"]: j["state"] for j in final}
-        views = {n: client.job(n) for n in accepted}
+        views = {n: client.job(n, records=True) for n in accepted}
     finally:
         stop_health.set()
-    trips, started = agents.results()
+    trips, started, lines = agents.results()
     by_state: dict[str, int] = {}
     for n in accepted:
         by_state[states.get(n, "missing")] = by_state.get(states.get(n, "missing"), 0) + 1
     return {
         "seed": args.seed, "nodes": args.nodes, "jobs": args.jobs, "algorithm": args.algorithm,
         "work_s": args.work_s, "agent_procs": min(args.agent_procs, args.nodes),
+        "state": args.state, "lines_per_s": args.lines_per_s, "lines": lines,
         "machine": machine(),
         "submissions": {
             "accepted": len(accepted),
@@ -295,6 +315,7 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
         "run_twice": sorted(n for n, v in views.items() if len(v["attempts"]) > 1),
         "workers_started": len(started), "workers_started_twice": len(started) - len(set(started)),
         "drain_s": round(drain_s, 1),
+        "lines_held": sum(len(ls) for v in views.values() for ls in v["records"].values()),
         "heartbeats": {"count": len(trips), "p50_ms": ms(percentile(trips, 0.5)),
                        "p99_ms": ms(percentile(trips, 0.99)), "max_ms": ms(max(trips, default=None))},
         "nodes_offline_max": offline}
@@ -307,6 +328,8 @@ def verdict(r: dict) -> list[str]:
                                          "invalid_accepted") if s[k]]
     bad += [f"{k}: {r[k]}" for k in ("lost", "listed_twice", "refused_but_listed", "run_twice")
             if r[k]]
+    if r["lines_held"] != r["lines"]:
+        bad.append(f"metric lines: {r['lines']} written, the Master holds {r['lines_held']}")
     if r["workers_started_twice"]:
         bad.append(f"workers started twice: {r['workers_started_twice']}")
     unfinished = {k: v for k, v in r["jobs_by_state"].items() if k != "finished"}
@@ -326,18 +349,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-s", type=float, default=2.0, help="how long a worker runs")
     p.add_argument("--agent-procs", type=int, default=4,
                    help="processes the simulated agents are spread over")
+    p.add_argument("--lines-per-s", type=float, default=1.0,
+                   help="metric lines each running worker writes a second (0: none)")
+    p.add_argument("--state", action=argparse.BooleanOptionalAction, default=True,
+                   help="the Master keeps its jobs in a state file, as run.py runs it (it "
+                        "commits every heartbeat's lines before answering)")
     p.add_argument("--max-s", type=float, default=600.0, help="give up draining after this")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "results" /
                                         "bench_load.json"))
     a = p.parse_args(argv)
-    if a.nodes < 1 or a.jobs < 1 or a.agent_procs < 1 or a.work_s < 0 or a.max_s <= 0:
-        p.error("--nodes, --jobs and --agent-procs must be ≥ 1, --work-s ≥ 0, --max-s > 0")
+    if a.nodes < 1 or a.jobs < 1 or a.agent_procs < 1 or a.work_s < 0 or a.max_s <= 0 or \
+            a.lines_per_s < 0:
+        p.error("--nodes, --jobs and --agent-procs must be ≥ 1, --work-s and --lines-per-s ≥ 0, "
+                "--max-s > 0")
     r = run(a)
     bad = verdict(r)
     s, hb = r["submissions"], r["heartbeats"]
     print(f"{a.jobs} submissions in {s['burst_s']} s: {s['accepted']} accepted, {s['refused']} "
           f"refused; latency p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms")
-    print(f"drained in {r['drain_s']} s: {r['jobs_by_state']}; {r['workers_started']} workers")
+    print(f"drained in {r['drain_s']} s: {r['jobs_by_state']}; {r['workers_started']} workers, "
+          f"{r['lines']} metric lines, state file {'on' if a.state else 'off'}")
     print(f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s): {hb['count']}, p50 {hb['p50_ms']} ms, "
           f"p99 {hb['p99_ms']} ms (target ≤ 50), max {hb['max_ms']} ms; nodes offline "
           f"{r['nodes_offline_max']}")

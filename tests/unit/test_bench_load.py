@@ -1,6 +1,7 @@
-"""The load benchmark's smoke run (experiments/bench_load.py): a real Master process, simulated
-agents, a burst of valid and invalid jobs — every one answered, none lost or run twice. The
-latency figures belong to the full benchmark, not to this test."""
+"""The load benchmark's smoke run (experiments/bench_load.py): a real Master process with its
+state file, simulated agents whose workers write metric lines, a burst of valid and invalid jobs —
+every one answered, none lost or run twice, every line held once. The latency figures belong to
+the full benchmark, not to this test."""
 from __future__ import annotations
 
 import json
@@ -25,3 +26,4 @@ def test_a_burst_of_jobs_is_answered_and_drained_without_loss(tmp_path: Path):
                for e in s["refusal_examples"]), s["refusal_examples"]
     assert r["jobs_by_state"] == {"finished": s["accepted"]}
     assert r["heartbeats"]["count"] > 0
+    assert r["state"] and r["lines"] > 0 and r["lines_held"] == r["lines"]
