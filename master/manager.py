@@ -73,7 +73,6 @@ class JobRecord:
     document: dict | None = None  # the job mapping as submitted (what `master.store` keeps)
     source: str = ""  # where it came from (a file name, for messages)
     changed: bool = True  # since `master.store` last wrote it
-    unsaved_lines: list[tuple[str, dict]] = field(default_factory=list)  # (worker, line) for it
 
     @property
     def name(self) -> str:

@@ -50,7 +50,7 @@ from .compute import AgentError, ComputeController, NotRegistered, worker_comman
 from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, Manager, ManagerError
 from .network import NetworkController, NetworkState, SdnApi
 from .scheduling import Scheduler, UnknownAlgorithm, expected_end
-from .store import Changes, StateError, Store, take_changes
+from .store import Changes, StateError, Store, take_changes, take_lines
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,11 @@ class Master:
         self.cordoned: set[str] = set()
         self.capacities: dict[tuple[str, str], float] = {}  # links whose capacity was set
         self.worker_job: dict[str, str] = {}  # every worker ever started -> its job
+        self._unsaved_lines: list[tuple[str, str, dict]] = []  # (job, worker, line) not on disk
+        # Metric lines counted as they arrive, and how many of them are on disk (`persist_lines`)
+        self._lines_seen = self._lines_durable = 0
+        self._lines_writing = False
+        self._lines_written = threading.Condition()
         self._ports = itertools.count(config.first_port)
         self._events: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -147,13 +152,46 @@ class Master:
                  len(self.manager.active()))
 
     def persist(self) -> None:
-        """Write the job records that changed (no-op without a state file)."""
-        def take() -> Changes:
-            with self.lock:
-                return take_changes(self.manager.jobs.values())
-
+        """Write the job records that changed and the metric lines that arrived (no-op without a
+        state file)."""
         if self.store is not None:
-            self.store.write(take)
+            self._write(docs=True)
+
+    def persist_lines(self, upto: int) -> None:
+        """Have the first `upto` metric lines that arrived on disk: what a heartbeat must have
+        before it is answered. Group commit: one heartbeat at a time writes every line that
+        arrived, and those that brought lines meanwhile wait for its write (or the next) instead
+        of each queueing for a transaction of its own; the records that changed are left to the
+        control loop's `persist`, not serialised under the lock here."""
+        if self.store is None:
+            return
+        with self._lines_written:
+            while self._lines_durable < upto and self._lines_writing:
+                self._lines_written.wait()
+            if self._lines_durable >= upto:
+                return
+            self._lines_writing = True
+        try:
+            self._write(docs=False)
+        finally:
+            with self._lines_written:
+                self._lines_writing = False
+                self._lines_written.notify_all()
+
+    def _write(self, docs: bool) -> None:
+        taken = 0
+
+        def take() -> Changes:
+            nonlocal taken
+            with self.lock:
+                taken = self._lines_seen
+                return take_changes(self.manager.jobs.values(), self._unsaved_lines) if docs \
+                    else take_lines(self._unsaved_lines)
+
+        self.store.write(take)
+        with self._lines_written:
+            self._lines_durable = max(self._lines_durable, taken)
+            self._lines_written.notify_all()
 
     def keep_settings(self) -> None:
         """Write what an operator set through the API — the scheduler, the cordoned nodes, link
@@ -645,10 +683,12 @@ class Master:
                     rec = self.manager.jobs[job]
                     rec.records.setdefault(line["worker"], []).append(line)
                     if self.store:
-                        rec.unsaved_lines.append((line["worker"], line))
+                        self._unsaved_lines.append((job, line["worker"], line))
+                        self._lines_seen += 1
+            upto = self._lines_seen
             stop = self.compute.unwanted(hb.node, expected)
         if hb.records:  # on disk before the answer: the agent forgets what we acknowledge
-            self.persist()
+            self.persist_lines(upto)
         for w in ended:
             self._events.put(("ended", hb.node, w))
         if came_back:

@@ -110,16 +110,21 @@ class Changes:
         return bool(self.docs or self.lines or self.settings)
 
 
-def take_changes(records: Iterable[JobRecord]) -> Changes:
+def take_changes(records: Iterable[JobRecord], lines: list[tuple[str, str, dict]]) -> Changes:
     """What changed since the last call (under the Master's lock): the documents of changed
-    records and the metric lines that arrived; the records' flags and queues are cleared."""
-    out = Changes([], [])
+    records (their flags cleared) and the metric lines that arrived (`take_lines`)."""
+    out = take_lines(lines)
     for rec in records:
         if rec.changed:
             out.docs.append((rec.name, json.dumps(record_to_json(rec))))
             rec.changed = False
-        out.lines += [(rec.name, w, json.dumps(line)) for w, line in rec.unsaved_lines]
-        rec.unsaved_lines.clear()
+    return out
+
+
+def take_lines(lines: list[tuple[str, str, dict]]) -> Changes:
+    """The metric lines (job, worker, line) that arrived; `lines` is emptied."""
+    out = Changes([], [(job, worker, json.dumps(line)) for job, worker, line in lines])
+    lines.clear()
     return out
 
 

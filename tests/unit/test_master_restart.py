@@ -172,13 +172,13 @@ def test_the_store_gives_back_what_it_was_given(tmp_path):
     attempt.info.update(predicted_iteration_s=float("inf"), adjustments=[])
     store = Store(tmp_path / "s.sqlite")
     rec.records["j-w0-a1"] = [{"type": "iter", "iter": 1}]
-    rec.unsaved_lines.append(("j-w0-a1", rec.records["j-w0-a1"][0]))
-    store.save(take_changes([rec]))
+    unsaved = [("j", "j-w0-a1", rec.records["j-w0-a1"][0])]
+    store.save(take_changes([rec], unsaved))
     m.mark_running(rec)
     rec.records["j-w0-a1"].append({"type": "eval", "accuracy": 0.5})
-    rec.unsaved_lines.append(("j-w0-a1", rec.records["j-w0-a1"][1]))
-    store.save(take_changes([rec]))
-    assert not take_changes([rec])  # nothing new
+    unsaved.append(("j", "j-w0-a1", rec.records["j-w0-a1"][1]))
+    store.save(take_changes([rec], unsaved))
+    assert not take_changes([rec], unsaved)  # nothing new
     store.close()
     (back,) = Store(tmp_path / "s.sqlite").load()
     for name in ("job", "algorithm", "submitted_at", "state", "reason", "attempts", "events",
