@@ -2,7 +2,7 @@
 """Real-hosts mode measured on stand-in hosts: deploy time, and the quick scenario's
 time-to-accuracy on hosts vs the emulation of the same topology. As root.
 
-    sudo python experiments/bench_lab.py [--nodes 4] [--seeds 3] [--out results/bench_lab.json]
+    sudo python experiments/bench_lab.py [--nodes 4] [--seeds 5] [--out results/bench_lab.json]
 
 Deploy: `--nodes` stand-in hosts (`testbed.standin`: sshd containers, one OVS switch) and the
 bring-up of `run.py --hosts`'s stack (`LabStack`) on them, `--seeds` times each way; `deploy_s` is
@@ -128,7 +128,7 @@ def tta_table(runs: dict[str, dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4, help="stand-in hosts of the deploy figure")
-    p.add_argument("--seeds", type=int, default=3, help="repetitions / seeds 0..K-1")
+    p.add_argument("--seeds", type=int, default=5, help="repetitions / seeds 0..K-1")
     p.add_argument("--out", default=str(REPO / "results" / "bench_lab.json"))
     a = p.parse_args(argv)
     if a.nodes < 1 or a.seeds < 1:
