@@ -5,6 +5,8 @@ chose CES-Multi's defaults.
     python experiments/bench_multi.py --seeds 5            # → results/multi/*.json + tables
     python experiments/bench_multi.py --sweep --seeds 3    # → results/multi/sweep.json
     python experiments/bench_multi.py --seed-systems --seeds 5   # → results/multi/seeds.json
+    python experiments/bench_multi.py --policies ces-multi --set delay_lookahead=3 --out DIR
+                                                           # one policy, a knob changed
 
 Figures: on each topology of --topos (default campus, fattree and the real Abilene backbone from
 topohub), --jobs jobs per seed (`arrivals.JobMix`) under --arrivals (default: bursty arrivals at
@@ -187,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topos", default=TOPOS)
     ap.add_argument("--arrivals", default=ARRIVALS, help="spec without n (set by --jobs)")
     ap.add_argument("--single", default=None, help="single-job algorithm of every policy")
+    ap.add_argument("--policies", default="all",
+                    help="comma-separated queue policies (default all; the targets need all)")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                     help="evaluate CES-Multi with this MultiConfig knob changed (repeatable; "
                          "VALUE in YAML: 4, 1.2, null, false, align)")
@@ -229,12 +233,15 @@ def main(argv: list[str] | None = None) -> int:
                    "machine": machine_info(), "topologies": {}}
         for topo in args.topos.split(","):
             start = time.perf_counter()
-            result = evaluate_multi(argparse.Namespace(topo=topo, arrivals=arrivals, algos="all",
-                                                       seeds=args.seeds, single=single,
-                                                       config=config))
+            result = evaluate_multi(argparse.Namespace(topo=topo, arrivals=arrivals,
+                                                       algos=args.policies, seeds=args.seeds,
+                                                       single=single, config=config))
             result["wall_s"] = time.perf_counter() - start
             name = topo.replace("/", "-")
             (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+            if args.policies != "all":  # a comparison of a few: the table only
+                print(multi_table(result), f"({result['wall_s']:.0f} s)\n", flush=True)
+                continue
             checks = targets(result)
             # Not a target: the balance while jobs still arrive (`SimResult.balance_std_arrivals`).
             arriving = versus_best(result["algorithms"], "balance_std_arrivals")

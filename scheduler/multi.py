@@ -44,7 +44,10 @@ CES-Multi, per round:
      now (`JobState.observed_remaining_s`; longest first, the fewest that make
      room; they keep their progress and pay the restart overhead): shortest remaining time
      first, the policy that minimises the average wait. A job that has waited past
-     `reserve_after_s` is never preempted, so the reservation still bounds every wait.
+     `reserve_after_s` is never preempted, so the reservation still bounds every wait;
+  5. with `delay_lookahead` set, delay deployment (seed 004's wait action): a start is skipped
+     when the job is expected to end sooner placed once one of the next running jobs (by
+     expected end) has ended (`delay_pays`); it is tried again when resources are released.
 Defaults come from the sweep and the runs in docs/multi.md (`experiments/bench_multi.py`).
 
 Baselines (all backfill past jobs that do not fit, except strict FIFO):
@@ -310,6 +313,10 @@ class MultiConfig:
     # soon as that starts its job, instead of holding resources idle until they drain.
     reserve_preempts: bool = True
     backfill: bool = True
+    # Delay deployment (seed 004's wait action): a job whose placement now is expected to end
+    # later than the one it would get once one of the next `delay_lookahead` running jobs (by
+    # expected end) has ended, waits for it (`delay_pays`). None: off.
+    delay_lookahead: int | None = None
 
     def __post_init__(self) -> None:
         tol = self.spread_tolerance
@@ -319,6 +326,9 @@ class MultiConfig:
         if isinstance(self.spread_queue, bool) or not isinstance(self.spread_queue, int) \
                 or self.spread_queue < 0:
             raise ValueError(f"spread_queue: expected an integer ≥ 0, got {self.spread_queue!r}")
+        k = self.delay_lookahead
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"delay_lookahead: expected an integer ≥ 1 or null, got {k!r}")
 
 
 @dataclass
@@ -357,8 +367,9 @@ class CesMulti:
                 return
             scores = self.scores(rnd, window)
             best = max(candidates, key=lambda j: (scores[j], -j.seq))
-            if rnd.try_place(best, self._worth_it(rnd, best), self._crowded) is None \
-                    and not self._preempt_for(rnd, best):
+            delayed: list[JobState] = []
+            if rnd.try_place(best, self._worth_it(rnd, best, delayed), self._crowded) is None \
+                    and (delayed or not self._preempt_for(rnd, best)):
                 tried.add(best)
                 if not cfg.backfill:
                     return
@@ -399,10 +410,21 @@ class CesMulti:
         bar = statistics.fmean(util.values()) + self.config.balance_guard if util else math.inf
         return {n for n, u in util.items() if u > bar}
 
-    def _worth_it(self, rnd: Round, js: JobState) -> Callable[[Decision], bool]:
-        """Start a job only if other jobs leave it enough bandwidth: one granted a sliver of
-        what its links could carry would hold its resources for ages; it waits instead."""
-        return lambda d: uncontended_share(rnd.cluster, js.job, d) >= self.config.min_bw_share
+    def _worth_it(self, rnd: Round, js: JobState,
+                  delayed: list[JobState]) -> Callable[[Decision], bool]:
+        """Start a job only if other jobs leave it enough bandwidth (one granted a sliver of
+        what its links could carry would hold its resources for ages) and, with
+        `delay_lookahead`, only if waiting for a running job to end would not finish it sooner
+        (`delay_pays`; then it joins `delayed`, and is not started by preemption either)."""
+        def worth(d: Decision) -> bool:
+            if uncontended_share(rnd.cluster, js.job, d) < self.config.min_bw_share:
+                return False
+            if self.config.delay_lookahead and delay_pays(rnd, js, d,
+                                                          self.config.delay_lookahead):
+                delayed.append(js)
+                return False
+            return True
+        return worth
 
     def scores(self, rnd: Round, window: list[JobState]) -> dict[JobState, float]:
         """a·fit + b·priority + c·wait + d·shortness for the jobs of the window (module doc)."""
@@ -497,6 +519,34 @@ def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
             except CannotPlace:
                 pass
     return None
+
+
+def delay_pays(rnd: Round, js: JobState, now: Decision, lookahead: int) -> bool:
+    """Whether `js` is expected to end sooner by waiting than by starting now on `now`: release
+    the next `lookahead` running jobs in expected end order on a copy of what `js` may use; after
+    each, the algorithm places it, and the job would end at that release plus its remaining
+    iterations at the predicted iteration time there (seed 004's delay deployment, judged by
+    the expected end rather than a learned value). A release later than the end now cannot
+    pay and stops the search."""
+    iters = js.remaining_iters()
+    if not iters:
+        return False
+    view = rnd.view(js)
+    end_now = rnd.now + iters * predicted_iteration_s(view, js.job, now)
+    trial = view.copy(share_graph=True)
+    for r in sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))[:lookahead]:
+        if r.expected_end >= end_now:
+            return False
+        trial.release(r.name)
+        if not FreeSpace.of(trial).may_fit(js.job):
+            continue
+        try:
+            later = rnd.algorithm.place(trial, js.job)
+        except CannotPlace:
+            continue
+        if r.expected_end + iters * predicted_iteration_s(trial, js.job, later) < end_now:
+            return True
+    return False
 
 
 def uncontended_share(cluster: Cluster, job: Job, decision: Decision) -> float:

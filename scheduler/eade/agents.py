@@ -33,6 +33,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3 import DDPG, PPO, SAC, TD3
 from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.noise import NormalActionNoise
 from stable_baselines3.common.policies import BaseModel
 from stable_baselines3.common.preprocessing import preprocess_obs
@@ -232,6 +233,14 @@ class PaperTD3(TwoRates, TD3):
 def build(name: str, env, cfg: AgentConfig, seed: int, buffer: int | None = None):
     """The SB3 model of algorithm `name` on `env` (a MultiClusterEnv or a VecEnv of them);
     `buffer` overrides the replay size (a model built only to act needs none)."""
+    model = _model(name, env, cfg, seed, buffer)
+    # A logger of our own: SB3's default one leaves an empty folder in /tmp at every learn().
+    # The learning curve is the experiment's Curve callback.
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
+
+
+def _model(name: str, env, cfg: AgentConfig, seed: int, buffer: int | None):
     th.set_num_threads(cfg.threads)
     hidden = list(cfg.hidden)
     size = cfg.buffer if buffer is None else buffer

@@ -295,9 +295,32 @@ def test_ces_multi_spreads_only_while_the_queue_is_short(tolerance, queued_jobs,
     assert rnd.placed[0].decision.placement == {"w0": placed_on}
 
 
+@pytest.mark.parametrize("lookahead, runner_end, placed", [
+    (1, 50.0, []),  # spread now over the 10 Mbit/s link: ~800 s; on n0 alone after 50 s: ~60 s
+    (None, 50.0, ["pair"]),  # delay deployment off: it starts now, spread
+    (1, 2000.0, ["pair"]),  # the runner ends after the pair would have finished spread
+])
+def test_delay_deployment_waits_when_a_job_ending_soon_frees_a_better_placement(lookahead,
+                                                                                runner_end,
+                                                                                placed):
+    cluster = cluster_of([2.0, 1.0], bw=10.0)
+    runner = JobState(job("runner", cpu=1.0, iterations=50), 0, "running", expected_end=runner_end)
+    cluster.allocate(runner.job, Decision("runner", {"w0": "n0"}, []))
+    # first-fit puts w0 on n0 (1 cpu free) and w1 on n1: 1e7 bytes an iteration over 10 Mbit/s
+    pair = custom_job("pair", [Task("w0", Resources(1.0, 100)), Task("w1", Resources(1.0, 100))],
+                      [LogicalFlow("w0", "w1", 100.0, 1e7)], compute_s=0.1, iterations=100)
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), [queued(pair, 1)], [runner])
+    ces(delay_lookahead=lookahead, spread_tolerance=None, balance_guard=None).schedule(rnd)
+    assert names(rnd.placed) == placed and not rnd.preempted
+    if not placed:
+        assert rnd.queue[0].why == "the queue policy did not accept the placement found"
+
+
 def test_bad_spreading_knobs_are_named():
     with pytest.raises(ValueError, match="spread_tolerance"):
         MultiConfig(spread_tolerance=-0.1)
+    with pytest.raises(ValueError, match="delay_lookahead"):
+        MultiConfig(delay_lookahead=0)
     with pytest.raises(ValueError, match="spread_queue"):
         MultiConfig(spread_queue=-1)
     with pytest.raises(ValueError, match="spreader: unknown algorithm 'nope'"):
