@@ -162,19 +162,28 @@ def preempt_until_fits(rnd: Round, js: JobState, victims: list[JobState]) -> boo
     """Start `js` by preempting the fewest of `victims`, in their order: release them one by one
     on a copy of what `js` may use until the algorithm places it; then preempt those and commit.
     False (nothing preempted) if it does not fit even without all of them."""
+    for i, _, decision in placed_as_released(rnd, js, victims):
+        for v in victims[:i]:
+            rnd.preempt(v)
+        return rnd.commit(js, decision)
+    return False
+
+
+def placed_as_released(rnd: Round, js: JobState, jobs: list[JobState], now: bool = False):
+    """Where the algorithm places `js`, on a copy of what `js` may use, as `jobs` end one by one
+    in their order: (how many ended, the copy then, the decision) each time it fits — with
+    `now`, first with none ended."""
     trial = rnd.view(js).copy(share_graph=True)
-    for i, victim in enumerate(victims):
-        trial.release(victim.name)
+    for i in range(0 if now else 1, len(jobs) + 1):
+        if i:
+            trial.release(jobs[i - 1].name)
         if not FreeSpace.of(trial).may_fit(js.job):
             continue
         try:
             decision = rnd.algorithm.place(trial, js.job)
         except CannotPlace:
             continue
-        for v in victims[:i + 1]:
-            rnd.preempt(v)
-        return rnd.commit(js, decision)
-    return False
+        yield i, trial, decision
 
 
 @dataclass
@@ -508,16 +517,9 @@ def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
     """Where and when `js` will fit soonest: release running jobs in expected end order on a
     copy of the cluster (minus other holds) until the algorithm places it; the decision and the
     expected end of the last job released (the shadow time)."""
-    trial = rnd.view(js).copy(share_graph=True)
     ending = sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))
-    for i in range(len(ending) + 1):
-        if i:
-            trial.release(ending[i - 1].name)
-        if FreeSpace.of(trial).may_fit(js.job):
-            try:
-                return rnd.algorithm.place(trial, js.job), ending[i - 1].expected_end if i else rnd.now
-            except CannotPlace:
-                pass
+    for i, _, decision in placed_as_released(rnd, js, ending, now=True):
+        return decision, ending[i - 1].expected_end if i else rnd.now
     return None
 
 
@@ -531,22 +533,11 @@ def delay_pays(rnd: Round, js: JobState, now: Decision, lookahead: int) -> bool:
     iters = js.remaining_iters()
     if not iters:
         return False
-    view = rnd.view(js)
-    end_now = rnd.now + iters * predicted_iteration_s(view, js.job, now)
-    trial = view.copy(share_graph=True)
-    for r in sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))[:lookahead]:
-        if r.expected_end >= end_now:
-            return False
-        trial.release(r.name)
-        if not FreeSpace.of(trial).may_fit(js.job):
-            continue
-        try:
-            later = rnd.algorithm.place(trial, js.job)
-        except CannotPlace:
-            continue
-        if r.expected_end + iters * predicted_iteration_s(trial, js.job, later) < end_now:
-            return True
-    return False
+    end_now = rnd.now + iters * predicted_iteration_s(rnd.view(js), js.job, now)
+    ending = [r for r in sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))[:lookahead]
+              if r.expected_end < end_now]
+    return any(ending[i - 1].expected_end + iters * predicted_iteration_s(trial, js.job, later)
+               < end_now for i, trial, later in placed_as_released(rnd, js, ending))
 
 
 def uncontended_share(cluster: Cluster, job: Job, decision: Decision) -> float:
