@@ -116,6 +116,17 @@ def test_messenger_registers_heartbeats_and_obeys_the_reply(master):
         agent.stop()
 
 
+def test_heartbeats_are_jittered_so_agents_started_together_drift_apart():
+    agents = [SimulatedAgent(f"n{i}", "http://127.0.0.1:9", f"10.0.0.{i}", heartbeat_s=1.0)
+              for i in (1, 2)]
+    waits = [[a.messenger.next_wait_s() for _ in range(200)] for a in agents]
+    for a in agents:
+        a.stop()
+    assert all(0.9 <= w <= 1.1 for ws in waits for w in ws)
+    assert all(max(ws) - min(ws) > 0.1 for ws in waits)  # drawn each time, not once
+    assert waits[0] != waits[1]  # not in step with each other
+
+
 def test_a_worker_that_ends_is_reported_at_once_with_its_last_lines(master):
     agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=30).start()
     try:
