@@ -50,7 +50,6 @@ class Messenger:
         self.gone = gone
         self.compute, self.network, self.usage = compute, network, usage
         self.heartbeat_s = heartbeat_s
-        self._rng = random.Random()
         self.wake = threading.Event()  # a worker ended: heartbeat at once
         compute.on_change = self.wake.set
         self.stopping = threading.Event()
@@ -164,7 +163,7 @@ class Messenger:
     def next_wait_s(self) -> float:
         """The wait before the next heartbeat (unless a worker ends first): `heartbeat_s` ±
         `JITTER`, drawn anew each time."""
-        return self.heartbeat_s * self._rng.uniform(1 - JITTER, 1 + JITTER)
+        return self.heartbeat_s * random.uniform(1 - JITTER, 1 + JITTER)
 
     def _wait_offline(self, timeout_s: float = 60.0) -> None:
         """Until the Master no longer counts this node online (or does not answer)."""

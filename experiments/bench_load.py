@@ -369,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
           f"refused; latency p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms")
     print(f"drained in {r['drain_s']} s: {r['jobs_by_state']}; {r['workers_started']} workers, "
           f"{r['lines']} metric lines, state file {'on' if a.state else 'off'}")
-    print(f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s): {hb['count']}, p50 {hb['p50_ms']} ms, "
-          f"p99 {hb['p99_ms']} ms (target ≤ 50), max {hb['max_ms']} ms; nodes offline "
-          f"{r['nodes_offline_max']}")
+    print(f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s): "
+          f"{hb['count']}, p50 {hb['p50_ms']} ms, p99 {hb['p99_ms']} ms (target ≤ 50), "
+          f"max {hb['max_ms']} ms; nodes offline {r['nodes_offline_max']}")
     print("all checks passed" if not bad else "FAILED: " + "; ".join(bad))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({**r, "failed": bad}, indent=1) + "\n")

@@ -49,7 +49,7 @@ import yaml
 from scheduler.arrivals import ArrivalError, parse_arrivals
 from scheduler.evaluate import evaluate_multi, machine_info, multi_table, run_policy
 from scheduler.model import Cluster
-from scheduler.multi import POLICIES, MultiConfig, default_algorithm
+from scheduler.multi import MultiConfig, default_algorithm, policy_names
 from topologies import TopologyError, load_topology
 
 TOPOS = "campus,fattree,topozoo/Abilene"
@@ -209,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_multi: --set: {e}", file=sys.stderr)
         return 2
-    unknown = [p for p in args.policies.split(",") if args.policies != "all" and p not in POLICIES]
-    if unknown:
-        print(f"bench_multi: --policies: unknown queue policy '{unknown[0]}' (known: "
-              f"{', '.join(POLICIES)}, or all)", file=sys.stderr)
+    try:
+        policy_names(args.policies)
+    except ValueError as e:
+        print(f"bench_multi: --policies: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

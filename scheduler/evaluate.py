@@ -47,7 +47,7 @@ from .instances import make_instance
 from .jobs import JobError, load_jobs
 from .metrics import cluster_metrics, decision_metrics, deployed_count, packable
 from .model import CannotPlace, Cluster, Job
-from .multi import POLICIES, MultiConfig, default_algorithm, make_policy
+from .multi import MultiConfig, default_algorithm, make_policy, policy_names
 from .simulator import SimResult, Simulator
 from .trace import load_machine_spec
 
@@ -215,11 +215,10 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
     topo = load_topology(args.topo)
     cluster = Cluster.from_topology(topo)
     spec = parse_arrivals(args.arrivals)
-    names = list(POLICIES) if args.algos == "all" else [a.strip() for a in args.algos.split(",")]
-    for name in names:
-        if name not in POLICIES:
-            raise ValueError(f"--algos: unknown queue policy '{name}' (known: "
-                             f"{', '.join(POLICIES)}, or all)")
+    try:
+        names = policy_names(args.algos)
+    except ValueError as e:
+        raise ValueError(f"--algos: {e}") from None
     if args.seeds < 1:
         raise ValueError(f"--seeds must be ≥ 1, got {args.seeds}")
     single = getattr(args, "single", None) or default_algorithm()

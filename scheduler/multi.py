@@ -169,6 +169,11 @@ def preempt_until_fits(rnd: Round, js: JobState, victims: list[JobState]) -> boo
     return False
 
 
+def by_expected_end(running: list[JobState]) -> list[JobState]:
+    """Running jobs in the order they are expected to end (then arrival)."""
+    return sorted(running, key=lambda r: (r.expected_end, r.seq))
+
+
 def placed_as_released(rnd: Round, js: JobState, jobs: list[JobState], now: bool = False):
     """Where the algorithm places `js`, on a copy of what `js` may use, as `jobs` end one by one
     in their order: (how many ended, the copy then, the decision) each time it fits — with
@@ -517,7 +522,7 @@ def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
     """Where and when `js` will fit soonest: release running jobs in expected end order on a
     copy of the cluster (minus other holds) until the algorithm places it; the decision and the
     expected end of the last job released (the shadow time)."""
-    ending = sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))
+    ending = by_expected_end(rnd.running)
     for i, _, decision in placed_as_released(rnd, js, ending, now=True):
         return decision, ending[i - 1].expected_end if i else rnd.now
     return None
@@ -534,8 +539,7 @@ def delay_pays(rnd: Round, js: JobState, now: Decision, lookahead: int) -> bool:
     if not iters:
         return False
     end_now = rnd.now + iters * predicted_iteration_s(rnd.view(js), js.job, now)
-    ending = [r for r in sorted(rnd.running, key=lambda r: (r.expected_end, r.seq))[:lookahead]
-              if r.expected_end < end_now]
+    ending = [r for r in by_expected_end(rnd.running)[:lookahead] if r.expected_end < end_now]
     return any(ending[i - 1].expected_end + iters * predicted_iteration_s(trial, js.job, later)
                < end_now for i, trial, later in placed_as_released(rnd, js, ending))
 
@@ -601,6 +605,16 @@ POLICIES: dict[str, Callable[..., object]] = {
     "edf": Edf, "min": Min, "optimus": Optimus, "edgeflow": _edgeflow,
     "elasticflow": functools.partial(_edgeflow, edge=False), "tapfinger": _tapfinger,
 }
+
+
+def policy_names(spec: str) -> list[str]:
+    """The queue policies of "all" or a comma-separated list; ValueError naming an unknown one."""
+    names = list(POLICIES) if spec == "all" else [a.strip() for a in spec.split(",")]
+    for name in names:
+        if name not in POLICIES:
+            raise ValueError(f"unknown queue policy '{name}' (known: {', '.join(POLICIES)}, "
+                             "or all)")
+    return names
 
 
 def make_policy(name: str, algorithm: str | Algorithm | None = None, seed: int = 0,
