@@ -15,9 +15,12 @@ top-of-rack switch, the racks under one core switch.
    star, 1-4 workers, 0.25-1 core, 256-1024 MiB, 10-100 Mbit/s) and makes 5 % of them invalid
    (a task no node can hold, an unknown collective, a negative demand). Each must be accepted or
    refused with a 4xx naming the problem; none may go unanswered.
-2. Drain: a worker "runs" for `--work-s` seconds after its agent starts it, writing
-   `--lines-per-s` metric lines a second (sent with the heartbeats, as a training worker's), then
-   exits 0. The Master keeps its jobs in a state file as run.py runs it (`--no-state`: in memory
+2. Drain: a job's workers "run" for `--work-s` seconds × a factor drawn per job (seeded) within
+   1 ± `--work-spread` after their agents start them, writing `--lines-per-s` metric lines a
+   second (sent with the heartbeats, as a training worker's), then exit 0 — the workers of one
+   job together, as a DDP job's do. (With `--work-spread 0` every job lasts the same: jobs
+   started in one scheduling round all end in the same instant, and each agent reports an exit
+   at once, so heartbeats arrive in bursts of 50-80 that no real mix of jobs produces.) The Master keeps its jobs in a state file as run.py runs it (`--no-state`: in memory
    only), so each heartbeat with lines is committed to SQLite before it is answered. The Master
    schedules the queue as nodes free up, until every accepted job has finished or `--max-s`
    passed.
@@ -129,13 +132,21 @@ def ms(x: float | None) -> float | None:
     return None if x is None else round(1000 * x, 2)
 
 
-class Runner:
-    """Ends every worker `work_s` after it was first seen running, as if its process exited 0,
-    and meanwhile has it write `lines_per_s` metric lines a second, as a training worker logs
-    its iterations (in each agent process)."""
+def work_s(seed: int, job: str, mean_s: float, spread: float) -> float:
+    """How long the workers of `job` run: `mean_s` × a factor within 1 ± `spread`, the same in
+    every agent process (drawn from the seed and the job's name)."""
+    return mean_s * random.Random(f"{seed}:{job}").uniform(1 - spread, 1 + spread)
 
-    def __init__(self, agents: list[SimulatedAgent], work_s: float, lines_per_s: float):
-        self.agents, self.work_s, self.lines_per_s = agents, work_s, lines_per_s
+
+class Runner:
+    """Ends every worker its job's `work_s` after it was first seen running, as if its process
+    exited 0, and meanwhile has it write `lines_per_s` metric lines a second, as a training
+    worker logs its iterations (in each agent process)."""
+
+    def __init__(self, agents: list[SimulatedAgent], seed: int, mean_s: float, spread: float,
+                 lines_per_s: float):
+        self.agents, self.lines_per_s = agents, lines_per_s
+        self.work_s = lambda job: work_s(seed, job, mean_s, spread)
         self.seen: dict[str, float] = {}
         self.lines: dict[str, int] = {}  # worker -> lines written
         self.stop = threading.Event()
@@ -153,11 +164,11 @@ class Runner:
                         i = self.lines[w.name] = self.lines.get(w.name, 0) + 1
                         a.compute.log(w.name, {"type": "iter", "iter": i, "loss": 1.0 / i,
                                                "iter_s": 1.0 / self.lines_per_s})
-                    if now - first >= self.work_s:
+                    if now - first >= self.work_s(w.job):
                         a.finish(w.name, 0)
 
 
-def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work_s: float,
+def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work: tuple[int, float, float],
                lines_per_s: float, measuring, done, out) -> None:
     """One agent process: its share of the agents heartbeat until `done`; their round trips
     since `measuring` and every worker they were asked to start go back through `out`."""
@@ -168,7 +179,7 @@ def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work_s: flo
     measuring.wait()
     for a in agents:
         a.messenger.round_trips.clear()
-    runner = Runner(agents, work_s, lines_per_s)
+    runner = Runner(agents, *work, lines_per_s)
     runner.thread.start()
     done.wait()
     runner.stop.set()
@@ -182,8 +193,9 @@ def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work_s: flo
 class AgentProcesses:
     """`procs` processes sharing the topology's nodes, each running `run_agents`."""
 
-    def __init__(self, url: str, topo: Topology, procs: int, work_s: float,
+    def __init__(self, url: str, topo: Topology, procs: int, work: tuple[int, float, float],
                  lines_per_s: float):
+        """`work`: (seed, mean seconds, spread) of the jobs' running times (`work_s`)."""
         ctx = multiprocessing.get_context("spawn")  # no threads or sockets of ours inherited
         self.measuring, self.done = ctx.Event(), ctx.Event()
         self.procs, self.pipes = [], []
@@ -191,7 +203,7 @@ class AgentProcesses:
         for i in range(procs):
             here, there = ctx.Pipe(duplex=False)
             p = ctx.Process(target=run_agents, daemon=True,
-                            args=(url, nodes[i::procs], work_s, lines_per_s, self.measuring,
+                            args=(url, nodes[i::procs], work, lines_per_s, self.measuring,
                                   self.done, there))
             p.start()
             self.procs.append(p)
@@ -228,8 +240,8 @@ def run(args: argparse.Namespace) -> dict:
         topo_file.write_text(yaml.safe_dump(spec))
         proc, url = start_master(topo_file, Path(tmp) / "master.log", args.algorithm, args.seed,
                                  Path(tmp) / "master.sqlite" if args.state else None)
-        agents = AgentProcesses(url, topo, min(args.agent_procs, args.nodes), args.work_s,
-                                args.lines_per_s)
+        agents = AgentProcesses(url, topo, min(args.agent_procs, args.nodes),
+                                (args.seed, args.work_s, args.work_spread), args.lines_per_s)
         try:
             return measure(MasterClient(url, timeout_s=60.0), agents, jobs, args)
         finally:
@@ -290,7 +302,7 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
         by_state[states.get(n, "missing")] = by_state.get(states.get(n, "missing"), 0) + 1
     return {
         "seed": args.seed, "nodes": args.nodes, "jobs": args.jobs, "algorithm": args.algorithm,
-        "work_s": args.work_s, "agent_procs": min(args.agent_procs, args.nodes),
+        "work_s": args.work_s, "work_spread": args.work_spread, "agent_procs": min(args.agent_procs, args.nodes),
         "state": args.state, "lines_per_s": args.lines_per_s, "lines": lines,
         "machine": machine(),
         "submissions": {
@@ -346,7 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=200)
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--algorithm", default="network-aware")
-    p.add_argument("--work-s", type=float, default=2.0, help="how long a worker runs")
+    p.add_argument("--work-s", type=float, default=2.0, help="how long a job's workers run, on "
+                   "average")
+    p.add_argument("--work-spread", type=float, default=0.5,
+                   help="each job runs --work-s × a factor within 1 ± this (0: all alike)")
     p.add_argument("--agent-procs", type=int, default=4,
                    help="processes the simulated agents are spread over")
     p.add_argument("--lines-per-s", type=float, default=1.0,
@@ -359,9 +374,9 @@ def main(argv: list[str] | None = None) -> int:
                                         "bench_load.json"))
     a = p.parse_args(argv)
     if a.nodes < 1 or a.jobs < 1 or a.agent_procs < 1 or a.work_s < 0 or a.max_s <= 0 or \
-            a.lines_per_s < 0:
+            a.lines_per_s < 0 or not 0 <= a.work_spread <= 1:
         p.error("--nodes, --jobs and --agent-procs must be ≥ 1, --work-s and --lines-per-s ≥ 0, "
-                "--max-s > 0")
+                "--work-spread within 0..1, --max-s > 0")
     r = run(a)
     bad = verdict(r)
     s, hb = r["submissions"], r["heartbeats"]

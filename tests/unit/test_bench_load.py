@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "experiments"))
+
+from bench_load import work_s  # noqa: E402
 
 
 def test_a_burst_of_jobs_is_answered_and_drained_without_loss(tmp_path: Path):
@@ -27,3 +30,12 @@ def test_a_burst_of_jobs_is_answered_and_drained_without_loss(tmp_path: Path):
     assert r["jobs_by_state"] == {"finished": s["accepted"]}
     assert r["heartbeats"]["count"] > 0
     assert r["state"] and r["lines"] > 0 and r["lines_held"] == r["lines"]
+
+
+def test_each_job_runs_its_own_time_the_same_in_every_agent_process():
+    times = {f"load{i}": work_s(0, f"load{i}", 2.0, 0.5) for i in range(200)}
+    assert all(1.0 <= t <= 3.0 for t in times.values())
+    assert max(times.values()) - min(times.values()) > 1.5  # spread, not all alike
+    assert times == {j: work_s(0, j, 2.0, 0.5) for j in times}  # a job's workers end together
+    assert work_s(1, "load0", 2.0, 0.5) != times["load0"]  # drawn from the seed
+    assert {work_s(0, j, 2.0, 0.0) for j in times} == {2.0}
