@@ -48,6 +48,8 @@ CES-Multi, per round:
   5. with `delay_lookahead` set, delay deployment (seed 004's wait action): a start is skipped
      when the job is expected to end sooner placed once one of the next running jobs (by
      expected end) has ended (`delay_pays`); it is tried again when resources are released.
+     With `delay_holds`, it holds the placement it waits for until that release is due, as a
+     reservation without preemption holds (EASY backfilling: shorter jobs may still use it).
 Defaults come from the sweep and the runs in docs/multi.md (`experiments/bench_multi.py`).
 
 Baselines (all backfill past jobs that do not fit, except strict FIFO):
@@ -331,6 +333,10 @@ class MultiConfig:
     # later than the one it would get once one of the next `delay_lookahead` running jobs (by
     # expected end) has ended, waits for it (`delay_pays`). None: off.
     delay_lookahead: int | None = None
+    # A job that waits holds the placement it waits for (`CesMulti.awaiting`), EASY-style: only
+    # jobs expected to end before that release may use its resources meanwhile. Without it,
+    # other starts may take what the ending job frees, and the wait buys nothing.
+    delay_holds: bool = False
 
     def __post_init__(self) -> None:
         tol = self.spread_tolerance
@@ -353,6 +359,8 @@ class CesMulti:
     name: ClassVar[str] = "ces-multi"
     period_s: ClassVar[float | None] = None
     reserved: dict[JobState, tuple[Decision, float]] = field(default_factory=dict)  # sticky
+    # Jobs waiting for a release (`delay_holds`): the placement they wait for, and when
+    awaiting: dict[JobState, tuple[Decision, float]] = field(default_factory=dict)
     balanced: BalancedChoice | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -369,6 +377,7 @@ class CesMulti:
             rnd.algorithm = self.balanced  # this round's placements, reservations included
         if cfg.reservation:
             self._reserve(rnd)
+        self._hold_awaited(rnd)
         for owner, (held, _) in list(self.reserved.items()):
             if rnd.try_place(owner) or rnd.commit(owner, held) \
                     or self._preempt_for_reserved(rnd, owner):
@@ -415,6 +424,17 @@ class CesMulti:
                          key=key)
         return bool(victims) and preempt_until_fits(rnd, js, victims)
 
+    def _hold_awaited(self, rnd: Round) -> None:
+        """Hold again what waiting jobs wait for, until the release they wait for is due: a job
+        still queued past it competes as any other (and may wait, and hold, again)."""
+        queued = set(rnd.queue)
+        for owner, (held, until) in list(self.awaiting.items()):
+            if owner not in queued or until < rnd.now \
+                    or rnd.cluster.offline & set(held.placement.values()):
+                del self.awaiting[owner]
+            else:
+                rnd.hold(owner, held, until)
+
     def _crowded(self, view: Cluster) -> set[str]:
         """Nodes to keep a start off while others have room (`balance_guard`): those whose
         utilisation Ū_n exceeds the online mean by more than the guard."""
@@ -433,10 +453,15 @@ class CesMulti:
         def worth(d: Decision) -> bool:
             if uncontended_share(rnd.cluster, js.job, d) < self.config.min_bw_share:
                 return False
-            if self.config.delay_lookahead and delay_pays(rnd, js, d,
-                                                          self.config.delay_lookahead):
+            waited_for = self.config.delay_lookahead and \
+                delay_pays(rnd, js, d, self.config.delay_lookahead)
+            if waited_for:
                 delayed.append(js)
+                if self.config.delay_holds:
+                    self.awaiting[js] = waited_for
+                    rnd.hold(js, *waited_for)
                 return False
+            self.awaiting.pop(js, None)
             return True
         return worth
 
@@ -528,20 +553,25 @@ def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
     return None
 
 
-def delay_pays(rnd: Round, js: JobState, now: Decision, lookahead: int) -> bool:
+def delay_pays(rnd: Round, js: JobState, now: Decision,
+               lookahead: int) -> tuple[Decision, float] | None:
     """Whether `js` is expected to end sooner by waiting than by starting now on `now`: release
     the next `lookahead` running jobs in expected end order on a copy of what `js` may use; after
     each, the algorithm places it, and the job would end at that release plus its remaining
     iterations at the predicted iteration time there (seed 004's delay deployment, judged by
     the expected end rather than a learned value). A release later than the end now cannot
-    pay and stops the search."""
+    pay and stops the search. (the placement waiting pays for, the release's expected end) of
+    the first release that pays; None when starting now is as good."""
     iters = js.remaining_iters()
     if not iters:
-        return False
+        return None
     end_now = rnd.now + iters * predicted_iteration_s(rnd.view(js), js.job, now)
     ending = [r for r in by_expected_end(rnd.running)[:lookahead] if r.expected_end < end_now]
-    return any(ending[i - 1].expected_end + iters * predicted_iteration_s(trial, js.job, later)
-               < end_now for i, trial, later in placed_as_released(rnd, js, ending))
+    for i, trial, later in placed_as_released(rnd, js, ending):
+        release = ending[i - 1].expected_end
+        if release + iters * predicted_iteration_s(trial, js.job, later) < end_now:
+            return later, release
+    return None
 
 
 def uncontended_share(cluster: Cluster, job: Job, decision: Decision) -> float:

@@ -295,7 +295,10 @@ class FreeSpace:
     @classmethod
     def of(cls, cluster: Cluster) -> FreeSpace:
         free = tuple(cluster.free(n) for n in cluster.compute_nodes(online_only=True))
-        return cls(free, sum(free, Resources()))
+        # A node that a hold over-commits (its running job's resources and those held for a
+        # waiting job) has nothing free, not less than nothing for the others to make up.
+        return cls(free, sum((Resources(*(max(x, 0.0) for x in f.as_tuple())) for f in free),
+                             Resources()))
 
     def may_fit(self, job: Job) -> bool:
         """Every task fits some node and the job's total fits the total: spares calling an

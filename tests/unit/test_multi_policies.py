@@ -316,6 +316,27 @@ def test_delay_deployment_waits_when_a_job_ending_soon_frees_a_better_placement(
         assert rnd.queue[0].why == "the queue policy did not accept the placement found"
 
 
+@pytest.mark.parametrize("holds, filler_on", [(True, "n1"), (False, "n0")])
+def test_a_job_that_waits_holds_the_placement_it_waits_for(holds, filler_on):
+    cluster = cluster_of([2.0, 1.0], bw=10.0)
+    runner = JobState(job("runner", cpu=1.0, iterations=50), 0, "running", expected_end=50.0)
+    cluster.allocate(runner.job, Decision("runner", {"w0": "n0"}, []))
+    pair = custom_job("pair", [Task("w0", Resources(1.0, 100)), Task("w1", Resources(1.0, 100))],
+                      [LogicalFlow("w0", "w1", 100.0, 1e7)], compute_s=0.1, iterations=100)
+    filler = job("filler", cpu=1.0, iterations=1000)  # runs past the runner's end
+    rnd = Round(0.0, cluster, make_algorithm("first-fit"), [queued(pair, 1), queued(filler, 2)],
+                [runner])
+    policy = ces(delay_lookahead=1, delay_holds=holds, spread_tolerance=None, balance_guard=None)
+    policy.schedule(rnd)
+    # the pair waits for n0 whole; held, the filler may not take n0's free core meanwhile
+    assert names(rnd.placed) == ["filler"]
+    assert rnd.placed[0].decision.placement == {"w0": filler_on}
+    assert names(policy.awaiting) == (["pair"] if holds else [])
+    if holds:  # held until the runner's expected end
+        held, until = policy.awaiting[rnd.queue[0]]
+        assert held.placement == {"w0": "n0", "w1": "n0"} and until == 50.0
+
+
 def test_bad_spreading_knobs_are_named():
     with pytest.raises(ValueError, match="spread_tolerance"):
         MultiConfig(spread_tolerance=-0.1)
