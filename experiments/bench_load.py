@@ -20,8 +20,9 @@ top-of-rack switch, the racks under one core switch.
    second (sent with the heartbeats, as a training worker's), then exit 0 — the workers of one
    job together, as a DDP job's do. (With `--work-spread 0` every job lasts the same: jobs
    started in one scheduling round all end in the same instant, and each agent reports an exit
-   at once, so heartbeats arrive in bursts of 50-80 that no real mix of jobs produces.) The Master keeps its jobs in a state file as run.py runs it (`--no-state`: in memory
-   only), so each heartbeat with lines is committed to SQLite before it is answered. The Master
+   at once, so heartbeats arrive in bursts of 50-80 that no real mix of jobs produces.) The
+   Master keeps its jobs in a state file as run.py runs it (`--no-state`: in memory only), so
+   each heartbeat with lines is committed to SQLite before it is answered. The Master
    schedules the queue as nodes free up, until every accepted job has finished or `--max-s`
    passed.
 3. Checks: every accepted job is listed exactly once and finished; every worker was started once
@@ -168,8 +169,8 @@ class Runner:
                         a.finish(w.name, 0)
 
 
-def run_agents(url: str, nodes: list[tuple[str, str, float, float]], work: tuple[int, float, float],
-               lines_per_s: float, measuring, done, out) -> None:
+def run_agents(url: str, nodes: list[tuple[str, str, float, float]],
+               work: tuple[int, float, float], lines_per_s: float, measuring, done, out) -> None:
     """One agent process: its share of the agents heartbeat until `done`; their round trips
     since `measuring` and every worker they were asked to start go back through `out`."""
     agents = [SimulatedAgent(name, url, ip, cpu, mem_mb, 1.0) for name, ip, cpu, mem_mb in nodes]
@@ -302,7 +303,8 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
         by_state[states.get(n, "missing")] = by_state.get(states.get(n, "missing"), 0) + 1
     return {
         "seed": args.seed, "nodes": args.nodes, "jobs": args.jobs, "algorithm": args.algorithm,
-        "work_s": args.work_s, "work_spread": args.work_spread, "agent_procs": min(args.agent_procs, args.nodes),
+        "work_s": args.work_s, "work_spread": args.work_spread,
+        "agent_procs": min(args.agent_procs, args.nodes),
         "state": args.state, "lines_per_s": args.lines_per_s, "lines": lines,
         "machine": machine(),
         "submissions": {
