@@ -141,16 +141,21 @@ def standin_lab(workdir: Path, topo: Topology, image: str, prefix: str, openflow
     """Stand-in hosts of every compute node of `topo`, and its switches connecting to a
     controller at this machine's management address on `openflow_port`. Yields (the hosts, an
     inventory of them that puts the Master at `master_port`, a token file); the key, the token
-    and known_hosts are made in `workdir`. The hosts are removed on exit."""
+    and known_hosts are made in `workdir`. The hosts are removed on exit, and so are the key and
+    the token (secrets, of no use without the hosts), while `workdir`'s logs stay."""
     workdir.mkdir(parents=True, exist_ok=True)
-    pubkey = new_key(workdir / "id_rsa")
-    token = workdir / "token"
-    token.write_text(secrets.token_urlsafe(24) + "\n")
-    token.chmod(0o600)
-    with LabHosts(topo, prefix, ("", openflow_port), image=image, pubkey=pubkey,
-                  shape=shape) as hosts:
-        inventory = workdir / "inventory.yaml"
-        inventory.write_text(yaml.safe_dump(hosts.inventory(
-            workdir / "id_rsa", workdir / "known_hosts", master_port=master_port,
-            openflow_port=openflow_port)))
-        yield hosts, inventory, token
+    key, token = workdir / "id_rsa", workdir / "token"
+    try:
+        pubkey = new_key(key)
+        token.write_text(secrets.token_urlsafe(24) + "\n")
+        token.chmod(0o600)
+        with LabHosts(topo, prefix, ("", openflow_port), image=image, pubkey=pubkey,
+                      shape=shape) as hosts:
+            inventory = workdir / "inventory.yaml"
+            inventory.write_text(yaml.safe_dump(hosts.inventory(
+                key, workdir / "known_hosts", master_port=master_port,
+                openflow_port=openflow_port)))
+            yield hosts, inventory, token
+    finally:
+        key.unlink(missing_ok=True)
+        token.unlink(missing_ok=True)

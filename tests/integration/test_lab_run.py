@@ -48,6 +48,7 @@ def standin(tmp_path_factory, worker_image, testbed_host):
                     "--out", str(out), "--accept-new-host-keys"]
         yield {"hosts": hosts, "inventory": inventory, "token": token, "args": args,
                "scenario": scenario}
+    assert not (d / "id_rsa").exists() and not (d / "token").exists()  # secrets go with the hosts
 
 
 def on_hosts(prefix: str) -> list[str]:
