@@ -171,6 +171,11 @@ def preempt_until_fits(rnd: Round, js: JobState, victims: list[JobState]) -> boo
     return False
 
 
+def lapsed(rnd: Round, queued: set[JobState], owner: JobState, held: Decision) -> bool:
+    """Whether a sticky hold is void: its job left the queue, or a node it holds went offline."""
+    return owner not in queued or bool(rnd.cluster.offline & set(held.placement.values()))
+
+
 def by_expected_end(running: list[JobState]) -> list[JobState]:
     """Running jobs in the order they are expected to end (then arrival)."""
     return sorted(running, key=lambda r: (r.expected_end, r.seq))
@@ -429,8 +434,7 @@ class CesMulti:
         still queued past it competes as any other (and may wait, and hold, again)."""
         queued = set(rnd.queue)
         for owner, (held, until) in list(self.awaiting.items()):
-            if owner not in queued or until < rnd.now \
-                    or rnd.cluster.offline & set(held.placement.values()):
+            if lapsed(rnd, queued, owner, held) or until < rnd.now:
                 del self.awaiting[owner]
             else:
                 rnd.hold(owner, held, until)
@@ -483,7 +487,7 @@ class CesMulti:
         queued = set(rnd.queue)
         hold = not self.config.reserve_preempts
         for owner, (held, _) in list(self.reserved.items()):
-            if owner not in queued or rnd.cluster.offline & set(held.placement.values()):
+            if lapsed(rnd, queued, owner, held):
                 del self.reserved[owner]
         for owner, (held, until) in self.reserved.items():
             if hold:

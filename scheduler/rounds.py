@@ -297,8 +297,9 @@ class FreeSpace:
         free = tuple(cluster.free(n) for n in cluster.compute_nodes(online_only=True))
         # A node that a hold over-commits (its running job's resources and those held for a
         # waiting job) has nothing free, not less than nothing for the others to make up.
-        return cls(free, sum((Resources(*(max(x, 0.0) for x in f.as_tuple())) for f in free),
-                             Resources()))
+        return cls(free, Resources(sum(max(f.cpu, 0.0) for f in free),
+                                   sum(max(f.mem_mb, 0.0) for f in free),
+                                   sum(max(f.gpu, 0.0) for f in free)))
 
     def may_fit(self, job: Job) -> bool:
         """Every task fits some node and the job's total fits the total: spares calling an
