@@ -54,6 +54,7 @@ NODE_FEATURES = 12  # per vertex of G (compute nodes first, then switches)
 EDGE_FEATURES = 4  # per directed link
 JOB_FEATURES = 14
 STEP_FEATURES = 12  # per compute node at each step
+GUIDE_FEATURES = 2  # per compute node at each step: network-aware's measure (`_guidance`)
 COLLECTIVES = ("ring", "star", "tree", "all-to-all", "custom")
 BW_CAP = 2.0  # bandwidth features are min(bw / demand, BW_CAP) / BW_CAP
 FAILED = -3.0  # the return of an episode that could not place its job
@@ -73,6 +74,11 @@ class GraphInput:
 class StepObservation:
     x: np.ndarray  # (n_compute, STEP_FEATURES) float32
     mask: np.ndarray  # (n_compute,) bool: where this step's task may go
+    guide: np.ndarray  # (n_compute, GUIDE_FEATURES) float32
+
+    def features(self) -> np.ndarray:
+        """(n_compute, STEP_FEATURES + GUIDE_FEATURES): all a policy sees of the step."""
+        return np.concatenate([self.x, self.guide], axis=1)
 
 
 class PlacementEpisode:
@@ -94,6 +100,7 @@ class PlacementEpisode:
         self.saturated = bool((self.residual <= EPS).any())
         self._comp: np.ndarray | None = None
         self._bottleneck: dict[tuple[int, bool], np.ndarray] = {}
+        self._tight: dict[tuple[int, float, bool], np.ndarray] = {}
 
         self.order = [t.name for t in placement_order(job)]
         self.tasks = {t.name: t for t in job.tasks}
@@ -183,8 +190,9 @@ class PlacementEpisode:
         n = len(self.compute)
         name = self.task
         x = np.zeros((n, STEP_FEATURES), np.float32)
+        guide = np.zeros((n, GUIDE_FEATURES), np.float32)
         if name is None:
-            return StepObservation(x, np.zeros(n, bool))
+            return StepObservation(x, np.zeros(n, bool), guide)
         demand = np.array(self.tasks[name].demand.as_tuple())
         free_now = self.free - self.job_used
         zone = self._zone(free_now)
@@ -214,13 +222,14 @@ class PlacementEpisode:
             x[:, 6] = np.minimum(hops / len(peers) / 10, 1)
             x[:, 7] = np.minimum(width, BW_CAP) / BW_CAP
             x[:, 10] = 1.0
+            guide[:] = self._guidance(peers)
         for v in self.placement.values():
             x[v, 8] += 1 / len(self.order)
         x[:, 9] = self.t / len(self.order)
         if self.placement:
             first = self.placement[self.order[0]]
             x[:, 11] = np.minimum(self._hops_from(first)[:n] / 10, 1)
-        return StepObservation(x, fits)
+        return StepObservation(x, fits, guide)
 
     def step(self, node: int) -> None:
         """Place this step's task on compute node `node` (ValueError if it is masked)."""
@@ -276,6 +285,51 @@ class PlacementEpisode:
                 width[level] = np.minimum(width[tree.parent[level]], self.residual[links[level]])
             self._bottleneck[key] = width
         return self._bottleneck[key]
+
+    def _guidance(self, peers: list[tuple[LogicalFlow, str, bool]]) -> np.ndarray:
+        """(n_compute, GUIDE_FEATURES): what network-aware weighs when it places a task (its key,
+        `baselines.NetworkAware.choose`) — whether some flow to a placed peer finds no path with
+        its demand free, and the flows' hops weighted by demand (over links with the demand free,
+        over any link where there is none), per unit of demand, / 10. A policy that sees the
+        heuristic's measure can follow it where it is right and learn where it is not."""
+        n = len(self.compute)
+        cost, blocked, total = np.zeros(n), np.zeros(n, bool), 0.0
+        for f, peer, outward in peers:
+            pv = self.placement[peer]
+            hops = self._tight_hops(pv, f.demand_mbps, towards=outward)[:n]
+            lost = np.isinf(hops)
+            blocked |= lost
+            hops = np.where(lost, self._hops_from(pv)[:n], hops)
+            cost += f.demand_mbps * hops
+            total += f.demand_mbps
+        out = np.zeros((n, GUIDE_FEATURES), np.float32)
+        out[:, 0] = blocked
+        out[:, 1] = np.minimum(cost / max(total, EPS) / 10, 1)
+        return out
+
+    def _tight_hops(self, v: int, demand: float, towards: bool) -> np.ndarray:
+        """Hops between vertex v and every vertex over links with at least `demand` free: away
+        from v, or `towards` it (`paths.hop_distances` on the layout); inf where none."""
+        key = (v, demand, towards)
+        if key not in self._tight:
+            hops = [math.inf] * len(self.vertices)
+            hops[v] = 0
+            ok = (self.residual >= demand - EPS).tolist()
+            edges = self.layout.in_edges if towards else self.layout.out_edges
+            frontier, d = [v] if any(ok) else [], 0
+            while frontier:
+                d += 1
+                nxt = []
+                for u in frontier:
+                    if u != v and u < len(self.compute):
+                        continue  # compute nodes do not forward
+                    for w, e in edges[u]:
+                        if ok[e] and hops[w] == math.inf:
+                            hops[w] = d
+                            nxt.append(w)
+                frontier = nxt
+            self._tight[key] = np.array(hops)
+        return self._tight[key]
 
     def _max_min(self, v: int, outward: bool) -> np.ndarray:
         """The widest path's bottleneck from (or to) vertex v to every vertex: max-min Dijkstra
@@ -446,9 +500,10 @@ class PlacementEnv(gym.Env):
     """gymnasium front end of `PlacementEpisode` on `TrainingInstances` (or a given instance:
     `reset(options={"cluster": c, "job": j})`).
 
-    observation: {"graph": GraphInstance(nodes (V, NODE_FEATURES + STEP_FEATURES) — the step's
-                  features on compute nodes, zeros on switches —, edges (E, EDGE_FEATURES),
-                  edge_links (E, 2)), "job": (JOB_FEATURES,)}; compute nodes come first.
+    observation: {"graph": GraphInstance(nodes (V, NODE_FEATURES + STEP_FEATURES + GUIDE_FEATURES)
+                  — the step's features and guidance on compute nodes, zeros on switches —,
+                  edges (E, EDGE_FEATURES), edge_links (E, 2)), "job": (JOB_FEATURES,)};
+                  compute nodes come first.
     action: the index of a compute node.
     reward: 0 until the last step, then log(network-aware's iteration time / this decision's)
             (> 0: faster than the heuristic), or FAILED.
@@ -459,8 +514,8 @@ class PlacementEnv(gym.Env):
     def __init__(self, cfg: EnvConfig = EnvConfig(), machines: list[Machine] | None = None):
         self.cfg, self.machines = cfg, machines
         self.observation_space = spaces.Dict({
-            "graph": spaces.Graph(node_space=spaces.Box(0.0, 1.0, (NODE_FEATURES + STEP_FEATURES,),
-                                                        np.float32),
+            "graph": spaces.Graph(node_space=spaces.Box(
+                0.0, 1.0, (NODE_FEATURES + STEP_FEATURES + GUIDE_FEATURES,), np.float32),
                                   edge_space=spaces.Box(0.0, 1.0, (EDGE_FEATURES,), np.float32)),
             "job": spaces.Box(0.0, 1.0, (JOB_FEATURES,), np.float32)})
         self.action_space = spaces.Discrete(cfg.max_nodes)
@@ -486,9 +541,10 @@ class PlacementEnv(gym.Env):
 
     def _obs(self) -> dict:
         g, step = self._graph, self.episode.observe()
-        nodes = np.zeros((len(g.node_x), NODE_FEATURES + STEP_FEATURES), np.float32)
+        nodes = np.zeros((len(g.node_x), NODE_FEATURES + STEP_FEATURES + GUIDE_FEATURES),
+                         np.float32)
         nodes[:, :NODE_FEATURES] = g.node_x
-        nodes[:g.n_compute, NODE_FEATURES:] = step.x
+        nodes[:g.n_compute, NODE_FEATURES:] = step.features()
         return {"graph": spaces.GraphInstance(nodes, g.edge_x.copy(), g.edge_index.T.copy()),
                 "job": g.job_x.copy()}
 

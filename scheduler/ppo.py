@@ -10,7 +10,7 @@ checkpoint, the network part from CES's network decision (`paths.route_placement
 
 Shapes: V vertices and E directed links (of all graphs in a batch); B graphs (episodes); N the
 compute nodes of one graph; R scored rows (a compute node at a step); S steps; H hidden units;
-F = STEP_FEATURES.
+F = STEP_FEATURES + GUIDE_FEATURES.
 """
 from __future__ import annotations
 
@@ -28,14 +28,17 @@ from threadpoolctl import ThreadpoolController
 from torch import Tensor, nn
 
 from .baselines import NetworkAware, make_algorithm, register
-from .env import (EDGE_FEATURES, JOB_FEATURES, NODE_FEATURES, STEP_FEATURES, EnvConfig,
-                  GraphInput, PlacementEpisode, StepObservation, TrainingInstances)
+from .env import (EDGE_FEATURES, GUIDE_FEATURES, JOB_FEATURES, NODE_FEATURES, STEP_FEATURES,
+                  EnvConfig, GraphInput, PlacementEpisode, StepObservation, TrainingInstances)
 from .metrics import predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job
 from .paths import route_placement
 from .trace import Machine
 
 CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "ces_ppo.pt"
+# logits per unit of the guidance features (env.GUIDE_FEATURES): a blocked flow costs 20, a hop
+# of the demand 5 (the hops feature is hops / 10)
+GUIDE_PRIOR = (-20.0, -50.0)
 
 
 @dataclass
@@ -115,7 +118,7 @@ def collate_steps(episodes: list[Episode], batch: GraphBatch) -> StepBatch:
             feasible = np.flatnonzero(obs.mask)
             rows.append(batch.offset[b] + feasible)
             graph.append(np.full(len(feasible), b))
-            xs.append(obs.x[feasible])
+            xs.append(obs.features()[feasible])
             seg.append(np.full(len(feasible), s))
             chosen.append(r + int(np.searchsorted(feasible, action)))
             step_graph.append(b)
@@ -146,7 +149,11 @@ class Agent(nn.Module):
         self.message = nn.ModuleList(mlp(h + EDGE_FEATURES, h) for _ in range(rounds))
         self.update = nn.ModuleList(mlp(2 * h, h, h) for _ in range(rounds))
         self.norm = nn.ModuleList(nn.LayerNorm(h) for _ in range(rounds))
-        self.score = mlp(3 * h + STEP_FEATURES, h, h, 1)
+        self.score = mlp(3 * h + STEP_FEATURES + GUIDE_FEATURES, h, h, 1)
+        # network-aware's measure as a prior on the logits, learned from there: the untrained
+        # policy follows the heuristic after the first task, and learning moves it where that
+        # is wrong
+        self.prior = nn.Parameter(torch.tensor(GUIDE_PRIOR))
 
     def encode(self, b: GraphBatch) -> tuple[Tensor, Tensor]:
         """Vertex states (V, H) and per-graph context (B, 2H): mean and max over its compute
@@ -171,7 +178,7 @@ class Agent(nn.Module):
     def row_logits(self, h: Tensor, ctx: Tensor, s: StepBatch) -> Tensor:
         """(R,) logits of every scored row."""
         x = torch.cat([h[s.rows], ctx[s.graph], s.x], dim=1)
-        return self.score(x).squeeze(1)
+        return self.score(x).squeeze(1) + s.x[:, STEP_FEATURES:] @ self.prior
 
 
 def segment_log_softmax(logits: Tensor, seg: Tensor, steps: int) -> tuple[Tensor, Tensor]:
@@ -199,15 +206,16 @@ class Policy:
         self.base, self.w_step = base.numpy(), lin.weight[:, 3 * k:].T.numpy()
         self.layers = [(m.weight.T.numpy(), m.bias.numpy()) if isinstance(m, nn.Linear) else None
                        for m in agent.score[1:]]  # None: a ReLU
+        self.prior = agent.prior.detach().numpy()
 
     def logits(self, obs: StepObservation) -> np.ndarray:
         """(N,) logits, -inf where the mask forbids (those rows are not scored)."""
         feasible = np.flatnonzero(obs.mask)
-        z = self.base[feasible] + obs.x[feasible] @ self.w_step
+        z = self.base[feasible] + obs.features()[feasible] @ self.w_step
         for layer in self.layers:
             z = np.maximum(z, 0.0) if layer is None else z @ layer[0] + layer[1]
         out = np.full(len(obs.mask), -np.inf, np.float32)
-        out[feasible] = z[:, 0]
+        out[feasible] = z[:, 0] + obs.guide[feasible] @ self.prior
         return out
 
 
@@ -451,7 +459,11 @@ def load(path: str | Path = CHECKPOINT) -> tuple[Agent, PPOConfig, dict]:
     known = {f.name for f in fields(PPOConfig)}
     cfg = PPOConfig(**{k: v for k, v in data["ppo"].items() if k in known})
     agent = Agent(cfg)
-    agent.load_state_dict(data["state_dict"])
+    try:
+        agent.load_state_dict(data["state_dict"])
+    except RuntimeError as e:  # missing or misshapen weights: another version's observation
+        raise ValueError(f"{path}: not a checkpoint of this CES-PPO (its weights do not fit the "
+                         "network; train one: python -m scheduler.train_ppo --seed 0)") from e
     agent.eval()
     return agent, cfg, data.get("meta", {})
 
@@ -471,7 +483,7 @@ class CesPPO:
     name: str = "ces-ppo"
     seed: int = 0  # unused: decoding draws nothing
     checkpoint: str | Path = CHECKPOINT
-    decode_budget: int = 1000  # node-steps per decision
+    decode_budget: int = 4000  # node-steps per decision
     compare: bool = True
     agent: Agent = field(init=False, repr=False)
 

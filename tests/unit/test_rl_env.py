@@ -20,9 +20,9 @@ from scheduler.instances import JobDistribution, held_out
 from scheduler.jobs import ring_job, star_job
 from scheduler.layout import shortest_tree
 from scheduler.metrics import DEFAULT_MODEL, predicted_iteration_s
-from scheduler.model import EPS, Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, \
-    Task, check_decision
-from scheduler.paths import route_placement
+from scheduler.model import EPS, CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, \
+    Resources, Task, check_decision
+from scheduler.paths import hop_distances, route_placement
 from topologies import parse_topology
 
 SMALL = EnvConfig(sites=(4, 12), real_share=0.0, episodes_per_topology=4,
@@ -125,6 +125,39 @@ def test_step_features_read_from_the_trees_match_paths_computed_afresh():
                 if towards:
                     links = [(b, a) for a, b in links]
                 assert width[w] == pytest.approx(max(min(cluster.residual(*lk) for lk in links), 0))
+
+
+def test_the_guidance_is_network_aware_s_measure():
+    """The guidance features rank the nodes as network-aware's key does: on instances of every
+    kind, each node network-aware chooses is the smallest by (blocked, weighted hops) among the
+    nodes the mask allows; and the hops over links with the demand free are
+    `paths.hop_distances`'."""
+    draw = TrainingInstances(replace(EnvConfig(sites=(10, 40)), background=(0.3, 0.6)), 5)
+    steps = 0
+    for _ in range(40):
+        cluster, job = draw.next()
+        try:
+            chosen = make_algorithm("network-aware").place(cluster, job).placement
+        except CannotPlace:
+            continue
+        ep = PlacementEpisode(cluster, job)
+        while not ep.done:
+            obs, v = ep.observe(), ep.compute.index(chosen[ep.task])
+            if not obs.mask[v]:
+                break
+            key = obs.guide[:, 0] * 2 + obs.guide[:, 1]
+            if ep.t > 0:
+                assert key[v] <= key[obs.mask].min() + 1e-6
+                steps += 1
+            ep.step(v)
+        f = job.flows[0]
+        if f.src in ep.placement and f.dst != f.src:
+            peer = ep.placement[f.src]
+            hops = ep._tight_hops(peer, f.demand_mbps, towards=False)
+            expect = hop_distances(cluster, ep.compute[peer], f.demand_mbps)
+            for w, name in enumerate(ep.compute):
+                assert hops[w] == expect.get(name, math.inf)
+    assert steps > 100
 
 
 def test_a_link_capacity_change_reaches_the_next_episode():

@@ -107,7 +107,9 @@ def test_a_short_training_run_beats_the_untrained_policy():
     # the weights returned are those of the best validation figure
     assert min(r["vs_network_aware"] for r in rows if "vs_network_aware" in r) == \
         pytest.approx(after)
-    assert after < before * 0.9, (before, after)
+    # the untrained policy already follows network-aware after its first task (the prior on
+    # the guidance): what 128 instances teach is mostly the first node
+    assert after < before * 0.95, (before, after)
 
 
 def test_a_checkpoint_round_trips_with_identical_decisions(tmp_path):
@@ -134,6 +136,15 @@ def test_a_checkpoint_round_trips_with_identical_decisions(tmp_path):
         assert d.placement == ep.placement_names() and d.flows == ep.decision().flows
         compared += 1
     assert compared >= 8
+
+
+def test_a_checkpoint_of_another_network_is_refused_with_its_path(tmp_path):
+    agent, path = _untrained(tmp_path)
+    data = torch.load(path, weights_only=True)
+    del data["state_dict"]["prior"]  # as a checkpoint from before the guidance
+    torch.save(data, path)
+    with pytest.raises(ValueError, match=f"{path}: not a checkpoint of this CES-PPO"):
+        make_algorithm("ces-ppo", checkpoint=path)
 
 
 def test_decoding_is_never_slower_than_its_greedy_rollout_nor_network_aware(tmp_path):
