@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -143,7 +144,7 @@ def test_a_checkpoint_of_another_network_is_refused_with_its_path(tmp_path):
     data = torch.load(path, weights_only=True)
     del data["state_dict"]["prior"]  # as a checkpoint from before the guidance
     torch.save(data, path)
-    with pytest.raises(ValueError, match=f"{path}: not a checkpoint of this CES-PPO"):
+    with pytest.raises(ValueError, match=re.escape(f"{path}: not a checkpoint of this CES-PPO")):
         make_algorithm("ces-ppo", checkpoint=path)
 
 
