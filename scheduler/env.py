@@ -43,7 +43,7 @@ from topologies import Topology, load_topology
 from .baselines import make_algorithm, placement_order
 from .instances import GPU_CLUSTER_JOBS, JobDistribution, background_load, held_out, \
     load_background, random_job, random_topology, spread_jobs
-from .layout import capacities, layout, reservations, shortest_tree
+from .layout import capacities, hops_over, layout, reservations, shortest_tree
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
 from .model import EPS, CannotPlace, Cluster, Decision, Job, LogicalFlow
 from .paths import route_placement
@@ -309,26 +309,10 @@ class PlacementEpisode:
 
     def _tight_hops(self, v: int, demand: float, towards: bool) -> np.ndarray:
         """Hops between vertex v and every vertex over links with at least `demand` free: away
-        from v, or `towards` it (`paths.hop_distances` on the layout); inf where none."""
+        from v, or `towards` it (`layout.hops_over`, as `paths.hop_distances`); inf where none."""
         key = (v, demand, towards)
         if key not in self._tight:
-            hops = [math.inf] * len(self.vertices)
-            hops[v] = 0
-            ok = (self.residual >= demand - EPS).tolist()
-            edges = self.layout.in_edges if towards else self.layout.out_edges
-            frontier, d = [v] if any(ok) else [], 0
-            while frontier:
-                d += 1
-                nxt = []
-                for u in frontier:
-                    if u != v and u < len(self.compute):
-                        continue  # compute nodes do not forward
-                    for w, e in edges[u]:
-                        if ok[e] and hops[w] == math.inf:
-                            hops[w] = d
-                            nxt.append(w)
-                frontier = nxt
-            self._tight[key] = np.array(hops)
+            self._tight[key] = hops_over(self.layout, self.residual, v, demand, towards)
         return self._tight[key]
 
     def _max_min(self, v: int, outward: bool) -> np.ndarray:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import Cluster
+from .model import EPS, Cluster
 
 
 @dataclass
@@ -105,6 +105,30 @@ class Tree:
     up: np.ndarray  # the link vertex -> parent
     levels: list[np.ndarray]  # the vertices at 1, 2, ... hops
     hops: np.ndarray  # inf where unreachable
+
+
+def hops_over(lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0,
+              towards: bool = False) -> np.ndarray:
+    """(V,) hops from vertex v to every vertex through switches (a compute node ends a path),
+    using only directed links with at least `min_residual` of `res` free (every link when it is
+    ≤ 0); with `towards`, hops *to* v (links taken in the reverse direction). inf where none."""
+    hops = [math.inf] * len(lay.vertices)
+    hops[v] = 0
+    ok = (res >= min_residual - EPS).tolist() if min_residual > 0 else [True] * len(res)
+    edges = lay.in_edges if towards else lay.out_edges
+    n, frontier, d = lay.n_compute, [v], 0
+    while frontier:
+        d += 1
+        nxt = []
+        for u in frontier:
+            if u != v and u < n:
+                continue  # compute nodes do not forward
+            for w, e in edges[u]:
+                if ok[e] and hops[w] == math.inf:
+                    hops[w] = d
+                    nxt.append(w)
+        frontier = nxt
+    return np.array(hops)
 
 
 def shortest_tree(lay: Layout, v: int) -> Tree:

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import weakref
 from typing import Callable, Hashable, Mapping
 
 import networkx as nx
 
-from .layout import Layout, fewest_hops, hop_cost, layout, residuals, widest_route
+from .layout import Layout, fewest_hops, hop_cost, hops_over, layout, residuals, widest_route
 from .model import EPS, CannotPlace, Cluster, FlowAssignment, Job, LogicalFlow
 from .perfmodel import IterationModel, collective_steps
 
@@ -306,24 +307,10 @@ def hop_distances(cluster: Cluster, origin: str, min_residual: float = 0.0,
     """Hops from compute node `origin` to every compute node reachable through switches (BFS),
     using only directed links with at least `min_residual` free. With `towards`, hops *to*
     `origin` (links taken in the reverse direction)."""
-    graph = cluster.graph
-    dist = {origin: 0}
-    frontier = [origin]
-    while frontier:
-        nxt = []
-        for u in frontier:
-            if u != origin and graph.nodes[u]["kind"] != "switch":
-                continue  # compute nodes end paths, they do not forward
-            for v in graph.neighbors(u):
-                if v in dist:
-                    continue
-                free = cluster.residual(v, u) if towards else cluster.residual(u, v)
-                if min_residual > 0 and free < min_residual - EPS:
-                    continue
-                dist[v] = dist[u] + 1
-                nxt.append(v)
-        frontier = nxt
-    return {v: d for v, d in dist.items() if graph.nodes[v]["kind"] == "compute"}
+    lay = layout(cluster)
+    hops = hops_over(lay, residuals(cluster, lay), lay.index[origin], min_residual, towards)
+    return {lay.vertices[i]: int(h) for i, h in enumerate(hops[:lay.n_compute])
+            if h != math.inf}
 
 
 def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k: int = 4,

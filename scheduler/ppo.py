@@ -475,8 +475,9 @@ class CesPPO:
     """The committed checkpoint's policy, decoded within a budget of node-steps (a rollout of a
     job of T tasks on N compute nodes costs N×T; docs/ppo.md, "Decoding"):
       - the greedy rollout, whose first task goes where the policy rates highest;
-      - with the budget for more: network-aware's placement (it costs about one rollout), when
-        `compare`; then greedy rollouts whose first task goes on the next-rated nodes;
+      - with the budget for more: network-aware's placement when `compare` (counted as one
+        rollout; on 1000 nodes it costs about twice one); then greedy rollouts whose first task
+        goes on the next-rated nodes;
     each placement with CES's paths and rates (`paths.route_placement`). The decision is the
     candidate with the shortest predicted iteration time (the earliest on a tie). The policy
     alone: `compare=False` and a budget below 2×N×T."""
