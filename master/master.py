@@ -5,7 +5,9 @@ heartbeats, metric lines and new jobs under `lock` and wakes the *control loop*.
 is the only place that changes a job's life cycle (schedule, launch, tear down, retry, finish,
 cancel) and the only one that talks to agents and the SDN app. It decides under the lock and
 talks without it: a slow `docker run`, a slow SDN app or a silent agent delays the control loop,
-never a heartbeat (which would take healthy nodes offline).
+never a heartbeat (which would take healthy nodes offline). The scheduling algorithms run in a
+process of their own (`scheduling.SchedulerProcess`): their CPU time would otherwise be
+interpreter-lock time the heartbeats wait for (experiments/bench_load.py measures their replies).
 
 The Master holds the cluster view (`cluster`: nodes, links, what every running job uses) and
 allocates from it; the Network Controller holds the flows and enforces them.
@@ -49,7 +51,7 @@ from .api import MasterApi
 from .compute import AgentError, ComputeController, NotRegistered, worker_command, worker_image
 from .manager import EXIT_BAD_PARAMETERS, TERMINAL, Attempt, JobRecord, Manager, ManagerError
 from .network import NetworkController, NetworkState, SdnApi
-from .scheduling import Scheduler, UnknownAlgorithm, expected_end
+from .scheduling import SchedulerProcess, UnknownAlgorithm, expected_end
 from .store import Changes, StateError, Store, take_changes, take_lines
 
 log = logging.getLogger(__name__)
@@ -84,7 +86,7 @@ class Master:
         self.compute = ComputeController(config.heartbeat_timeout_s, token=token)
         self.network = NetworkController(topo, self.cluster, self.compute, sdn, sdn_job_id,
                                          spare=config.spare)
-        self.scheduler = Scheduler(config.algorithm, config.seed, config.queue)
+        self.scheduler = SchedulerProcess(config.algorithm, config.seed, config.queue)
         self.cordoned: set[str] = set()
         self.capacities: dict[tuple[str, str], float] = {}  # links whose capacity was set
         self.worker_job: dict[str, str] = {}  # every worker ever started -> its job
@@ -100,10 +102,14 @@ class Master:
         self._network_changed = False  # released flows not pushed yet (`_push_changes`)
         self._thread: threading.Thread | None = None
         self.server: Server | None = None
-        self.store = Store(state) if state else None
         self._adopting: float | None = None  # when restored jobs began waiting for their agents
-        if self.store:
-            self._restore()
+        try:
+            self.store = Store(state) if state else None
+            if self.store:
+                self._restore()
+        except BaseException:
+            self.scheduler.close()
+            raise
 
     # --- life ----------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -233,6 +239,7 @@ class Master:
         if self.store:
             self.persist()
             self.store.close()
+        self.scheduler.close()
 
     def wake(self) -> None:
         self._dirty = True
@@ -351,8 +358,7 @@ class Master:
                                          r.current.info.get("predicted_iteration_s", math.inf)))
                            for r in self.manager.active()]
             try:
-                placed, reasons = self.scheduler.round(view, algorithm,
-                                                       [r.job for r in recs.values()], running,
+                placed, reasons = self.scheduler.round(view, algorithm, list(recs), running,
                                                        time.time())
             except Exception as e:  # the algorithm itself broke: say so, do not retry forever
                 log.exception("scheduler %s failed", algorithm)

@@ -31,6 +31,7 @@ best-effort by default (`compose.py`), as they would on a plain network.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import time
 from dataclasses import dataclass, field
@@ -75,10 +76,10 @@ def _load_plugin(name: str) -> None:
 
 
 def algorithm_names() -> list[str]:
-    """Every registered algorithm, plugins included when their module exists."""
-    for name in PLUGINS:
-        _load_plugin(name)
-    return list(ALGORITHMS)
+    """Every registered algorithm, plugins included when their module exists (found, not
+    imported: a plugin's import — torch — waits until it is built)."""
+    return [n for n in ALGORITHMS if n not in PLUGINS] + \
+        [n for n, module in PLUGINS.items() if n in ALGORITHMS or importlib.util.find_spec(module)]
 
 
 def algorithm_factory(name: str) -> Callable[..., Algorithm]:
