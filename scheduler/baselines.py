@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Protocol
@@ -41,7 +40,8 @@ import networkx as nx
 import numpy as np
 
 from .model import EPS, CannotPlace, Cluster, Decision, Job, Task
-from .paths import PATH_RULES, assign_flows, hop_distances
+from .layout import hops_over, layout, residuals
+from .paths import PATH_RULES, assign_flows
 
 
 class Algorithm(Protocol):
@@ -269,31 +269,35 @@ class NetworkAware(TaskPlacer):
     path_rule: str = "constrained"
 
     def choose(self, st, d, task, fits):
-        cluster, placement = st.cluster, st.placement
+        placement = st.placement
         # (peer node, demand, flow goes towards the new task?) for flows to placed peers
         peer_flows = [(placement[f.dst], f.demand_mbps, False) for f in st.job.flows
                       if f.src == task.name and f.dst in placement] + \
                      [(placement[f.src], f.demand_mbps, True) for f in st.job.flows
                       if f.dst == task.name and f.src in placement]
+        if "layout" not in st.memo:
+            lay = layout(st.cluster)
+            st.memo["layout"] = (lay, residuals(st.cluster, lay),
+                                 np.array([lay.index[n] for n in st.nodes], np.int64))
+        lay, res, at = st.memo["layout"]
+        cand = at[fits]  # the candidates' layout vertices
 
         # hops from the new node to a peer = BFS from the peer against the flow's direction;
         # over links with the flow's demand free (tight), or any link (loose, when blocked)
-        def hops(node: str, demand: float, towards: bool) -> dict[str, int]:
+        def hops(node: str, demand: float, towards: bool) -> np.ndarray:
             if (node, demand, towards) not in st.memo:
-                st.memo[node, demand, towards] = hop_distances(cluster, node, demand, towards)
-            return st.memo[node, demand, towards]
+                st.memo[node, demand, towards] = hops_over(lay, res, lay.index[node], demand,
+                                                           towards)
+            return st.memo[node, demand, towards][cand]
 
-        def key(pos: int) -> tuple[bool, float, float]:
-            i = int(fits[pos])
-            n = st.nodes[i]
-            cost, blocked = 0.0, False
-            for j, (node, demand, to_new) in enumerate(peer_flows):
-                if n == node:
-                    continue
-                h = hops(node, demand, not to_new).get(n)
-                if h is None:
-                    blocked = True
-                    h = hops(node, 0.0, not to_new).get(n, math.inf)
-                cost += demand * h
-            return (blocked, cost, -st.free[i, 0])
-        return min(range(len(fits)), key=key)
+        # Per candidate (blocked, demand-weighted hops, most CPU free first), the smallest.
+        blocked, cost = np.zeros(len(fits), bool), np.zeros(len(fits))
+        for node, demand, to_new in peer_flows:
+            h = hops(node, demand, not to_new)
+            same = cand == lay.index[node]
+            miss = np.isinf(h) & ~same
+            if miss.any():
+                blocked |= miss
+                h = np.where(miss, hops(node, 0.0, not to_new), h)
+            cost += np.where(same, 0.0, demand * h)
+        return int(np.lexsort((-st.free[fits, 0], cost, blocked))[0])

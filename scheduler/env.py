@@ -309,7 +309,7 @@ class PlacementEpisode:
 
     def _tight_hops(self, v: int, demand: float, towards: bool) -> np.ndarray:
         """Hops between vertex v and every vertex over links with at least `demand` free: away
-        from v, or `towards` it (`layout.hops_over`, as `paths.hop_distances`); inf where none."""
+        from v, or `towards` it (`layout.hops_over`, as network-aware's); inf where none."""
         key = (v, demand, towards)
         if key not in self._tight:
             self._tight[key] = hops_over(self.layout, self.residual, v, demand, towards)

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import weakref
 from typing import Callable, Hashable, Mapping
 
 import networkx as nx
 
-from .layout import Layout, fewest_hops, hop_cost, hops_over, layout, residuals, widest_route
+from .layout import Layout, fewest_hops, hop_cost, layout, residuals, widest_route
 from .model import EPS, CannotPlace, Cluster, FlowAssignment, Job, LogicalFlow
 from .perfmodel import IterationModel, collective_steps
 
@@ -300,17 +299,6 @@ def granted(crossing: list[LogicalFlow], paths: dict[tuple[str, str], Path],
                          f"{' -> '.join(paths[key])}")
         out.append(FlowAssignment(f.src, f.dst, paths[key], rates[key]))
     return out
-
-
-def hop_distances(cluster: Cluster, origin: str, min_residual: float = 0.0,
-                  towards: bool = False) -> dict[str, int]:
-    """Hops from compute node `origin` to every compute node reachable through switches (BFS),
-    using only directed links with at least `min_residual` free. With `towards`, hops *to*
-    `origin` (links taken in the reverse direction)."""
-    lay = layout(cluster)
-    hops = hops_over(lay, residuals(cluster, lay), lay.index[origin], min_residual, towards)
-    return {lay.vertices[i]: int(h) for i, h in enumerate(hops[:lay.n_compute])
-            if h != math.inf}
 
 
 def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k: int = 4,

@@ -475,9 +475,9 @@ class CesPPO:
     """The committed checkpoint's policy, decoded within a budget of node-steps (a rollout of a
     job of T tasks on N compute nodes costs N×T; docs/ppo.md, "Decoding"):
       - the greedy rollout, whose first task goes where the policy rates highest;
-      - with the budget for more: network-aware's placement when `compare` (counted as one
-        rollout; on 1000 nodes it costs about twice one); then greedy rollouts whose first task
-        goes on the next-rated nodes;
+      - network-aware's placement when `compare` (counted as one rollout of the budget, and
+        made even when the budget affords only the first: it costs less than one); then, with
+        the budget for more, greedy rollouts whose first task goes on the next-rated nodes;
     each placement with CES's paths and rates (`paths.route_placement`). The decision is the
     candidate with the shortest predicted iteration time (the earliest on a tie). The policy
     alone: `compare=False` and a budget below 2×N×T."""
@@ -504,11 +504,11 @@ class CesPPO:
                 raise CannotPlace(f"job {job.name}: {ep0.failed}")
             policy = Policy(self.agent, ep0.graph_input())
             rollouts = max(1, self.decode_budget // (len(ep0.compute) * len(job.tasks)))
-            compare = self.compare and rollouts >= 2
+            compare = self.compare
             first = ep0.observe()
             ranked = np.argsort(-policy.logits(first), kind="stable")[:int(first.mask.sum())]
             placements: list[dict[str, str]] = []
-            for i, v in enumerate(ranked[:rollouts - compare]):
+            for i, v in enumerate(ranked[:max(1, rollouts - compare)]):
                 ep = ep0.restart()
                 rollout(policy, ep, greedy=True, first=int(v))
                 if not ep.failed:

@@ -22,7 +22,7 @@ from scheduler.layout import shortest_tree
 from scheduler.metrics import DEFAULT_MODEL, predicted_iteration_s
 from scheduler.model import EPS, CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, \
     Resources, Task, check_decision
-from scheduler.paths import hop_distances, route_placement
+from scheduler.paths import route_placement
 from topologies import parse_topology
 
 SMALL = EnvConfig(sites=(4, 12), real_share=0.0, episodes_per_topology=4,
@@ -130,8 +130,7 @@ def test_step_features_read_from_the_trees_match_paths_computed_afresh():
 def test_the_guidance_is_network_aware_s_measure():
     """The guidance features rank the nodes as network-aware's key does: on instances of every
     kind, each node network-aware chooses is the smallest by (blocked, weighted hops) among the
-    nodes the mask allows; and the hops over links with the demand free are
-    `paths.hop_distances`'."""
+    nodes the mask allows."""
     draw = TrainingInstances(replace(EnvConfig(sites=(10, 40)), background=(0.3, 0.6)), 5)
     steps = 0
     for _ in range(40):
@@ -150,13 +149,6 @@ def test_the_guidance_is_network_aware_s_measure():
                 assert key[v] <= key[obs.mask].min() + 1e-6
                 steps += 1
             ep.step(v)
-        f = job.flows[0]
-        if f.src in ep.placement and f.dst != f.src:
-            peer = ep.placement[f.src]
-            hops = ep._tight_hops(peer, f.demand_mbps, towards=False)
-            expect = hop_distances(cluster, ep.compute[peer], f.demand_mbps)
-            for w, name in enumerate(ep.compute):
-                assert hops[w] == expect.get(name, math.inf)
     assert steps > 100
 
 

@@ -152,25 +152,27 @@ def test_decoding_is_never_slower_than_its_greedy_rollout_nor_network_aware(tmp_
     _, path = _untrained(tmp_path)
     greedy = make_algorithm("ces-ppo", checkpoint=path, decode_budget=0, compare=False)
     wide = make_algorithm("ces-ppo", checkpoint=path, decode_budget=10_000)
+    # a budget short of one rollout (1000 nodes): the greedy rollout, and network-aware's
+    narrow = make_algorithm("ces-ppo", checkpoint=path, decode_budget=1)
     better = compared = 0
     for cluster, job in instances(7, 25, spread=1.0):
         try:
             g = greedy.place(cluster, job)
         except CannotPlace:
             continue
-        m = wide.place(cluster, job)
-        assert check_decision(cluster, job, m) == []
+        m, n = wide.place(cluster, job), narrow.place(cluster, job)
+        assert check_decision(cluster, job, m) == [] and check_decision(cluster, job, n) == []
         assert wide.place(cluster, job).placement == m.placement  # deterministic
-        slow_g, slow_m = (predicted_iteration_s(cluster, job, d) for d in (g, m))
-        assert slow_m <= slow_g
+        slow_g, slow_m, slow_n = (predicted_iteration_s(cluster, job, d) for d in (g, m, n))
+        assert slow_m <= slow_g and slow_n <= slow_g
         na = NetworkAware().positions(cluster, job)
         try:
             na_flows = route_placement(cluster, job, na)
         except CannotPlace:
             na_flows = None  # network-aware's placement has no paths with bandwidth
         if na_flows is not None:
-            assert slow_m <= predicted_iteration_s(
-                cluster, job, Decision(job.name, na, na_flows)) * (1 + 1e-9)
+            slow_na = predicted_iteration_s(cluster, job, Decision(job.name, na, na_flows))
+            assert slow_m <= slow_na * (1 + 1e-9) and slow_n <= slow_na * (1 + 1e-9)
         better += slow_m < slow_g
         compared += 1
     assert compared >= 10 and better >= 1

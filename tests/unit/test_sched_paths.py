@@ -14,8 +14,9 @@ import pytest
 
 from scheduler.model import CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, \
     Resources, Task, check_decision
-from scheduler.paths import NoPath, assign_flows, candidate_paths, fair_rates, hop_distances, \
-    shortest_path, widest_path
+from scheduler.layout import hops_over, layout, residuals
+from scheduler.paths import NoPath, assign_flows, candidate_paths, fair_rates, shortest_path, \
+    widest_path
 from topologies import parse_topology
 
 SHORT = ("h1", "s1", "s2", "h2")
@@ -76,13 +77,18 @@ def test_bandwidth_constrained_shortest_path():
         shortest_path(c, "h1", "s2")
 
 
-def test_hop_distances():
+def test_hops_over_links_with_a_demand_free():
+    def hops(c: Cluster, origin: str, min_residual: float = 0.0, towards: bool = False):
+        lay = layout(c)
+        h = hops_over(lay, residuals(c, lay), lay.index[origin], min_residual, towards)
+        return {lay.vertices[i]: int(x) for i, x in enumerate(h[:lay.n_compute])
+                if x != math.inf}
     c = diamond()
-    assert hop_distances(c, "h1") == {"h1": 0, "h3": 2, "h2": 3}
-    assert hop_distances(c, "h1", min_residual=120) == {"h1": 0, "h3": 2, "h2": 5}
+    assert hops(c, "h1") == {"h1": 0, "h3": 2, "h2": 3}
+    assert hops(c, "h1", min_residual=120) == {"h1": 0, "h3": 2, "h2": 5}
     reserve(c, LONG, 100)
-    assert hop_distances(c, "h2", min_residual=120, towards=True) == {"h2": 0}
-    assert hop_distances(c, "h2", min_residual=120)["h1"] == 5  # h2 -> h1 is still free
+    assert hops(c, "h2", min_residual=120, towards=True) == {"h2": 0}
+    assert hops(c, "h2", min_residual=120)["h1"] == 5  # h2 -> h1 is still free
 
 
 def test_fair_rates_weighted_and_capped():
