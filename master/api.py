@@ -170,15 +170,13 @@ class MasterApi:
                 or not isinstance(body.get("queue", ""), str):
             raise ApiError(400, 'expected {"algorithm": name, "seed": integer >= 0, '
                                 '"queue": policy (optional)}')
-        with self.m.lock:
-            try:
-                self.m.scheduler.configure(body["algorithm"], body.get("seed", 0),
-                                           body.get("queue") or "fifo-backfill")
-            except UnknownAlgorithm as e:
-                raise ApiError(400, str(e), e.field) from None
-            view = self._scheduler_view()
+        try:  # not under the Master's lock: the scheduler's process may be in a round
+            self.m.scheduler.configure(body["algorithm"], body.get("seed", 0),
+                                       body.get("queue") or "fifo-backfill")
+        except UnknownAlgorithm as e:
+            raise ApiError(400, str(e), e.field) from None
         self.m.keep_settings()
-        return view
+        return self._scheduler_view()
 
     def _post_job(self, req: Request) -> tuple[int, dict]:
         body = req.json()
@@ -191,6 +189,10 @@ class MasterApi:
         except JobError as e:
             raise ApiError(400, str(e)) from None
         m = self.m
+        try:  # not under the Master's lock: the scheduler's process may be in a round
+            algorithm = m.scheduler.resolve(body.get("algorithm"))
+        except UnknownAlgorithm as e:
+            raise ApiError(400, str(e), e.field) from None
         with m.lock:
             for t in job.tasks:  # waiting would never end: no node, online or not, holds it
                 if not any(t.demand.fits_in(m.cluster.capacity(n))
@@ -200,11 +202,8 @@ class MasterApi:
                                         f"mem {d.mem_mb:g} MB, gpu {d.gpu:g}) fits on no node of "
                                         f"topology '{m.topo.name}'", "task")
             try:
-                algorithm = m.scheduler.resolve(body.get("algorithm"))
                 rec = m.manager.submit(job, algorithm, body["job"], source)
                 m.scheduler.submitted(job, rec.submitted_at)
-            except UnknownAlgorithm as e:
-                raise ApiError(400, str(e), e.field) from None
             except ManagerError as e:
                 raise ApiError(e.status, str(e)) from None
             view = self.job_view(rec)

@@ -188,8 +188,8 @@ class SchedulerProcess:
         # A fresh interpreter, not a fork of the Master's threads and sockets (nor multiprocessing's
         # spawn, which would import the Master's main module — run.py's testbed — again there).
         ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+        path = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         self._proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from master.scheduling import serve; "
                                    "serve(int(sys.argv[1]))", str(theirs.fileno())],
