@@ -208,7 +208,6 @@ class SchedulerProcess:
         with self._call_lock:
             with self._notes_lock:
                 notes, self._notes = self._notes, []
-                replay = [("submitted", job, at) for job, at in self._live.values()]
             try:
                 return self._exchange(notes, method, args)
             except (EOFError, OSError) as e:
@@ -218,6 +217,9 @@ class SchedulerProcess:
                           "policies' reservations and random state are lost", e)
             self._stop_child()
             self._start()
+            with self._notes_lock:  # the live jobs stand for every note so far
+                self._notes = []
+                replay = [("submitted", job, at) for job, at in self._live.values()]
             try:
                 self._exchange([], "configure", (self.default, self.seed, self.queue))
                 return self._exchange(replay, method, args)

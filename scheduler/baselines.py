@@ -40,7 +40,7 @@ import networkx as nx
 import numpy as np
 
 from .model import EPS, CannotPlace, Cluster, Decision, Job, Task
-from .layout import hops_over, layout, residuals
+from .layout import flow_hops, layout, residuals
 from .paths import PATH_RULES, assign_flows
 
 
@@ -280,24 +280,9 @@ class NetworkAware(TaskPlacer):
             st.memo["layout"] = (lay, residuals(st.cluster, lay),
                                  np.array([lay.index[n] for n in st.nodes], np.int64))
         lay, res, at = st.memo["layout"]
-        cand = at[fits]  # the candidates' layout vertices
-
-        # hops from the new node to a peer = BFS from the peer against the flow's direction;
-        # over links with the flow's demand free (tight), or any link (loose, when blocked)
-        def hops(node: str, demand: float, towards: bool) -> np.ndarray:
-            if (node, demand, towards) not in st.memo:
-                st.memo[node, demand, towards] = hops_over(lay, res, lay.index[node], demand,
-                                                           towards)
-            return st.memo[node, demand, towards][cand]
-
-        # Per candidate (blocked, demand-weighted hops, most CPU free first), the smallest.
-        blocked, cost = np.zeros(len(fits), bool), np.zeros(len(fits))
-        for node, demand, to_new in peer_flows:
-            h = hops(node, demand, not to_new)
-            same = cand == lay.index[node]
-            miss = np.isinf(h) & ~same
-            if miss.any():
-                blocked |= miss
-                h = np.where(miss, hops(node, 0.0, not to_new), h)
-            cost += np.where(same, 0.0, demand * h)
-        return int(np.lexsort((-st.free[fits, 0], cost, blocked))[0])
+        # hops from the new node to a peer: against the flow's direction
+        blocked, cost = flow_hops(lay, res, [(lay.index[node], demand, not to_new)
+                                             for node, demand, to_new in peer_flows], st.memo)
+        # the smallest (blocked, demand-weighted hops, most CPU free first) among the candidates
+        cand = at[fits]
+        return int(np.lexsort((-st.free[fits, 0], cost[cand], blocked[cand]))[0])

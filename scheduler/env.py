@@ -43,7 +43,7 @@ from topologies import Topology, load_topology
 from .baselines import make_algorithm, placement_order
 from .instances import GPU_CLUSTER_JOBS, JobDistribution, background_load, held_out, \
     load_background, random_job, random_topology, spread_jobs
-from .layout import capacities, hops_over, layout, reservations, shortest_tree
+from .layout import capacities, flow_hops, layout, reservations, shortest_tree
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
 from .model import EPS, CannotPlace, Cluster, Decision, Job, LogicalFlow
 from .paths import route_placement
@@ -100,7 +100,7 @@ class PlacementEpisode:
         self.saturated = bool((self.residual <= EPS).any())
         self._comp: np.ndarray | None = None
         self._bottleneck: dict[tuple[int, bool], np.ndarray] = {}
-        self._tight: dict[tuple[int, float, bool], np.ndarray] = {}
+        self._tight: dict[tuple[int, float, bool], np.ndarray] = {}  # `flow_hops`' searches
 
         self.order = [t.name for t in placement_order(job)]
         self.tasks = {t.name: t for t in job.tasks}
@@ -288,32 +288,19 @@ class PlacementEpisode:
 
     def _guidance(self, peers: list[tuple[LogicalFlow, str, bool]]) -> np.ndarray:
         """(n_compute, GUIDE_FEATURES): what network-aware weighs when it places a task (its key,
-        `baselines.NetworkAware.choose`) — whether some flow to a placed peer finds no path with
+        `layout.flow_hops`) — whether some flow to a placed peer finds no path with
         its demand free, and the flows' hops weighted by demand (over links with the demand free,
         over any link where there is none), per unit of demand, / 10. A policy that sees the
         heuristic's measure can follow it where it is right and learn where it is not."""
         n = len(self.compute)
-        cost, blocked, total = np.zeros(n), np.zeros(n, bool), 0.0
-        for f, peer, outward in peers:
-            pv = self.placement[peer]
-            hops = self._tight_hops(pv, f.demand_mbps, towards=outward)[:n]
-            lost = np.isinf(hops)
-            blocked |= lost
-            hops = np.where(lost, self._hops_from(pv)[:n], hops)
-            cost += f.demand_mbps * hops
-            total += f.demand_mbps
+        blocked, cost = flow_hops(self.layout, self.residual,
+                                  [(self.placement[peer], f.demand_mbps, outward)
+                                   for f, peer, outward in peers], self._tight)
+        total = sum(f.demand_mbps for f, _, _ in peers)
         out = np.zeros((n, GUIDE_FEATURES), np.float32)
-        out[:, 0] = blocked
-        out[:, 1] = np.minimum(cost / max(total, EPS) / 10, 1)
+        out[:, 0] = blocked[:n]
+        out[:, 1] = np.minimum(cost[:n] / max(total, EPS) / 10, 1)
         return out
-
-    def _tight_hops(self, v: int, demand: float, towards: bool) -> np.ndarray:
-        """Hops between vertex v and every vertex over links with at least `demand` free: away
-        from v, or `towards` it (`layout.hops_over`, as network-aware's); inf where none."""
-        key = (v, demand, towards)
-        if key not in self._tight:
-            self._tight[key] = hops_over(self.layout, self.residual, v, demand, towards)
-        return self._tight[key]
 
     def _max_min(self, v: int, outward: bool) -> np.ndarray:
         """The widest path's bottleneck from (or to) vertex v to every vertex: max-min Dijkstra

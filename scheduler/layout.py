@@ -139,6 +139,29 @@ def hops_over(lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0,
         frontier[reached] = True
 
 
+def flow_hops(lay: Layout, res: np.ndarray, peers: list[tuple[int, float, bool]],
+              memo: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Network-aware's measure of every vertex as the place of a task whose flows go to placed
+    peers `peers` — (peer vertex, demand, `towards` the peer): (V,) whether some flow finds no
+    path with its demand free, and (V,) the flows' hops weighted by demand, over links with the
+    demand free (over any link where there is none; inf where none at all). `memo` keeps the
+    searches (`hops_over`) for the caller's decision: the residuals do not change within it."""
+    def hops(v: int, demand: float, towards: bool) -> np.ndarray:
+        if (v, demand, towards) not in memo:
+            memo[v, demand, towards] = hops_over(lay, res, v, demand, towards)
+        return memo[v, demand, towards]
+
+    blocked, cost = np.zeros(len(lay.vertices), bool), np.zeros(len(lay.vertices))
+    for v, demand, towards in peers:
+        h = hops(v, demand, towards)
+        lost = np.isinf(h)
+        if lost.any():
+            blocked |= lost
+            h = np.where(lost, hops(v, 0.0, towards), h)
+        cost += demand * h
+    return blocked, cost
+
+
 def shortest_tree(lay: Layout, v: int) -> Tree:
     """The tree from vertex v, kept per layout."""
     if v not in lay.trees:

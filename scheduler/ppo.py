@@ -504,16 +504,15 @@ class CesPPO:
                 raise CannotPlace(f"job {job.name}: {ep0.failed}")
             policy = Policy(self.agent, ep0.graph_input())
             rollouts = max(1, self.decode_budget // (len(ep0.compute) * len(job.tasks)))
-            compare = self.compare
             first = ep0.observe()
             ranked = np.argsort(-policy.logits(first), kind="stable")[:int(first.mask.sum())]
             placements: list[dict[str, str]] = []
-            for i, v in enumerate(ranked[:max(1, rollouts - compare)]):
+            for i, v in enumerate(ranked[:max(1, rollouts - self.compare)]):
                 ep = ep0.restart()
                 rollout(policy, ep, greedy=True, first=int(v))
                 if not ep.failed:
                     placements.append(ep.placement_names())
-                if compare and i == 0:
+                if self.compare and i == 0:
                     try:
                         placements.append(NetworkAware().positions(cluster, job))
                     except CannotPlace:
