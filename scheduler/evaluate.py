@@ -185,9 +185,10 @@ def print_table(doc: dict[str, Any]) -> None:
 
 # --- multi mode: queue policies in the simulator ---------------------------------------------------
 MULTI_METRICS = ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction",
-                 "balance_std", "balance_std_arrivals", "fairness", "deadline_hit_rate",
-                 "utilisation", "finished", "unfinished", "preemptions", "decision_ms",
-                 "events_per_s", "deadline_satisfaction", "migrations_per_job")
+                 "balance_std", "balance_std_arrivals", "balance_std_queued", "queued_share",
+                 "fairness", "deadline_hit_rate", "utilisation", "finished", "unfinished",
+                 "preemptions", "decision_ms", "events_per_s", "deadline_satisfaction",
+                 "migrations_per_job")
 
 
 def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,
@@ -275,7 +276,8 @@ def multi_table(result: dict) -> str:
     """A readable table of `evaluate_multi`'s result."""
     cols = [("avg_wait_s", "avg wait s"), ("p95_wait_s", "p95 wait s"), ("max_wait_s", "max wait s"),
             ("jct_s", "JCT s"), ("bw_satisfaction", "bw sat"), ("balance_std", "util std"),
-            ("balance_std_arrivals", "std arriving"), ("fairness", "Jain"),
+            ("balance_std_arrivals", "std arriving"), ("balance_std_queued", "std queued"),
+            ("queued_share", "queued"), ("fairness", "Jain"),
             ("deadline_hit_rate", "deadline hit"), ("migrations_per_job", "migr/job")]
     head = f"{'policy':<14}" + "".join(f"{h:>14}" for _, h in cols)
     lines = [f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "

@@ -102,6 +102,11 @@ class SimResult:
     # ... only up to the last arrival: the drain after it is as long as the policy left the
     # longest jobs for last, so whole-run averages cover windows of different lengths
     balance_std_arrivals: float
+    # ... only while a job waits in the queue (None if none ever did), and the share of the run
+    # with one waiting: a policy that keeps a backlog keeps every node full, which alone lowers
+    # the std, so balance is compared where placement has a choice to make
+    balance_std_queued: float | None
+    queued_share: float
     utilisation: float  # time average of the mean node utilisation
     starts: list[tuple[float, str, tuple[tuple[str, str], ...]]]  # (time, job, placement): the schedule
 
@@ -146,6 +151,8 @@ class SimResult:
             if started else None,
             "balance_std": self.balance_std,
             "balance_std_arrivals": self.balance_std_arrivals,
+            "balance_std_queued": self.balance_std_queued,
+            "queued_share": self.queued_share,
             "utilisation": self.utilisation,
             "fairness": sum(slow) ** 2 / (len(slow) * sum(x * x for x in slow)) if slow else None,
             "deadline_hit_rate": hits / len(due) if due else None,
@@ -184,6 +191,7 @@ class Simulator:
         self._clock: float | None = None
         self._clock_start: float | None = None  # the first event's time: metrics start here
         self._balance_area = self._util_area = self._arrivals_area = 0.0
+        self._queued_area = self._queued_time = 0.0
         self._last_arrival = max((j.submit_time for j in jobs), default=0.0)
         self._balance: tuple[float, float] | None = None  # (std, mean) of _util, when fresh
         self._util = {n: node_utilisation(self.cluster, n)  # Ū_n of the online nodes
@@ -226,6 +234,8 @@ class Simulator:
         balance = self._balance_area / span if span > 0 else 0.0
         return SimResult(self.states, end, self.job_events, time.perf_counter() - wall, balance,
                          self._arrivals_area / arrivals_span if arrivals_span > 0 else balance,
+                         self._queued_area / self._queued_time if self._queued_time > 0 else None,
+                         self._queued_time / span if span > 0 else 0.0,
                          self._util_area / span if span > 0 else 0.0, self.starts)
 
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -487,7 +497,8 @@ class Simulator:
 
     def _integrate(self, t: float) -> None:
         """Accumulate the cluster's balance (std of Ū_n over online nodes, as
-        `metrics.load_balance`) and mean utilisation over time up to `t`."""
+        `metrics.load_balance`) and mean utilisation over time up to `t`; the queue is as the
+        last round at `self._clock` left it."""
         if self._clock is None:
             self._clock_start = t
         elif t > self._clock:
@@ -498,4 +509,7 @@ class Simulator:
             self._arrivals_area += self._balance[0] * max(0.0, min(t, self._last_arrival)
                                                           - self._clock)
             self._util_area += self._balance[1] * (t - self._clock)
+            if self.queue:
+                self._queued_area += self._balance[0] * (t - self._clock)
+                self._queued_time += t - self._clock
         self._clock = t

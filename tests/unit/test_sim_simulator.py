@@ -325,6 +325,22 @@ def test_balance_while_jobs_arrive_stops_at_the_last_arrival():
     assert res.balance_std_arrivals == res.balance_std == pytest.approx(u / 2)
 
 
+def test_balance_while_jobs_wait_covers_only_the_time_with_a_queue():
+    # j runs on n0 from 0 to 300 s, k on n1 from 0 to 100 s; l waits for k and runs on n1 from
+    # 100 to 200 s. Queued only in [0, 100), both nodes busy (std 0); in [200, 300) n0 runs alone.
+    u = (1.0 + 100 / 1024) / 2
+    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=300), solo_job("k"),
+                                       solo_job("l", submit=1.0)], restart_overhead_s=0.0)
+    assert res.end_time == pytest.approx(300.0)
+    assert res.queued_share == pytest.approx(99 / 300)
+    assert res.balance_std_queued == pytest.approx(0.0)
+    assert res.balance_std == pytest.approx((u / 2) * 100 / 300)
+    assert res.summary()["balance_std_queued"] == res.balance_std_queued
+    # Nothing ever waits: no figure rather than a zero that reads as perfect balance.
+    res = run(one_switch([1.0, 1.0]), [solo_job("j")])
+    assert res.balance_std_queued is None and res.queued_share == 0.0
+
+
 def test_a_hold_lets_jobs_done_before_its_owner_starts_backfill():
     from scheduler.rounds import JobState
     cluster = one_switch([1.0])
