@@ -160,7 +160,7 @@ def seed_systems(seeds: int, topos: list[str], single: str) -> dict:
     torch.set_num_threads(1)
     start = time.perf_counter()
     net = load(CHECKPOINT, "paper", paper.DIMS, paper.GRID)
-    with RunProgress(5 * seeds) as progress:
+    with RunProgress((1 + len(paper.BASELINES)) * seeds) as progress:
         jct = paper.compare(net, seeds, progress=progress.start)
     tf = statistics.fmean(jct["tapfinger"])
     out = {"machine": machine_info(), "seeds": seeds, "tapfinger_paper_setting": {

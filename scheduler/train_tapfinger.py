@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     hp = mappo.Hyper()
     if args.smoke:
         hp = replace(hp, paper_episodes=1, paper_tasks=12, ces_episodes=1, epochs=1,
-                     episodes_per_update=1, ces_arrivals="poisson:n=6,load=0.8")
+                     episodes_per_update=1, ces_arrivals="poisson:n=6,load=0.8",
+                     validation_episodes=1)
     start = time.perf_counter()
     saved = mappo.train_all(hp, lambda line: print(line, file=sys.stderr, flush=True))
     saved["wall_s"] = time.perf_counter() - start

@@ -22,7 +22,10 @@ spare units go one at a time to the task whose estimated remaining time drops mo
 Optimus' speed model 1/f = θ·(1/g, 1, g/c, g, c) fitted by least squares to profiled speeds),
 Tiresias (LAS: minimum for every task, spare GPUs one at a time to the task with the least
 attained GPU service — two queues split at `LAS_THRESHOLD` GPU-slots, first started first inside
-a queue —, spare cores spread evenly).
+a queue —, spare cores spread evenly). And a reference that is not the paper's: Kind-aware, a
+fixed rule that knows what TapFinger has to learn — which kind is GPU-sensitive —: tasks in
+arrival order, "vision" at the minimum, "language" with every GPU free up to the grid's top
+level; what a fixed allocation can reach here.
 """
 from __future__ import annotations
 
@@ -229,6 +232,17 @@ def random_policy(minimum: bool, seed: int = 0) -> Scheduler:
     return schedule
 
 
+def kind_aware_policy() -> Scheduler:
+    def schedule(env: PaperEnv) -> None:
+        for i in range(env.agents):
+            for task in list(env.pending(i)):
+                if not (MINIMUM <= env.free[i]).all():
+                    break
+                gpus = MINIMUM[1] if task.kind == 0 else min(env.free[i][1], LEVELS[-1])
+                env.start(i, task, np.array([MINIMUM[0], gpus]))
+    return schedule
+
+
 def _admit_minimum(env: PaperEnv) -> None:
     """Pending tasks start at the minimum in arrival order while it fits; every running task
     falls back to the minimum (the elastic baselines then hand out the spare units)."""
@@ -306,13 +320,17 @@ def run(env: PaperEnv, schedule: Scheduler, max_slots: int = 100_000) -> float:
     return float(np.mean(env.jct))
 
 
+BASELINES: dict[str, Callable[[int], Scheduler]] = {  # name -> scheduler of seed s
+    "las": lambda s: tiresias_policy(), "optimus": lambda s: optimus_policy(),
+    "random": lambda s: random_policy(False, s), "min": lambda s: random_policy(True, s),
+    "kind-aware": lambda s: kind_aware_policy()}
+
+
 def compare(net: TapFingerNet, seeds: int, setting: PaperSetting = PaperSetting(),
             progress: Callable[[str], None] = lambda _: None) -> dict[str, list[float]]:
-    """Average JCT per policy and seed (episodes 1000 + seed: never trained on)."""
-    policies: dict[str, Callable[[int], Scheduler]] = {
-        "tapfinger": lambda s: tapfinger(net), "las": lambda s: tiresias_policy(),
-        "optimus": lambda s: optimus_policy(), "random": lambda s: random_policy(False, s),
-        "min": lambda s: random_policy(True, s)}
+    """Average JCT of TapFinger and of the `BASELINES` per seed (episodes 1000 + seed: never
+    trained on)."""
+    policies = {"tapfinger": lambda s: tapfinger(net)} | BASELINES
     out: dict[str, list[float]] = {}
     for name, make in policies.items():
         out[name] = []

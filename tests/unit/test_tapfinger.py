@@ -79,6 +79,25 @@ def test_a_conflict_has_one_winner_and_the_losers_log_probabilities_leave_the_lo
     assert base.item() != pytest.approx(changed.item())  # the winner's does
 
 
+
+def test_training_keeps_the_weights_that_validated_best():
+    hp = mappo.Hyper(paper_tasks=12, validate_every=1, episodes_per_update=1, epochs=1)
+    net = mappo.build(paper.DIMS, paper.GRID, hp)
+    rng = np.random.default_rng(0)
+    scores, seen = iter([5.0, 3.0, 9.0]), []  # before training, after episode 1, after 2
+
+    def validate(n, _hp):
+        assert not n.training  # scored as it is used: evaluation mode
+        seen.append({k: v.clone() for k, v in n.state_dict().items()})
+        return next(scores)
+
+    summary = mappo.train(net, mappo.paper_episodes(net, hp, rng), 2, hp, lambda _: None,
+                          validate)
+    assert summary["kept_after_episodes"] == 1 and summary["validation"] == 3.0
+    final = net.state_dict()
+    assert all(torch.equal(final[k], seen[1][k]) for k in final)
+    assert any(not torch.equal(seen[1][k], seen[2][k]) for k in final)  # episode 2 did train
+
 def test_speed_functions_and_the_baselines_in_the_paper_setting():
     assert paper.speed(0, np.array([1, 4]), 0.0) == 0.0  # below the minimum
     assert paper.speed(0, np.array([2, 1]), 0.5) == 0.25
@@ -86,9 +105,9 @@ def test_speed_functions_and_the_baselines_in_the_paper_setting():
     theta = paper.optimus_fit()
     assert 1 / (theta[0] @ [1, 1, 0.5, 1, 2]) == pytest.approx(0.25, rel=1e-6)  # vision: exact
     setting = paper.PaperSetting(tasks=30)
-    for schedule in (paper.tiresias_policy(), paper.optimus_policy(),
-                     paper.random_policy(False), paper.random_policy(True)):
+    for make in paper.BASELINES.values():
         env = paper.PaperEnv(setting, seed=1)
+        schedule = make(0)
         jct = paper.run(env, schedule)
         assert env.done and len(env.jct) == 30 and jct >= 1.0
         assert (env.free == env.cap).all()
