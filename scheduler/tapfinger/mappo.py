@@ -5,14 +5,14 @@ loss covers the agents whose action counted (`Step.active`: not the losers of a 
 value loss every agent. Two settings: TapFinger's own (`paper.PaperEnv`, episodes of its
 synthetic trace) and CES's simulator (`policy.TapFinger` on small generated scenarios, topologies
 that are not the benchmark's). Training is not monotone (the average JCT of a greedy policy
-swings between 8 and 24 slots from one update to the next in the paper setting), so every
+swings between 7 and 22 slots from one update to the next in the paper setting), so every
 `validate_every` episodes the policy is scored on held-out episodes — seeds no training episode
 and no benchmark uses — and the best is kept, as the authors keep their best actor.
 """
 from __future__ import annotations
 
-import time
 import copy
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
