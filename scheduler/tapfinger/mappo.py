@@ -12,6 +12,7 @@ and no benchmark uses — and the best is kept, as the authors keep their best a
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
@@ -139,9 +140,16 @@ def paper_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> It
         yield steps, rewards
 
 
+@functools.cache
+def training_clusters(topologies: tuple[str, ...]) -> tuple[Cluster, ...]:
+    """The CES training topologies' clusters, built once for the episodes and every validation
+    (never changed: each run simulates on a copy)."""
+    return tuple(Cluster.from_topology(load_topology(t)) for t in topologies)
+
+
 def ces_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> Iterator[Episode]:
     """Episodes in CES's simulator on the training topologies, sampled actions."""
-    clusters = [Cluster.from_topology(load_topology(t)) for t in hp.ces_topologies]
+    clusters = training_clusters(hp.ces_topologies)
     spec = parse_arrivals(hp.ces_arrivals)
     seed = 0
     while True:
@@ -170,8 +178,7 @@ def ces_validation(net: TapFingerNet, hp: Hyper) -> float:
     topology."""
     spec = parse_arrivals(hp.ces_arrivals)
     waits = []
-    for t in hp.ces_topologies:
-        cluster = Cluster.from_topology(load_topology(t))
+    for cluster in training_clusters(hp.ces_topologies):
         for s in range(hp.validation_episodes):
             scenario = make_scenario(spec, cluster, VALIDATION_SEED + s)
             agent = policy.TapFinger(make_algorithm(hp.ces_single, seed=s), net, seed=s)
