@@ -12,6 +12,14 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+# The parent's CPU weight per core of capacity, and the least the kernel takes (v1 cpu.shares,
+# v2 cpu.weight). A process outside every node weighs 1024 (v1, nice 0) or sits in a cgroup of
+# weight 100 (v2), so the nodes yield the host's cores to the emulated switches (ovs-vswitchd
+# forwards every packet in user space) and to the control plane, as edge nodes never share
+# a CPU with the network that connects them; among themselves, nodes short of CPU all slow by
+# the same factor, as their capacities say.
+WEIGHT_PER_CORE = {1: 16, 2: 4}
+MIN_WEIGHT = {1: 2, 2: 1}
 
 
 def version() -> int:
@@ -37,18 +45,26 @@ def quota_us(cpu: float) -> int:
     return max(int(cpu * PERIOD_US), 1000)
 
 
+def weight(cpu: float, v: int) -> int:
+    """The CPU weight of a node of `cpu` cores under cgroup version `v` (`WEIGHT_PER_CORE`)."""
+    return max(MIN_WEIGHT[v], round(cpu * WEIGHT_PER_CORE[v]))
+
+
 def set_limits(parent: str, cpu: float, mem_mb: int) -> None:
-    """Cap everything under `parent` at `cpu` cores and `mem_mb` MiB (the parent must exist)."""
+    """Cap everything under `parent` at `cpu` cores and `mem_mb` MiB, and weigh it by its cores
+    (`WEIGHT_PER_CORE`) when the host's cores are short (the parent must exist)."""
     quota = quota_us(cpu)
     mem = int(mem_mb) * 1024 * 1024
     if version() == 2:
         (d,) = _dirs(parent)
         (d / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+        (d / "cpu.weight").write_text(str(weight(cpu, 2)))
         (d / "memory.max").write_text(str(mem))
         return
     cpu_dir, mem_dir = _dirs(parent)
     (cpu_dir / "cpu.cfs_period_us").write_text(str(PERIOD_US))
     (cpu_dir / "cpu.cfs_quota_us").write_text(str(quota))
+    (cpu_dir / "cpu.shares").write_text(str(weight(cpu, 1)))
     # v1 refuses a memory limit below current usage of the children; the node is fresh or the
     # caller lowers it deliberately, so let the error surface.
     (mem_dir / "memory.limit_in_bytes").write_text(str(mem))

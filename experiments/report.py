@@ -53,20 +53,29 @@ def binding_flows(row: dict) -> list[dict]:
 
 def binds(flow: dict, ring_bottleneck_mbps: float | None) -> bool:
     """Whether the flow's own grant holds it back (`binding_flows`); a best-effort flow has no
-    grant."""
+    grant, and one whose node pair carries another enforced flow (`rows.mark_shared_pairs`)
+    shares the pair's class rather than being held to its own grant."""
     grant = flow["rate_mbps"]
-    return grant is not None and 0 < grant and (ring_bottleneck_mbps is None
-                                                or grant <= 1.01 * ring_bottleneck_mbps)
+    return grant is not None and 0 < grant and not flow.get("pair_shared") and (
+        ring_bottleneck_mbps is None or grant <= 1.01 * ring_bottleneck_mbps)
 
 
 def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
     """`measure` / granted rate of the flows their grant holds back (`binding_flows`); by default
     what the sender put on the wire while its socket was busy (`rows.tcp_view`): the bytes the
     grant's shaper and meter count, judged interval by interval where the sender's counters
-    allow (`rows.wire_ratio`)."""
-    return [f["wire_ratio"] if measure == "wire_mbps" and f.get("wire_ratio") is not None
-            else f[measure] / f["rate_mbps"]
-            for f in binding_flows(row) if f.get(measure) is not None]
+    allow (`rows.wire_ratio`: without the seconds its path crossed a contended link, or its ring
+    was paced by another flow)."""
+    out = []
+    for f in binding_flows(row):
+        if f.get(measure) is None:
+            continue
+        if measure == "wire_mbps" and f.get("judged_busy_s") is not None:
+            if f["wire_ratio"] is not None:  # else no interval was the grant's to judge
+                out.append(f["wire_ratio"])
+        elif not f.get("contended_s"):  # a whole-run figure would count the contended seconds
+            out.append(f[measure] / f["rate_mbps"])
+    return out
 
 
 def over_grant(row: dict) -> list[dict]:
@@ -242,6 +251,8 @@ def write_csv(results: dict, path: Path) -> Path:
 
 
 def _band(ratios: list[float]) -> str:
+    if not ratios:
+        return "no flow to judge"
     inside = sum(RATE_BAND[0] <= x <= RATE_BAND[1] for x in ratios)
     return (f"median {statistics.median(ratios):.2f} × granted (min {min(ratios):.2f}, max "
             f"{max(ratios):.2f}); {inside} of {len(ratios)} ({100 * inside / len(ratios):.0f}%) "
@@ -316,17 +327,36 @@ def summary(results: dict) -> str:
                   "socket had data to send. On the wire (`wire_mbps`: bytes sent, "
                   "retransmissions and headers included — what the shaper and the meter count — "
                   "against the rate installed during the same seconds, between each two of the "
-                  "sender's evaluations, weighted by busy time: `wire_ratio`): "
+                  "sender's evaluations, weighted by busy time, leaving out the intervals in "
+                  "which another flow of its ring was installed lower, so that it waited for "
+                  "data: `wire_ratio`): "
                   f"{_band(wire)}. Goodput (`tcp_mbps`: bytes acknowledged, ≈ 0.96 × the wire "
                   f"rate at full-size frames): {_band(goodput)}. Above {RATE_BAND[1]} × their "
                   f"grant on the wire: {len(over)} of {measured} measured flows, "
                   f"{over_binding} of them binding" + (
                       "" if not over else
                       " (a flow that idles between small sends goes out in bursts the shaper's "
-                      "and the meter's token buckets let through at line rate: "
+                      "and the meter's token buckets let through at line rate; one that shares "
+                      "its node pair may use what the pair's other flows leave idle: "
                       + ", ".join(f"{r['scheduler']} seed {r['seed']} `{r['job']}` "
                                   f"{f['src']}→{f['dst']} {f['wire_mbps']:.1f} on "
-                                  f"{f['rate_mbps']:g}" for r, f in over) + ")") + ".", ""]
+                                  f"{f['rate_mbps']:g}"
+                                  + (" (shared pair)" if f.get("pair_shared") else "")
+                                  for r, f in over) + ")") + ".", ""]
+    shared = sum(bool(f.get("pair_shared")) for r in all_rows for f in r["flows"])
+    if shared:
+        lines += [f"{shared} enforced flows shared their node pair with another enforced "
+                  "flow of the run (`pair_shared`): the network enforces per node pair, one "
+                  "meter and one tc class at the sum of the pair's grants, so such a flow is "
+                  "not held to its own grant and is not counted above.", ""]
+    contended = [f for r in all_rows for f in binding_flows(r) if f.get("contended_s")]
+    if contended:
+        lines += [f"{len(contended)} of the binding flows crossed a contended link for a "
+                  f"while ({_f(min(f['contended_s'] for f in contended))}–"
+                  f"{_f(max(f['contended_s'] for f in contended))} s, `contended_s`: the "
+                  "Master found another tenant's traffic or a link's loss leaving the grants "
+                  "more than the link holds): the intervals that overlap those seconds are "
+                  "not judged against the grant — there the link held the flow back.", ""]
     stalls = [run["cpu_stalled_share"] for run in results.get("runs", [])
               if run.get("cpu_stalled_share") is not None]
     if wire and stalls:

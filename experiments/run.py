@@ -59,7 +59,7 @@ import plots
 import report
 from machine import cpu_stall_us, machine
 from e2e.display import Display, fmt
-from e2e.rows import job_row
+from e2e.rows import job_row, mark_shared_pairs
 from e2e.scenario import Plan, Scenario, ScenarioError, load_scenario, plan, scenario_path, \
     tenant_path
 from e2e.lab_stack import HostsRefused, LabStack
@@ -139,6 +139,7 @@ def run_once(stack: StackBase, scenario: Scenario, scheduler: str, seed: int, in
                 log.warning("cancel %s: %s", v["name"], e.message)
     rows = [job_row(scheduler, seed, names[n], master.job(n, records=True), n in timed_out)
             for n in names]
+    mark_shared_pairs(rows)
     wall = time.monotonic() - t0
     stall1 = cpu_stall_us()
     for i, b in enumerate(scenario.background):

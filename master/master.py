@@ -103,6 +103,7 @@ class Master:
         self._thread: threading.Thread | None = None
         self.server: Server | None = None
         self._adopting: float | None = None  # when restored jobs began waiting for their agents
+        self._last_poll: float | None = None  # when the link statistics were last read
         try:
             self.store = Store(state) if state else None
             if self.store:
@@ -320,10 +321,30 @@ class Master:
         capacity's shares moved (`NetworkController.observe`)."""
         links, flows = self.network.read_usage()
         with self.lock:
-            if not self.network.observe(links, flows):
+            moved = self.network.observe(links, flows)
+            self._note_contention()
+            if not moved:
                 return
             state = self._desired()
         self._push_quietly(state)
+
+    def _note_contention(self) -> None:
+        """Note (under the lock), per enforced attempt, when its flows cross a contended link and
+        when they stop: {"contended": [[since, t, ["src>dst", ...]], ...]} — the set changed
+        between the readings of the link statistics at `since` and `t` — the seconds in which
+        another tenant's traffic or a link's loss left its grants more than the link holds: what
+        judging a flow's rate against its grant leaves out (docs/e2e.md, "Results")."""
+        now = time.time()
+        since, self._last_poll = self._last_poll or now, now
+        hot = self.network.contended_flows()
+        for rec in self.manager.active():
+            if rec.current.info.get("network") != ENFORCED:
+                continue
+            history = rec.current.info.setdefault("contended", [])
+            flows = hot.get(rec.name, [])
+            if flows != (history[-1][2] if history else []):
+                history.append([since, now, flows])
+                rec.changed = True
 
     def _desired(self) -> NetworkState:
         """What the network should hold (under the lock), each enforced attempt's installed

@@ -115,6 +115,7 @@ class NetworkController:
         self.ip = {n.name: n.ip for n in topo.nodes}
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
         self.carried: dict[Pair, float] = {}  # Mbit/s each pair's flow entries count
+        self.carried_back: dict[Pair, float] = {}  # and its way back's (its acknowledgements)
         self.down: set[tuple[str, str]] = set()  # directed links without link (port status)
         # What the network holds, as far as pushes know (the control loop's own state).
         self.shaped: dict[str, tuple[ShapingRule, ...]] = {}  # node -> rules its agent applied
@@ -127,12 +128,17 @@ class NetworkController:
 
     def background(self) -> dict[tuple[str, str], float]:
         """Unscheduled traffic per directed link: measured less what the scheduled pairs on it
-        carry (their installed rate until their counters have two samples), above the floors."""
+        carry (their installed rate until their counters have two samples) and less what their
+        ways back carry on the reverse links (the acknowledgements: `desired`), above the
+        floors."""
         scheduled: dict[tuple[str, str], float] = {}
         for pair, p in self.pairs.items():
             for link in zip(p.path, p.path[1:]):
                 scheduled[link] = scheduled.get(link, 0.0) + \
                     self.carried.get(pair, p.installed_mbps)
+            back = p.path[::-1]
+            for link in zip(back, back[1:]):
+                scheduled[link] = scheduled.get(link, 0.0) + self.carried_back.get(pair, 0.0)
         out = {}
         for link, mbps in self.measured.items():
             extra = mbps - scheduled.get(link, 0.0)
@@ -162,11 +168,12 @@ class NetworkController:
         the network should be pushed again (`SPARE_STEP`)."""
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
         self.down = {(u.src, u.dst) for u in links if not u.up}
-        self.carried = {}
+        self.carried, self.carried_back = {}, {}
         for f in flows:  # the last hop counts what the meter let through
-            mbps = f["hops"][-1].get("mbps") if f.get("hops") else None
-            if mbps is not None:
-                self.carried[(f["src"], f["dst"])] = float(mbps)
+            for hops, into in (("hops", self.carried), ("return_hops", self.carried_back)):
+                mbps = f[hops][-1].get("mbps") if f.get(hops) else None
+                if mbps is not None:
+                    into[(f["src"], f["dst"])] = float(mbps)
         changed = self._share_spare(force=self._spare_stale)
         self._spare_stale = False
         return changed
@@ -211,6 +218,16 @@ class NetworkController:
                     (link in bg and granted + bg[link] > self.HEADROOM * capacity):
                 out.add(link)
         return out
+
+    def contended_flows(self) -> dict[str, list[str]]:
+        """Per job, its flows ("src>dst" tasks) whose pair's path crosses a `contended` link."""
+        hot = self.contended()
+        out: dict[str, list[str]] = {}
+        for p in self.pairs.values():
+            if hot.intersection(zip(p.path, p.path[1:])):
+                for job, src, dst in p.shares:
+                    out.setdefault(job, []).append(f"{src}>{dst}")
+        return {job: sorted(flows) for job, flows in out.items()}
 
     def report(self) -> list[dict]:
         """Every directed link: capacity, granted by the Master, measured, background."""
@@ -273,8 +290,10 @@ class NetworkController:
         if self._spare_stale:
             self._share_spare(force=True)
             self._spare_stale = False
+        # symmetric: a pair's acknowledgements go back along its path, not by the default
+        # routes, which may cross a link another tenant fills (docs/sdn_app.md)
         flows = tuple({"src": s, "dst": d, "path": list(p.path[1:-1]),
-                       "rate_mbps": round(p.installed_mbps, 3),
+                       "rate_mbps": round(p.installed_mbps, 3), "symmetric": True,
                        "name": ",".join(sorted({j for j, _, _ in p.shares}))}
                       for (s, d), p in sorted(self.pairs.items()))
         rules: dict[str, list[ShapingRule]] = {}

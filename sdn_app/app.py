@@ -17,8 +17,8 @@ from typing import Any
 from .compat import (BaseApp, CONFIG_DISPATCHER, DEAD_DISPATCHER, FRAMEWORK, MAIN_DISPATCHER,
                      WsgiServer, app_manager, hub, lldp_enabled, new_event, new_lock, ofp_event,
                      ofproto_v1_3, set_ev_cls)
-from .flows import (MAX_METER_ID, Meter, Plan, RequestError, Rule, job_cookie, lldp_rules,
-                    parse_flows, parse_job_id, plan_change)
+from .flows import (COOKIE_RETURN, MAX_METER_ID, Meter, Plan, RequestError, Rule, flow_rules,
+                    job_cookie, lldp_rules, parse_flows, parse_job_id, plan_change, return_rules)
 from .jobs import Job, JobTable
 from .monitor import NetworkMonitor
 from .rest import rest_api
@@ -293,7 +293,8 @@ class CesSdnApp(BaseApp):
 
     def _flow_view(self, job: Job, flow: Any, counters: bool = True) -> dict[str, Any]:
         """A flow as installed: its request, cookie and meter, and with `counters` what the
-        switches count for it (per hop, and at its meter)."""
+        switches count for it (per hop, at its meter, and per hop of its way back when it is
+        symmetric: `return_hops`)."""
         spec, mon = flow.spec, self.monitor
         cookie = job_cookie(job.seq, flow.flow_no)
         first = self.topo.switch(spec.path[0]).dpid
@@ -305,19 +306,27 @@ class CesSdnApp(BaseApp):
                       "rate_kbps": rate_kbps, "burst_kbit": burst_kbit}}
         if not counters:
             return view
-        hops = []
-        for rule in self.table.rules(Job(job.job_id, job.seq, (flow,))):
-            mbps = mon.flows.rate((rule.dpid, cookie))
-            hops.append({"switch": self.names[rule.dpid], "dpid": rule.dpid,
-                         "out_port": rule.out_port,
-                         "packets": mon.flow_packets.get((rule.dpid, cookie)),
-                         "bytes": mon.flows.value((rule.dpid, cookie)),
-                         "mbps": None if mbps is None else round(mbps, 3)})
         meter_in = mon.meters_in.rate((first, flow.meter_id))
         dropped = mon.meters_dropped.rate((first, flow.meter_id))
         view["meter"] |= {"in_mbps": None if meter_in is None else round(meter_in, 3),
                           "dropped_mbps": None if dropped is None else round(dropped, 3)}
-        return view | {"hops": hops}
+        view["hops"] = self._hops(flow_rules(spec, self.topo, cookie, flow.meter_id))
+        if spec.symmetric:
+            back = job_cookie(job.seq, flow.flow_no, COOKIE_RETURN)
+            view["return_hops"] = self._hops(return_rules(spec, self.topo, back))
+        return view
+
+    def _hops(self, rules: list[Rule]) -> list[dict[str, Any]]:
+        """What the switches count for each entry (switch, out port, packets, bytes, Mbit/s)."""
+        mon, hops = self.monitor, []
+        for rule in rules:
+            key = (rule.dpid, rule.cookie)
+            mbps = mon.flows.rate(key)
+            hops.append({"switch": self.names[rule.dpid], "dpid": rule.dpid,
+                         "out_port": rule.out_port, "packets": mon.flow_packets.get(key),
+                         "bytes": mon.flows.value(key),
+                         "mbps": None if mbps is None else round(mbps, 3)})
+        return hops
 
     def switches_view(self) -> dict[str, Any]:
         mon = self.monitor

@@ -32,7 +32,8 @@ class SdnError(RuntimeError):
 class FlowRequest:
     """One scheduled flow: src → dst (node names or IPs) along `path` (switch names or dpids,
     from the src's switch to the dst's), policed at `rate_mbps`; optionally only one TCP
-    connection's packets (`tcp_src`/`tcp_dst`)."""
+    connection's packets (`tcp_src`/`tcp_dst`), and with `symmetric` the packets answering it
+    back along the same switches (unmetered)."""
     src: str
     dst: str
     path: Sequence[str | int]
@@ -40,11 +41,12 @@ class FlowRequest:
     tcp_src: int | None = None
     tcp_dst: int | None = None
     name: str = ""
+    symmetric: bool = False  # dst → src (its acknowledgements) back along the same switches
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"src": self.src, "dst": self.dst, "path": list(self.path),
                                "rate_mbps": self.rate_mbps}
-        for key in ("tcp_src", "tcp_dst", "name"):
+        for key in ("tcp_src", "tcp_dst", "name", "symmetric"):
             if getattr(self, key):
                 doc[key] = getattr(self, key)
         return doc

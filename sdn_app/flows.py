@@ -2,9 +2,12 @@
 rules and meters that make the network carry it. Pure logic, no framework imports.
 
 A scheduled flow is directional (src → dst, optionally narrowed to TCP ports), follows an explicit
-path of switches, and is policed by one meter at its first switch. Unscheduled traffic follows
-proactive per-destination default rules, which also keep every packet deliverable while a job's
-path is being replaced.
+path of switches, and is policed by one meter at its first switch. A `symmetric` flow also takes
+the traffic that answers it (dst → src: its TCP acknowledgements) back along the same switches,
+unmetered and below any flow scheduled that way: left to the default routes, a job's
+acknowledgements could cross a link another tenant fills and hold the flow back, however wide
+its own path. Unscheduled traffic follows proactive per-destination default rules, which also
+keep every packet deliverable while a job's path is being replaced.
 """
 from __future__ import annotations
 
@@ -29,10 +32,13 @@ PRIORITY_DEFAULT = 10  # per-destination forwarding of unscheduled traffic
 PRIORITY_LLDP = 0xFFFF
 PRIORITY_FLOW = 100  # + 10 per TCP port given: a narrower flow wins over a host-pair flow
 
-# Cookies mark who owns an entry: 0xce50… the defaults, 0xce51|job(24 bits)|flow(24 bits) job flows.
+# Cookies mark who owns an entry: 0xce50… the defaults, 0xce51|job(24 bits)|flow(24 bits) job flows,
+# 0xce53|job|flow their ways back — one bit apart, so that one request masked with
+# COOKIE_COUNTED_MASK reads the counters of both and none of the defaults'.
 COOKIE_DEFAULT = 0xCE50 << 48
 COOKIE_JOB = 0xCE51 << 48
-COOKIE_KIND_MASK = 0xFFFF << 48
+COOKIE_RETURN = 0xCE53 << 48
+COOKIE_COUNTED_MASK = 0xFFFD << 48
 MAX_SEQ = (1 << 24) - 1
 
 MAX_METER_ID = 0xFFFF0000  # OFPM_MAX
@@ -41,7 +47,7 @@ MIN_RATE_MBPS = 0.001  # a meter's unit is 1 kbit/s
 MAX_FLOWS_PER_JOB = 20_000
 MAX_NAME = 1024  # a flow's free-form label (e.g. the jobs sharing it)
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: no trailing newline
-FLOW_KEYS = ("src", "dst", "path", "rate_mbps", "tcp_src", "tcp_dst", "name")
+FLOW_KEYS = ("src", "dst", "path", "rate_mbps", "tcp_src", "tcp_dst", "name", "symmetric")
 
 
 class RequestError(ApiError, ValueError):
@@ -64,6 +70,7 @@ class FlowSpec:
     tcp_src: int | None = None
     tcp_dst: int | None = None
     name: str = ""
+    symmetric: bool = False  # dst → src (the acknowledgements) back along the same switches
 
     @property
     def key(self) -> FlowKey:
@@ -83,6 +90,8 @@ class FlowSpec:
                 doc[k] = getattr(self, k)
         if self.name:
             doc["name"] = self.name
+        if self.symmetric:
+            doc["symmetric"] = True
         return doc
 
 
@@ -183,8 +192,12 @@ def parse_flow(item: Any, resolver: "_Resolver", where: str) -> FlowSpec:
     if not isinstance(name, str) or len(name) > MAX_NAME:
         raise RequestError(f"expected a string of at most {MAX_NAME} characters",
                            f"{where}.name")
+    symmetric = item.get("symmetric", False)
+    if not isinstance(symmetric, bool):
+        raise RequestError(f"expected true or false, got {symmetric!r}", f"{where}.symmetric")
     path = resolver.path(item["path"], src, dst, f"{where}.path")
-    return FlowSpec(src, dst, path, float(rate), ports["tcp_src"], ports["tcp_dst"], name)
+    return FlowSpec(src, dst, path, float(rate), ports["tcp_src"], ports["tcp_dst"], name,
+                    symmetric)
 
 
 def _tcp_port(value: Any, where: str) -> int | None:
@@ -259,13 +272,17 @@ def parse_dpid(value: Any) -> int | None:
 
 # --- rules ---------------------------------------------------------------------------------------
 
-def flow_match(spec: FlowSpec, topo: Topology) -> tuple[tuple[str, int | str], ...]:
+def flow_match(spec: FlowSpec, topo: Topology,
+               back: bool = False) -> tuple[tuple[str, int | str], ...]:
+    """The flow's packets, or with `back` those that answer them (ends and ports swapped)."""
+    src, dst, tcp_src, tcp_dst = spec.key if not back else \
+        (spec.dst, spec.src, spec.tcp_dst, spec.tcp_src)
     fields: list[tuple[str, int | str]] = [("eth_type", ETH_IPV4),
-                                           ("ipv4_src", topo.node(spec.src).ip),
-                                           ("ipv4_dst", topo.node(spec.dst).ip)]
-    if spec.tcp_src is not None or spec.tcp_dst is not None:
+                                           ("ipv4_src", topo.node(src).ip),
+                                           ("ipv4_dst", topo.node(dst).ip)]
+    if tcp_src is not None or tcp_dst is not None:
         fields.append(("ip_proto", IPPROTO_TCP))
-        fields += [(k, v) for k, v in (("tcp_src", spec.tcp_src), ("tcp_dst", spec.tcp_dst))
+        fields += [(k, v) for k, v in (("tcp_src", tcp_src), ("tcp_dst", tcp_dst))
                    if v is not None]
     return tuple(fields)
 
@@ -274,8 +291,8 @@ def flow_priority(spec: FlowSpec) -> int:
     return PRIORITY_FLOW + 10 * sum(p is not None for p in (spec.tcp_src, spec.tcp_dst))
 
 
-def job_cookie(job_seq: int, flow_no: int) -> int:
-    return COOKIE_JOB | (job_seq & MAX_SEQ) << 24 | (flow_no & MAX_SEQ)
+def job_cookie(job_seq: int, flow_no: int, kind: int = COOKIE_JOB) -> int:
+    return kind | (job_seq & MAX_SEQ) << 24 | (flow_no & MAX_SEQ)
 
 
 def flow_rules(spec: FlowSpec, topo: Topology, cookie: int, meter_id: int) -> list[Rule]:
@@ -289,6 +306,19 @@ def flow_rules(spec: FlowSpec, topo: Topology, cookie: int, meter_id: int) -> li
         rules.append(Rule(dpid, priority, match, g.edges[here, nxt]["ports"][here],
                           meter_id if i == 0 else 0, cookie))
     return rules
+
+
+def return_rules(spec: FlowSpec, topo: Topology, cookie: int) -> list[Rule]:
+    """A symmetric flow's way back: dst → src along its switches in reverse, one unmetered entry
+    per switch, one priority below a flow scheduled that way with the same match, which wins
+    (none for a flow that is not symmetric)."""
+    if not spec.symmetric:
+        return []
+    g = topo.graph()
+    match, priority = flow_match(spec, topo, back=True), flow_priority(spec) - 1
+    hops = list(spec.path[::-1]) + [spec.src]
+    return [Rule(topo.switch(here).dpid, priority, match, g.edges[here, nxt]["ports"][here], 0,
+                 cookie) for here, nxt in zip(hops, hops[1:])]
 
 
 def default_rules(topo: Topology) -> list[Rule]:

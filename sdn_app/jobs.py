@@ -13,8 +13,9 @@ from typing import Any, Callable
 
 from topologies import Topology
 
-from .flows import (MAX_METER_ID, MAX_SEQ, FlowKey, FlowSpec, Meter, MeterPolicy, RequestError,
-                    Rule, default_rules, flow_rules, job_cookie, parse_flows, parse_job_id)
+from .flows import (COOKIE_RETURN, MAX_METER_ID, MAX_SEQ, FlowKey, FlowSpec, Meter, MeterPolicy,
+                    RequestError, Rule, default_rules, flow_rules, job_cookie, parse_flows,
+                    parse_job_id, return_rules)
 
 STATE_VERSION = 1
 
@@ -116,7 +117,8 @@ class JobTable:
         if job is None:
             return []
         return [r for f in job.flows
-                for r in flow_rules(f.spec, self.topo, job_cookie(job.seq, f.flow_no), f.meter_id)]
+                for r in flow_rules(f.spec, self.topo, job_cookie(job.seq, f.flow_no), f.meter_id)
+                + return_rules(f.spec, self.topo, job_cookie(job.seq, f.flow_no, COOKIE_RETURN))]
 
     def meters(self, job: Job | None) -> list[Meter]:
         if job is None:

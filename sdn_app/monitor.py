@@ -12,7 +12,7 @@ from typing import Any
 
 from .compat import (BaseApp, DEAD_DISPATCHER, MAIN_DISPATCHER, hub, new_event, ofp_event,
                      ofproto_v1_3, set_ev_cls)
-from .flows import COOKIE_JOB, COOKIE_KIND_MASK
+from .flows import COOKIE_COUNTED_MASK, COOKIE_JOB
 from .settings import settings
 from .stats import Rates, Sample, link_ends, sample_time
 
@@ -32,7 +32,7 @@ class NetworkMonitor(BaseApp):
         self.meter_limit: dict[int, int] = {}  # from each switch's meter features
         self.switch_events: deque[dict[str, Any]] = deque(maxlen=500)
         self.ports = Rates()  # (dpid, port, "rx"|"tx")
-        self.flows = Rates()  # (dpid, cookie): bytes matched by a job entry
+        self.flows = Rates()  # (dpid, cookie): bytes matched by a job entry or its way back
         self.flow_packets: dict[tuple[int, int], int] = {}
         self.meters_in = Rates()  # (dpid, meter_id): bytes entering the meter
         self.meters_dropped = Rates()  # (dpid, meter_id): bytes its drop band dropped
@@ -114,7 +114,7 @@ class NetworkMonitor(BaseApp):
         ofp, parser = dp.ofproto, dp.ofproto_parser
         dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
         dp.send_msg(parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
-                                               COOKIE_JOB, COOKIE_KIND_MASK))
+                                               COOKIE_JOB, COOKIE_COUNTED_MASK))
         dp.send_msg(parser.OFPMeterStatsRequest(dp, 0, ofp.OFPM_ALL))
 
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)

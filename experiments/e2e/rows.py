@@ -3,6 +3,7 @@ job and the metric lines its workers wrote."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from workloads.metrics import busy_rate_mbps, wire_rate_mbps
 
@@ -61,34 +62,78 @@ def installed_mbps(history: list, flow: str, start: float,
     return round(mean, 3), max(mbps for _, mbps in steps)
 
 
+def contended_periods(notes: list, flow: str, end: float | None) -> list[tuple[float, float]]:
+    """The spans in which `flow` ("src>dst") crossed a contended link, from the Master's notes
+    [[since, t, [flows]], ...] (the set changed between its readings at `since` and `t`): from
+    the `since` of the note that adds it to the `t` of the note that drops it (or `end`)."""
+    spans, start = [], None
+    for since, t, flows in notes:
+        if flow in flows and start is None:
+            start = since
+        elif flow not in flows and start is not None:
+            spans.append((start, t))
+            start = None
+    if start is not None:
+        spans.append((start, end if end is not None else float("inf")))
+    return spans
+
+
 def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str,
-               least_busy_s: float = 0.2) -> float | None:
+               contended: list[tuple[float, float]] = (), ring: tuple[str, ...] = (),
+               least_busy_s: float = 0.2) -> tuple[float | None, float | None]:
     """What the sender put on the wire against what the network let `flow` through, interval by
     interval: between two of its counter snapshots (each evaluation and the end), the wire rate
     while its socket was busy (`wire_rate_mbps` of the difference) against the installed rate of
     those same seconds (`installed_mbps`), weighted by busy time — Σ bits on the wire / Σ
     installed rate × busy time. One mean over the whole run would set the seconds the socket was
     busy against seconds it was not, while a flow's share of the spare moves as jobs start and
-    end. None without the sender's clock or counters."""
+    end. Left out, the intervals in which something other than the grant held the flow back:
+    those that overlap a `contended` span (`contended_periods`: the link did), and for a flow of
+    a ring those in which it was installed above 1.01 × the least of the ring's other flows
+    (`ring`, their "src>dst" keys): it then waits for data at that flow's pace.
+    Returns (the ratio, the busy seconds judged); (None, 0) when no interval could be judged,
+    (None, None) without the sender's clock or counters."""
     start = next((r.get("clock_start") for r in sender if r.get("type") == "data"), None)
     if start is None or address is None:
-        return None
+        return None, None
     snaps: list[tuple[float, dict]] = [(start, {})]
     for r in sender:
         c = r.get("tcp", {}).get("peers", {}).get(address)
         if c and r.get("type") in ("eval", "end"):
             snaps.append((start + (r["elapsed_s"] if r["type"] == "eval" else r["train_s"]), c))
-    on_wire = expected = 0.0
-    for (t0, a), (t1, b) in zip(snaps, snaps[1:]):
-        diff = {k: b.get(k, 0) - a.get(k, 0) for k in ("busy_us", "bytes_sent", "segs_out")}
+    if len(snaps) == 1:
+        return None, None
+    on_wire = expected = judged_us = 0.0
+    for (t0, before), (t1, after) in zip(snaps, snaps[1:]):
+        diff = {k: after.get(k, 0) - before.get(k, 0) for k in ("busy_us", "bytes_sent",
+                                                                "segs_out")}
         rates = installed_mbps(history, flow, t0, t1)
-        wire = wire_rate_mbps({**diff, "options": b.get("options", 0)})
+        wire = wire_rate_mbps({**diff, "options": after.get("options", 0)})
         if diff["busy_us"] < least_busy_s * 1e6 or min(diff.values()) < 0 or not rates or \
                 wire is None:  # too short to judge, or another connection took over
             continue
+        if any(a < t1 and t0 < b for a, b in contended):
+            continue
+        paced = [r[0] for r in (installed_mbps(history, f, t0, t1) for f in ring) if r]
+        if paced and rates[0] > 1.01 * min(paced):
+            continue
         on_wire += wire * diff["busy_us"]
         expected += rates[0] * diff["busy_us"]
-    return round(on_wire / expected, 4) if expected > 0 else None
+        judged_us += diff["busy_us"]
+    return (round(on_wire / expected, 4) if expected > 0 else None), round(judged_us / 1e6, 3)
+
+
+def mark_shared_pairs(rows: list[dict]) -> None:
+    """Set `pair_shared` on every flow of a run's rows: whether its grant is enforced and another
+    enforced flow of the run has the same sender and receiver nodes. The Network Controller
+    enforces per node pair (one meter, one tc class at the sum of the pair's grants: the
+    workers of a node share its address), so such a flow may use what the other leaves idle,
+    or lose to it what TCP shares evenly: its own grant is not what holds it back."""
+    enforced = [f for r in rows for f in r["flows"] if f["granted_mbps"]]
+    pairs = Counter((f["src_node"], f["dst_node"]) for f in enforced)
+    for r in rows:
+        for f in r["flows"]:
+            f["pair_shared"] = bool(f["granted_mbps"]) and pairs[f["src_node"], f["dst_node"]] > 1
 
 
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
@@ -106,6 +151,7 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
         out_count: dict[str, int] = {}
         for f in att["flows"]:
             out_count[f["src"]] = out_count.get(f["src"], 0) + 1
+        inter_node = [f"{f['src']}>{f['dst']}" for f in att["flows"]]
         for f in att["flows"]:
             sender = records.get(att["workers"][f["src"]], [])
             receiver = records.get(att["workers"][f["dst"]], [])
@@ -115,11 +161,18 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
                                    att.get("started_at", 0.0), att.get("ended_at")) \
                 if grant else None
             mean, peak = rates if rates else (grant, grant)
-            ratio = wire_ratio(sender, _address(receiver), att.get("installed", []),
-                               f"{f['src']}>{f['dst']}") if grant else None
+            key = f"{f['src']}>{f['dst']}"
+            spans = contended_periods(att.get("contended", []), key, att.get("ended_at"))
+            ring = tuple(k for k in inter_node if k != key) \
+                if view.get("collective") == "ring" else ()
+            ratio, judged = wire_ratio(sender, _address(receiver), att.get("installed", []),
+                                       key, spans, ring) if grant else (None, None)
             flows.append({**f, "rate_mbps": mean, "rate_max_mbps": peak, "granted_mbps": grant,
                           "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
-                          **tcp_view(sender, receiver), "wire_ratio": ratio})
+                          **tcp_view(sender, receiver), "wire_ratio": ratio,
+                          "judged_busy_s": judged,
+                          "contended_s": round(sum(b - a for a, b in spans
+                                                   if b < float("inf")), 2)})
     state = "timeout" if timed_out else view["state"]
     return {
         "scheduler": scheduler, "seed": seed, "job": base, "collective": view["collective"],

@@ -59,10 +59,11 @@ class Scenario:
     background: list[Background] = field(default_factory=list)
     description: str = ""
     link_scale: float = 1.0  # every link's capacity × this (see `scaled`)
+    spread: bool = False  # size the jobs so that no node holds one whole (`spread_jobs`)
 
 
 SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "timeout_s",
-                 "background", "jobs", "link_scale"}
+                 "background", "jobs", "link_scale", "spread"}
 BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon", "along"}
 TRAFFIC_CPU, TRAFFIC_MEM_MB = 0.25, 64  # an iperf3 end at most; less on a smaller node
 
@@ -94,6 +95,8 @@ def load_scenario(path: Path) -> Scenario:
     scale = doc.get("link_scale", 1.0)
     if not is_number(scale) or not 0 < scale <= 10:
         raise bad("link_scale", "a number in (0, 10]")
+    if not isinstance(doc.get("spread", False), bool):
+        raise bad("spread", "true or false")
     jobs = doc.get("jobs")
     if isinstance(jobs, str):
         try:
@@ -114,7 +117,7 @@ def load_scenario(path: Path) -> Scenario:
                     seeds, float(timeout), docs,
                     [_background(b, f"{where}: field 'background[{i}]'")
                      for i, b in enumerate(background)], str(doc.get("description", "")),
-                    float(scale))
+                    float(scale), doc.get("spread", False))
 
 
 def _background(b: object, where: str) -> Background:
@@ -189,8 +192,15 @@ def plan(args: argparse.Namespace) -> Plan:
         raise ScenarioError(f"{scenario.source}: field 'background': along '{strays[0].along}' "
                             f"is not a job of the scenario ({', '.join(names)})")
     cordoned = {v for b in background if b.cordon for v in (b.src, b.dst)}
+    if scenario.spread:
+        scenario.jobs = spread_jobs(scenario.jobs, topo, cordoned)
     for d in scenario.jobs:
         _check_runnable(d, topo, cordoned)
+    waiting = _not_at_once(scenario.jobs, topo, cordoned)
+    if waiting:
+        warnings.append(f"the jobs cannot all run at once on {topo.name} (their tasks fit on "
+                        f"no set of nodes together): some of {', '.join(waiting)} will wait "
+                        "for another to end")
     inventory = load_inventory(args.hosts, topo) if args.hosts else None
     out = Path(args.out) if args.out else default_out(scenario, topo)
     results_folder(out, "--out")
@@ -307,6 +317,37 @@ def tenant_path(topo: Topology, b: Background, flows: list[dict]
 def traffic_quota(node) -> tuple[float, int]:
     """(cpu, MiB) of one traffic end on `node`: within what the node has."""
     return min(TRAFFIC_CPU, node.cpu), int(min(TRAFFIC_MEM_MB, node.mem_mb))
+
+
+def spread_jobs(docs: list[JobDocument], topo: Topology, cordoned: set[str]
+                ) -> list[JobDocument]:
+    """The jobs with every task's memory set to the least with which no node of `topo` (but the
+    `cordoned` ones) holds the whole job: ⌊the largest node's memory / the job's tasks⌋ + 1 MiB,
+    so that every job spans nodes whatever the topology (a scenario's `spread: true`)."""
+    largest = max(n.mem_mb for n in topo.nodes if n.name not in cordoned)
+    out = []
+    for d in docs:
+        mem = largest // len(d.job.tasks) + 1
+        mapping = dict(d.mapping)
+        for key in ("task", "ps"):
+            if isinstance(mapping.get(key), dict):
+                mapping[key] = {**mapping[key], "mem_mb": mem}
+        if isinstance(mapping.get("tasks"), list):
+            mapping["tasks"] = [{**t, "mem_mb": mem} for t in mapping["tasks"]]
+        out.append(JobDocument(d.source, mapping, parse_job(mapping, d.source)))
+    return out
+
+
+def _not_at_once(docs: list[JobDocument], topo: Topology, cordoned: set[str]) -> list[str]:
+    """The jobs' names if their tasks together fit on no set of the nodes (network ignored;
+    [] when they do, or when the search could not settle it)."""
+    if len(docs) < 2:
+        return []
+    cluster = Cluster.from_topology(topo)
+    cluster.offline |= cordoned
+    together = replace(docs[0].job, tasks=[t for d in docs for t in d.job.tasks], flows=[])
+    return [] if packable(cluster, together, budget=20_000) is not False else \
+        [d.job.name for d in docs]
 
 
 def _check_runnable(d: JobDocument, topo: Topology, cordoned: set[str]) -> None:

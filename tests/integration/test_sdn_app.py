@@ -27,7 +27,7 @@ import pytest
 
 from protocol.http import free_port
 from sdn_app.client import FlowRequest, SdnClient, SdnError
-from sdn_app.flows import COOKIE_JOB
+from sdn_app.flows import COOKIE_JOB, COOKIE_RETURN
 from testbed.netns import NetnsNetwork, sh
 from topologies import Topology, load_topology
 
@@ -214,6 +214,31 @@ def test_job_flows_follow_the_requested_path(net, sdn, topo):
         return hops if all((h["bytes"] or 0) > 0.8 * sent for h in hops) else None
     hops = wait_for(hop_counters, 10, "per-hop counters in GET /jobs/detour/flows")
     assert [h["switch"] for h in hops] == DETOUR
+
+
+def test_a_symmetric_flows_answers_come_back_along_its_path(net, sdn, topo):
+    """h2's acknowledgements to h1 take the detour back (unmetered, their own cookie) rather
+    than the default s3 -> s1; the flow's hops still count only its own packets."""
+    reply = sdn.put_job_flows("both", [FlowRequest("h1", "h2", DETOUR, 500, symmetric=True)])
+    entries = {sw: [f for f in net.dump_flows(sw) if f["cookie"] >> 48 == COOKIE_RETURN >> 48]
+               for sw in DETOUR}
+    for sw, out in (("s3", 2), ("s2", 1), ("s1", 7)):  # ports from the topology file
+        [entry] = entries[sw]
+        assert "nw_src=10.0.0.2,nw_dst=10.0.0.1" in entry["match"]
+        assert entry["actions"] == f"output:{out}"  # no meter
+    before = net.port_tx_bytes("s3")
+    net.iperf("h1", "h2", seconds=2)
+    after = net.port_tx_bytes("s3")
+    back, default = after[2] - before[2], after[1] - before[1]  # s3 -> s2, s3 -> s1
+    assert back > 100_000 and default < 0.1 * back, (back, default)
+    assert reply["flows"][0]["symmetric"] is True
+    # the flow's hops count its packets, the way back's hops the acknowledgements (the Master
+    # takes both for its own traffic)
+    flow = wait_for(lambda: ((f := sdn.job_flows("both")[0])["return_hops"][-1]["bytes"] or 0)
+                    > 0.5 * back and f, 10, "the way back's counters")
+    assert [h["switch"] for h in flow["hops"]] == DETOUR
+    assert [h["switch"] for h in flow["return_hops"]] == DETOUR[::-1]
+    assert flow["return_hops"][-1]["bytes"] < 0.2 * flow["hops"][-1]["bytes"]
 
 
 def test_meter_limits_the_rate_and_links_show_it(net, sdn):

@@ -112,6 +112,11 @@ def test_shaped_rate_and_node_limits(net: Emulation) -> None:
     assert 0.7 * BOTTLENECK <= rate <= 1.05 * BOTTLENECK, rate
     node = net.nodes["h1"]
     assert cgroups.limits(node.cgroup_parent) == (0.5, 384)
+    # and it yields the host's cores to the switches: far below a process's weight outside it
+    v = cgroups.version()
+    weight = cgroups.ROOT / ("" if v == 2 else "cpu") / node.cgroup_parent.strip("/") / \
+        ("cpu.weight" if v == 2 else "cpu.shares")
+    assert int(weight.read_text()) == cgroups.weight(0.5, v) < (100 if v == 2 else 1024) / 10
     node.container.reload()
     assert node.container.attrs["HostConfig"]["CpuQuota"] == 50_000
 

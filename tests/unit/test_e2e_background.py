@@ -77,6 +77,36 @@ def test_a_scenario_names_the_job_the_tenant_follows(tmp_path: Path):
             plan(_plan(tmp_path, bad))
 
 
+@pytest.mark.parametrize("topo", ["campus", "ring", "fattree", "star", "gen:internet:12:1"])
+def test_the_default_scenario_spreads_its_jobs_on_every_topology(topo, tmp_path: Path):
+    """`spread: true`: on any topology no node holds a whole job and all three run at once."""
+    p = plan(argparse.Namespace(scenario=None, quick=False, seeds=None, topo=topo, jobs=None,
+                                schedulers="k8s-spread", out=str(tmp_path / "o"), hosts=None))
+    nodes = p.topo.nodes
+    for d in p.scenario.jobs:
+        [mem] = {t.demand.mem_mb for t in d.job.tasks}
+        assert max(n.mem_mb for n in nodes) < len(d.job.tasks) * mem  # no node holds it whole
+        assert max(n.mem_mb for n in nodes) >= (len(d.job.tasks) - 1) * mem  # the least such
+        assert d.mapping["task"]["mem_mb"] == mem  # what the Master is sent
+    assert not [w for w in p.warnings if "cannot all run at once" in w]
+    if topo == "campus":  # a server holds two tasks, a lab node one, the smaller nodes none
+        assert mem == 1366 and not p.warnings
+
+
+def test_jobs_that_cannot_run_together_are_said_to_wait(tmp_path: Path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\ntopology: ring\nschedulers: [k8s-spread]\njobs:\n" + "".join(
+        f"  - {{name: j{i}, collective: ring, workers: 3, task: {{cpu: 0.1, mem_mb: 1000}}, "
+        "model_params: 1000, demand_mbps: 10, iterations: 5}\n" for i in range(3)))
+    args = argparse.Namespace(scenario=str(scenario), quick=False, seeds=None, topo=None,
+                              jobs=None, schedulers=None, out=str(tmp_path / "out"), hosts=None)
+    [warning] = plan(args).warnings
+    assert "cannot all run at once on ring" in warning and "j0, j1, j2" in warning
+    scenario.write_text(scenario.read_text() + "spread: yes please\n")
+    with pytest.raises(ScenarioError, match="'spread': expected true or false"):
+        plan(args)
+
+
 def _row(scheduler: str, seed: int, job: str, tta: float | None, adjusted: bool = False) -> dict:
     return {"scheduler": scheduler, "seed": seed, "job": job, "tta_s": tta,
             "reached_target": tta is not None, "flows": [],

@@ -259,6 +259,11 @@ def test_a_job_is_re_routed_when_its_link_is_taken(trouble):
         assert len(att["adjustments"]) == 1 and "s1>s2" in att["adjustments"][0]["links"]
         assert any("re-routed" in e["event"] for e in c.job("j")["events"])
         assert c.job("j")["state"] == "running"
+        # noted contended from the reading before the one that saw it, until one after the move
+        wait_for(lambda: c.job("j")["attempts"][0]["contended"][-1][2] == [], timeout_s=3,
+                 what="the contention noted over")
+        (since, seen, flows), (_, over, after) = c.job("j")["attempts"][0]["contended"]
+        assert since < seen <= att["adjustments"][0]["at"] <= over and flows == ["w0>w1"]
     finally:
         c.stop()
 
@@ -275,6 +280,8 @@ def test_without_runtime_adjustment_the_paths_stay():
         assert not c.job("j")["attempts"][0]["adjustments"]
         rates = {(f["src"], f["dst"]): f["rate_mbps"] for f in c.sdn.puts[-1]}
         assert rates == {("a", "b"): 50.0, ("b", "a"): 95.0}
+        # the job stays on the contended link, and the notes say so from then on
+        assert [flows for *_, flows in c.job("j")["attempts"][0]["contended"]] == [["w0>w1"]]
     finally:
         c.stop()
 

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdn_app.flows import (COOKIE_DEFAULT, ETH_ARP, ETH_IPV4, PRIORITY_DEFAULT, FlowSpec,
-                           Meter, MeterPolicy, RequestError, Rule, default_rules, flow_rules,
-                           job_cookie, parse_dpid, parse_flows, parse_job_id, plan_change)
+from sdn_app.flows import (COOKIE_DEFAULT, COOKIE_RETURN, ETH_ARP, ETH_IPV4, PRIORITY_DEFAULT,
+                           FlowSpec, Meter, MeterPolicy, RequestError, Rule, default_rules,
+                           flow_rules, job_cookie, parse_dpid, parse_flows, parse_job_id,
+                           plan_change, return_rules)
 from topologies import Topology, load_topology, parse_topology
 from topologies.routes import default_path
 
@@ -55,6 +56,7 @@ def test_parse_accepts_names_ips_and_dpids(campus):
     ({"flows": [flow(tcp_dst=0)]}, "flows[0].tcp_dst", "TCP port"),
     ({"flows": [flow(tcp_src=70000)]}, "flows[0].tcp_src", "TCP port"),
     ({"flows": [flow(name=7)]}, "flows[0].name", "string"),
+    ({"flows": [flow(symmetric="yes")]}, "flows[0].symmetric", "true or false"),
     ({"flows": [flow(name="x" * 1025)]}, "flows[0].name", "at most 1024"),
     ({"flows": [flow(path=[])]}, "flows[0].path", "non-empty list"),
     ({"flows": [flow(path="acc1")]}, "flows[0].path", "non-empty list"),
@@ -161,6 +163,30 @@ def test_flow_rules_follow_the_path_and_beat_the_defaults(campus):
     # other traffic between the same hosts keeps the default (shortest) path
     other = _walk(campus, default_rules(campus) + rules, "acc1", fields | {"tcp_dst": 80})
     assert other == ["acc1", "agg1", "acc4", "srv1"]
+
+
+def test_a_symmetric_flow_takes_its_answers_back_along_its_path(campus):
+    """Acknowledgements from srv1 to lab1 follow the flow's switches in reverse, unmetered,
+    instead of the default route; a flow scheduled srv1 -> lab1 itself still wins."""
+    path = ["acc1", "agg2", "core2", "agg3", "acc4"]
+    spec = parse_flows({"flows": [flow(path=path, tcp_dst=29500, symmetric=True)]}, campus)[0]
+    assert spec.to_json()["symmetric"] is True and spec.key == ("lab1", "srv1", None, 29500)
+    back = return_rules(spec, campus, job_cookie(3, 7, COOKIE_RETURN))
+    assert [campus.switch_by_dpid(r.dpid).name for r in back] == path[::-1]
+    assert {r.meter_id for r in back} == {0} and {r.cookie for r in back} == \
+        {job_cookie(3, 7, COOKIE_RETURN)} != {job_cookie(3, 7)}
+    answer = {"eth_type": ETH_IPV4, "ipv4_src": campus.node("srv1").ip,
+              "ipv4_dst": campus.node("lab1").ip, "ip_proto": 6, "tcp_src": 29500}
+    fwd = flow_rules(spec, campus, job_cookie(3, 7), meter_id=4)
+    assert _walk(campus, default_rules(campus) + fwd + back, "acc4", answer) == \
+        path[::-1] + ["lab1"]
+    assert _walk(campus, default_rules(campus) + fwd, "acc4", answer) == \
+        ["acc4", "agg1", "acc1", "lab1"]  # without: the default route
+    other = parse_flows({"flows": [flow(src="srv1", dst="lab1", path=["acc4", "agg1", "acc1"],
+                                        tcp_src=29500)]}, campus)[0]
+    both = default_rules(campus) + fwd + back + flow_rules(other, campus, job_cookie(3, 8), 5)
+    assert _walk(campus, both, "acc4", answer) == ["acc4", "agg1", "acc1", "lab1"]
+    assert return_rules(parse_flows({"flows": [flow()]}, campus)[0], campus, 1) == []
 
 
 def test_narrower_flows_get_higher_priority(campus):

@@ -63,7 +63,7 @@ def test_install_aggregates_per_node_pair_and_remove_undoes(nc):
     install(nc, j2, pinned)
     flows = {(f["src"], f["dst"]): f for f in nc.desired().sdn_flows}
     assert flows[("a", "b")] == {"src": "a", "dst": "b", "path": ["s1", "s2"], "rate_mbps": 70.0,
-                                 "name": "j1,j2"}
+                                 "symmetric": True, "name": "j1,j2"}
     assert nc.cluster.residual("s1", "s2") == pytest.approx(30.0)
     shaping = nc.desired().shaping
     assert [(r.dst_ip, r.rate_mbps) for r in shaping["a"]] == [("10.0.0.2", 70.0)]
@@ -115,6 +115,20 @@ def test_view_reserves_measured_background_and_marks_unschedulable(nc):
         report[("s1", "s2")]["background_mbps"] == pytest.approx(35.0)
 
 
+def test_a_pairs_acknowledgements_on_its_way_back_are_not_another_tenant(nc):
+    """a -> b's way back (s2 -> s1) carries its acknowledgements: what its entries count there is
+    the Master's own traffic, not background."""
+    j1 = two_task_job("j1")
+    install(nc, j1, place(j1, DIRECT, AROUND[::-1], 40))
+    assert all(f["symmetric"] for f in nc.desired().sdn_flows)
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
+    counted = [{"src": "a", "dst": "b", "hops": [{"mbps": 40.0}], "return_hops": [{"mbps": 6.0}]}]
+    nc.observe([link("s2", "s1", 6.0), link("s1", "s2", 40.0)], counted)
+    assert nc.background() == {}
+    nc.observe([link("s2", "s1", 6.0), link("s1", "s2", 40.0)], [])  # not counted: a tenant
+    assert nc.background() == {("s2", "s1"): pytest.approx(6.0)}
+
+
 def test_contended_links_are_those_whose_grants_no_longer_fit(nc):
     j1 = two_task_job("j1")
     install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
@@ -129,6 +143,17 @@ def test_contended_links_are_those_whose_grants_no_longer_fit(nc):
     nc.observe([], [])
     nc.set_capacity("s1", "s2", 30.0)  # below the grants
     assert nc.contended() == {("s1", "s2"), ("s2", "s1")}
+
+
+def test_contended_flows_name_each_job_flow_on_a_contended_link(nc):
+    j1, j2 = two_task_job("j1"), two_task_job("j2")
+    install(nc, j1, place(j1, DIRECT, AROUND[::-1], 40))
+    install(nc, j2, nc.pin(place(j2, DIRECT, AROUND[::-1], 20)))  # shares j1's node pairs
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
+    nc.observe([link("s1", "s2", 60.0)], [])
+    assert nc.contended_flows() == {}
+    nc.observe([link("s1", "s2", 99.0)], [])  # a tenant on a -> b's link only
+    assert nc.contended_flows() == {"j1": ["w0>w1"], "j2": ["w0>w1"]}
 
 
 # --- work-conserving rates: the spare capacity ---------------------------------------------------

@@ -195,10 +195,70 @@ def test_wire_ratio_weighs_each_interval_by_the_time_its_socket_was_busy():
     history = [[100.0, {"f": 40.0}], [110.0, {"f": 80.0}]]
     sender = [{"type": "data", "clock_start": 100.0},
               snapshot("eval", 10.0, 2.0, 72.0), snapshot("end", 20.0, 10.0, 712.0)]
-    assert rows.wire_ratio(sender, "10.0.0.2", history, "f") == pytest.approx(712 / 720, abs=1e-4)
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f") == (pytest.approx(712 / 720, abs=1e-4),
+                                                                10.0)
     # an interval whose counters went back (another connection took over) is left out
     reset = [sender[0], sender[1], snapshot("eval", 15.0, 1.0, 10.0), sender[2]]
-    assert rows.wire_ratio(reset, "10.0.0.2", history, "f") == pytest.approx(
+    assert rows.wire_ratio(reset, "10.0.0.2", history, "f")[0] == pytest.approx(
         (72 + 702) / (2 * 40 + 9 * 80), abs=1e-4)
-    assert rows.wire_ratio(sender[1:], "10.0.0.2", history, "f") is None  # no clock
-    assert rows.wire_ratio(sender, "10.0.0.9", history, "f") is None  # not its peer
+    assert rows.wire_ratio(sender[1:], "10.0.0.2", history, "f") == (None, None)  # no clock
+    assert rows.wire_ratio(sender, "10.0.0.9", history, "f") == (None, None)  # not its peer
+
+
+def test_seconds_on_a_contended_link_are_not_judged_against_the_grant():
+    """The Master noted w0>w1 contended between its readings at 104-106 until the one at 108: the
+    interval 100-110 is left out, 110-120 judged; w1>w0 from 118 on."""
+    notes = [[104.0, 106.0, ["w0>w1"]], [106.0, 108.0, []], [118.0, 120.0, ["w1>w0"]]]
+    assert rows.contended_periods(notes, "w0>w1", 130.0) == [(104.0, 108.0)]
+    assert rows.contended_periods(notes, "w1>w0", 130.0) == [(118.0, 130.0)]
+    assert rows.contended_periods(notes, "w1>w0", None) == [(118.0, float("inf"))]
+    history = [[100.0, {"f": 40.0}], [110.0, {"f": 80.0}]]
+    sender = [{"type": "data", "clock_start": 100.0},
+              snapshot("eval", 10.0, 2.0, 20.0), snapshot("end", 20.0, 10.0, 660.0)]
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", [(104.0, 108.0)]) == \
+        (pytest.approx(640 / 640, abs=1e-4), 8.0)
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", [(95.0, 125.0)]) == (None, 0.0)
+    # a flow whose every judged second was contended is no figure at all, not a whole-run one
+    v = view(True)
+    att = v["attempts"][-1]
+    att.update(started_at=0.0, ended_at=10.0, contended=[[0.0, 1.0, ["w0>w1", "w1>w0"]]])
+    row = rows.job_row("ces-ppo", 0, "heavy", v, timed_out=False)
+    assert [f["contended_s"] for f in row["flows"]] == [10.0, 10.0]
+    assert report.binding_flows(row) and report.rate_ratios(row) == [] and \
+        report.rate_ratios(row, "tcp_mbps") == []
+    assert "1 of the binding flows crossed a contended link" in report.summary(
+        {"scenario": {"name": "x", "timeout_s": 60}, "topology": "t", "schedulers": ["ces-ppo"],
+         "runs": [{"scheduler": "ces-ppo", "seed": 0, "jobs": [row]}]})
+
+
+def test_flows_sharing_a_node_pair_are_not_held_to_their_own_grant():
+    """The Network Controller enforces per node pair: a -> b carries two jobs' flows."""
+    one, two = view(True), view(True)
+    two["name"] = "light.r0"
+    run = [rows.job_row("ces-ppo", 0, "heavy", one, timed_out=False),
+           rows.job_row("ces-ppo", 0, "light", two, timed_out=False),
+           rows.job_row("k8s-spread", 0, "heavy", {**view(True), "attempts": [
+               {**view(True)["attempts"][0], "network": "best-effort"}]}, timed_out=False)]
+    rows.mark_shared_pairs(run)
+    assert all(f["pair_shared"] for r in run[:2] for f in r["flows"])
+    assert not any(f["pair_shared"] for f in run[2]["flows"])  # best-effort: no grant
+    assert report.binding_flows(run[0]) == [] and report.rate_ratios(run[0]) == []
+    alone = [rows.job_row("ces-ppo", 0, "heavy", view(True), timed_out=False)]
+    rows.mark_shared_pairs(alone)
+    assert report.binding_flows(alone[0]) and not any(f["pair_shared"]
+                                                      for f in alone[0]["flows"])
+
+
+def test_a_ring_flow_is_judged_only_while_its_own_grant_paces_the_ring():
+    """Installed 40 for 10 s while the ring's other flow had 60, then 80 against its 50: the ring
+    ran at 50 then, and this flow waited for data — only the first interval is judged."""
+    history = [[100.0, {"f": 40.0, "g": 60.0}], [110.0, {"f": 80.0, "g": 50.0}]]
+    sender = [{"type": "data", "clock_start": 100.0},
+              snapshot("eval", 10.0, 2.0, 76.0), snapshot("end", 20.0, 10.0, 476.0)]
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", ring=("g",)) == \
+        (pytest.approx(76 / 80, abs=1e-4), 2.0)
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f")[0] == \
+        pytest.approx(476 / 720, abs=1e-4)  # as one flow alone, the trickle would count
+    # the same counters as the other flow's: judged only where its own 50 paced the ring
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "g", ring=("f",)) == \
+        (pytest.approx(400 / 400, abs=1e-4), 8.0)
