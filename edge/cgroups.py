@@ -12,13 +12,13 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
-# The parent's CPU weight per core of capacity, and the least the kernel takes (v1 cpu.shares,
-# v2 cpu.weight). A process outside every node weighs 1024 (v1, nice 0) or sits in a cgroup of
-# weight 100 (v2), so the nodes yield the host's cores to the emulated switches (ovs-vswitchd
-# forwards every packet in user space) and to the control plane, as edge nodes never share
-# a CPU with the network that connects them; among themselves, nodes short of CPU all slow by
-# the same factor, as their capacities say.
-WEIGHT_PER_CORE = {1: 16, 2: 4}
+# The parent's CPU weight per core of capacity (v1 cpu.shares, v2 cpu.weight), and the least the
+# kernel takes. A process outside every node weighs 1024 (v1, nice 0) or sits in a cgroup of
+# weight 100 (v2), so nodes of a few cores yield the host's cores to the emulated switches (on
+# the userspace datapath ovs-vswitchd forwards every packet on them) and to the control plane,
+# as edge nodes never share a CPU with the network that connects them; among themselves, nodes
+# short of CPU slow by the same factor, as their capacities say.
+WEIGHT_PER_CORE = 16
 MIN_WEIGHT = {1: 2, 2: 1}
 
 
@@ -47,7 +47,7 @@ def quota_us(cpu: float) -> int:
 
 def weight(cpu: float, v: int) -> int:
     """The CPU weight of a node of `cpu` cores under cgroup version `v` (`WEIGHT_PER_CORE`)."""
-    return max(MIN_WEIGHT[v], round(cpu * WEIGHT_PER_CORE[v]))
+    return max(MIN_WEIGHT[v], round(cpu * WEIGHT_PER_CORE))
 
 
 def set_limits(parent: str, cpu: float, mem_mb: int) -> None:

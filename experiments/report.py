@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from e2e.rows import RING_PACE
 from scheduler import compose
 from scheduler.baselines import algorithm_factory
 
@@ -57,7 +58,7 @@ def binds(flow: dict, ring_bottleneck_mbps: float | None) -> bool:
     shares the pair's class rather than being held to its own grant."""
     grant = flow["rate_mbps"]
     return grant is not None and 0 < grant and not flow.get("pair_shared") and (
-        ring_bottleneck_mbps is None or grant <= 1.01 * ring_bottleneck_mbps)
+        ring_bottleneck_mbps is None or grant <= RING_PACE * ring_bottleneck_mbps)
 
 
 def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
@@ -70,9 +71,10 @@ def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
     for f in binding_flows(row):
         if f.get(measure) is None:
             continue
-        if measure == "wire_mbps" and f.get("judged_busy_s") is not None:
-            if f["wire_ratio"] is not None:  # else no interval was the grant's to judge
-                out.append(f["wire_ratio"])
+        if measure == "wire_mbps" and f.get("wire_ratio") is not None:
+            out.append(f["wire_ratio"])
+        elif measure == "wire_mbps" and f.get("judged_busy_s") is not None:
+            continue  # every interval left out: the grant held nothing back there
         elif not f.get("contended_s"):  # a whole-run figure would count the contended seconds
             out.append(f[measure] / f["rate_mbps"])
     return out

@@ -105,6 +105,10 @@ class NetworkController:
     # Unscheduled traffic re-shares the spare only when a pair's installed rate moves by more
     # than this (of the larger of the two): each change re-programs a meter and a tc class.
     SPARE_STEP = 0.1
+    # A pair's acknowledgements, at most, against the data it carries: one 66-byte segment per
+    # full-size one (1514 bytes on the wire). Its way back matches every packet the other way
+    # that no flow schedules: beyond this it carries another's traffic.
+    ACK_SHARE = 66 / 1514
 
     def __init__(self, topo: Topology, cluster: Cluster, compute: ComputeController,
                  sdn: SdnApi | None = None, sdn_job_id: str = "ces", spare: bool = True):
@@ -115,7 +119,7 @@ class NetworkController:
         self.ip = {n.name: n.ip for n in topo.nodes}
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
         self.carried: dict[Pair, float] = {}  # Mbit/s each pair's flow entries count
-        self.carried_back: dict[Pair, float] = {}  # and its way back's (its acknowledgements)
+        self.carried_back: dict[Pair, float] = {}  # and its way back's (`desired`)
         self.down: set[tuple[str, str]] = set()  # directed links without link (port status)
         # What the network holds, as far as pushes know (the control loop's own state).
         self.shaped: dict[str, tuple[ShapingRule, ...]] = {}  # node -> rules its agent applied
@@ -128,17 +132,17 @@ class NetworkController:
 
     def background(self) -> dict[tuple[str, str], float]:
         """Unscheduled traffic per directed link: measured less what the scheduled pairs on it
-        carry (their installed rate until their counters have two samples) and less what their
-        ways back carry on the reverse links (the acknowledgements: `desired`), above the
-        floors."""
+        carry (their installed rate until their counters have two samples) and less their
+        acknowledgements on the reverse links (what their ways back carry, up to `ACK_SHARE`:
+        `desired`), above the floors."""
         scheduled: dict[tuple[str, str], float] = {}
         for pair, p in self.pairs.items():
-            for link in zip(p.path, p.path[1:]):
-                scheduled[link] = scheduled.get(link, 0.0) + \
-                    self.carried.get(pair, p.installed_mbps)
+            carried = self.carried.get(pair, p.installed_mbps)
+            acks = min(self.carried_back.get(pair, 0.0), self.ACK_SHARE * carried)
             back = p.path[::-1]
-            for link in zip(back, back[1:]):
-                scheduled[link] = scheduled.get(link, 0.0) + self.carried_back.get(pair, 0.0)
+            for links, mbps in ((zip(p.path, p.path[1:]), carried), (zip(back, back[1:]), acks)):
+                for link in links:
+                    scheduled[link] = scheduled.get(link, 0.0) + mbps
         out = {}
         for link, mbps in self.measured.items():
             extra = mbps - scheduled.get(link, 0.0)

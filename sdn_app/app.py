@@ -17,8 +17,8 @@ from typing import Any
 from .compat import (BaseApp, CONFIG_DISPATCHER, DEAD_DISPATCHER, FRAMEWORK, MAIN_DISPATCHER,
                      WsgiServer, app_manager, hub, lldp_enabled, new_event, new_lock, ofp_event,
                      ofproto_v1_3, set_ev_cls)
-from .flows import (COOKIE_RETURN, MAX_METER_ID, Meter, Plan, RequestError, Rule, flow_rules,
-                    job_cookie, lldp_rules, parse_flows, parse_job_id, plan_change, return_rules)
+from .flows import (MAX_METER_ID, Meter, Plan, RequestError, Rule, job_cookie, job_rules,
+                    lldp_rules, parse_flows, parse_job_id, plan_change)
 from .jobs import Job, JobTable
 from .monitor import NetworkMonitor
 from .rest import rest_api
@@ -310,10 +310,10 @@ class CesSdnApp(BaseApp):
         dropped = mon.meters_dropped.rate((first, flow.meter_id))
         view["meter"] |= {"in_mbps": None if meter_in is None else round(meter_in, 3),
                           "dropped_mbps": None if dropped is None else round(dropped, 3)}
-        view["hops"] = self._hops(flow_rules(spec, self.topo, cookie, flow.meter_id))
+        path, back = job_rules(spec, self.topo, job.seq, flow.flow_no, flow.meter_id)
+        view["hops"] = self._hops(path)
         if spec.symmetric:
-            back = job_cookie(job.seq, flow.flow_no, COOKIE_RETURN)
-            view["return_hops"] = self._hops(return_rules(spec, self.topo, back))
+            view["return_hops"] = self._hops(back)
         return view
 
     def _hops(self, rules: list[Rule]) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ IPPROTO_TCP = 6
 PRIORITY_DEFAULT = 10  # per-destination forwarding of unscheduled traffic
 PRIORITY_LLDP = 0xFFFF
 PRIORITY_FLOW = 100  # + 10 per TCP port given: a narrower flow wins over a host-pair flow
+PRIORITY_RETURN = 90  # + 3 per TCP port: a symmetric flow's way back, below every scheduled flow
 
 # Cookies mark who owns an entry: 0xce50… the defaults, 0xce51|job(24 bits)|flow(24 bits) job flows,
 # 0xce53|job|flow their ways back — one bit apart, so that one request masked with
@@ -104,6 +105,9 @@ class Rule:
     out_port: int
     meter_id: int = 0  # 0: no meter instruction
     cookie: int = 0
+    # where traffic enters a path: installed after the path's other entries (`plan_change`);
+    # a metered entry always is
+    entry: bool = False
 
     @property
     def key(self) -> tuple[int, int, tuple]:
@@ -287,8 +291,12 @@ def flow_match(spec: FlowSpec, topo: Topology,
     return tuple(fields)
 
 
+def _ports(spec: FlowSpec) -> int:
+    return sum(p is not None for p in (spec.tcp_src, spec.tcp_dst))
+
+
 def flow_priority(spec: FlowSpec) -> int:
-    return PRIORITY_FLOW + 10 * sum(p is not None for p in (spec.tcp_src, spec.tcp_dst))
+    return PRIORITY_FLOW + 10 * _ports(spec)
 
 
 def job_cookie(job_seq: int, flow_no: int, kind: int = COOKIE_JOB) -> int:
@@ -310,15 +318,23 @@ def flow_rules(spec: FlowSpec, topo: Topology, cookie: int, meter_id: int) -> li
 
 def return_rules(spec: FlowSpec, topo: Topology, cookie: int) -> list[Rule]:
     """A symmetric flow's way back: dst → src along its switches in reverse, one unmetered entry
-    per switch, one priority below a flow scheduled that way with the same match, which wins
-    (none for a flow that is not symmetric)."""
+    per switch, below every scheduled flow (`PRIORITY_RETURN`; a narrower way back above a wider
+    one), the first switch's entry steering (none for a flow that is not symmetric)."""
     if not spec.symmetric:
         return []
     g = topo.graph()
-    match, priority = flow_match(spec, topo, back=True), flow_priority(spec) - 1
+    match, priority = flow_match(spec, topo, back=True), PRIORITY_RETURN + 3 * _ports(spec)
     hops = list(spec.path[::-1]) + [spec.src]
     return [Rule(topo.switch(here).dpid, priority, match, g.edges[here, nxt]["ports"][here], 0,
-                 cookie) for here, nxt in zip(hops, hops[1:])]
+                 cookie, entry=i == 0) for i, (here, nxt) in enumerate(zip(hops, hops[1:]))]
+
+
+def job_rules(spec: FlowSpec, topo: Topology, job_seq: int, flow_no: int,
+              meter_id: int) -> tuple[list[Rule], list[Rule]]:
+    """A job's flow as entries: its path (`flow_rules`) and its way back (`return_rules`), each
+    with its own cookie."""
+    return (flow_rules(spec, topo, job_cookie(job_seq, flow_no), meter_id),
+            return_rules(spec, topo, job_cookie(job_seq, flow_no, COOKIE_RETURN)))
 
 
 def default_rules(topo: Topology) -> list[Rule]:
@@ -388,7 +404,7 @@ def plan_change(old_rules: Iterable[Rule], old_meters: Iterable[Meter],
             plan.meters_modify.append(m)  # a rate change: same meter, modified in place
     for key, r in new_r.items():
         if old_r.get(key) != r:  # OFPFC_ADD of an existing key replaces its actions in place
-            (plan.steer if r.meter_id else plan.prepare).append(r)
+            (plan.steer if r.meter_id or r.entry else plan.prepare).append(r)
     plan.remove = [r for key, r in old_r.items() if key not in new_r]
     plan.meters_remove = [m for key, m in old_m.items() if key not in new_m]
     return plan

@@ -13,9 +13,8 @@ from typing import Any, Callable
 
 from topologies import Topology
 
-from .flows import (COOKIE_RETURN, MAX_METER_ID, MAX_SEQ, FlowKey, FlowSpec, Meter, MeterPolicy,
-                    RequestError, Rule, default_rules, flow_rules, job_cookie, parse_flows,
-                    parse_job_id, return_rules)
+from .flows import (MAX_METER_ID, MAX_SEQ, FlowKey, FlowSpec, Meter, MeterPolicy, RequestError,
+                    Rule, default_rules, job_rules, parse_flows, parse_job_id)
 
 STATE_VERSION = 1
 
@@ -117,8 +116,8 @@ class JobTable:
         if job is None:
             return []
         return [r for f in job.flows
-                for r in flow_rules(f.spec, self.topo, job_cookie(job.seq, f.flow_no), f.meter_id)
-                + return_rules(f.spec, self.topo, job_cookie(job.seq, f.flow_no, COOKIE_RETURN))]
+                for rules in job_rules(f.spec, self.topo, job.seq, f.flow_no, f.meter_id)
+                for r in rules]
 
     def meters(self, job: Job | None) -> list[Meter]:
         if job is None:

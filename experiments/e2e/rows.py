@@ -2,8 +2,9 @@
 job and the metric lines its workers wrote."""
 from __future__ import annotations
 
+import math
 import statistics
-from collections import Counter
+from typing import Sequence
 
 from workloads.metrics import busy_rate_mbps, wire_rate_mbps
 
@@ -78,8 +79,13 @@ def contended_periods(notes: list, flow: str, end: float | None) -> list[tuple[f
     return spans
 
 
+# A ring's flow installed above this × the least of its ring's other flows waits for data at that
+# flow's pace rather than being held back by its own rate (report.binds, `wire_ratio`).
+RING_PACE = 1.01
+
+
 def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str,
-               contended: list[tuple[float, float]] = (), ring: tuple[str, ...] = (),
+               contended: Sequence[tuple[float, float]] = (), ring: Sequence[str] = (),
                least_busy_s: float = 0.2) -> tuple[float | None, float | None]:
     """What the sender put on the wire against what the network let `flow` through, interval by
     interval: between two of its counter snapshots (each evaluation and the end), the wire rate
@@ -91,8 +97,9 @@ def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str
     those that overlap a `contended` span (`contended_periods`: the link did), and for a flow of
     a ring those in which it was installed above 1.01 × the least of the ring's other flows
     (`ring`, their "src>dst" keys): it then waits for data at that flow's pace.
-    Returns (the ratio, the busy seconds judged); (None, 0) when no interval could be judged,
-    (None, None) without the sender's clock or counters."""
+    Returns (the ratio, the busy seconds judged); (None, 0) when every interval that could be
+    judged was left out so; (None, None) without the sender's clock or counters, or without an
+    interval long enough to judge."""
     start = next((r.get("clock_start") for r in sender if r.get("type") == "data"), None)
     if start is None or address is None:
         return None, None
@@ -103,7 +110,7 @@ def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str
             snaps.append((start + (r["elapsed_s"] if r["type"] == "eval" else r["train_s"]), c))
     if len(snaps) == 1:
         return None, None
-    on_wire = expected = judged_us = 0.0
+    on_wire = expected = judged_us = left_out_us = 0.0
     for (t0, before), (t1, after) in zip(snaps, snaps[1:]):
         diff = {k: after.get(k, 0) - before.get(k, 0) for k in ("busy_us", "bytes_sent",
                                                                 "segs_out")}
@@ -112,28 +119,36 @@ def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str
         if diff["busy_us"] < least_busy_s * 1e6 or min(diff.values()) < 0 or not rates or \
                 wire is None:  # too short to judge, or another connection took over
             continue
-        if any(a < t1 and t0 < b for a, b in contended):
-            continue
         paced = [r[0] for r in (installed_mbps(history, f, t0, t1) for f in ring) if r]
-        if paced and rates[0] > 1.01 * min(paced):
+        if any(a < t1 and t0 < b for a, b in contended) or \
+                (paced and rates[0] > RING_PACE * min(paced)):
+            left_out_us += diff["busy_us"]
             continue
         on_wire += wire * diff["busy_us"]
         expected += rates[0] * diff["busy_us"]
         judged_us += diff["busy_us"]
+    if expected == 0 and left_out_us == 0:
+        return None, None  # nothing to judge by interval: the whole run's figure is all there is
     return (round(on_wire / expected, 4) if expected > 0 else None), round(judged_us / 1e6, 3)
 
 
 def mark_shared_pairs(rows: list[dict]) -> None:
     """Set `pair_shared` on every flow of a run's rows: whether its grant is enforced and another
-    enforced flow of the run has the same sender and receiver nodes. The Network Controller
-    enforces per node pair (one meter, one tc class at the sum of the pair's grants: the
-    workers of a node share its address), so such a flow may use what the other leaves idle,
-    or lose to it what TCP shares evenly: its own grant is not what holds it back."""
-    enforced = [f for r in rows for f in r["flows"] if f["granted_mbps"]]
-    pairs = Counter((f["src_node"], f["dst_node"]) for f in enforced)
+    enforced flow, of a job attempt that ran at the same time, has the same sender and receiver
+    nodes. The Network Controller enforces per node pair (one meter, one tc class at the sum of
+    the pair's grants: the workers of a node share its address), so such a flow may use what the
+    other leaves idle, or lose to it what TCP shares evenly: its own grant is not what holds it
+    back."""
+    def span(r: dict) -> tuple[float, float]:
+        return r.get("started_at") or 0.0, r.get("ended_at") or math.inf
+
+    enforced = [(span(r), f) for r in rows for f in r["flows"] if f["granted_mbps"]]
     for r in rows:
+        (a, b) = span(r)
         for f in r["flows"]:
-            f["pair_shared"] = bool(f["granted_mbps"]) and pairs[f["src_node"], f["dst_node"]] > 1
+            f["pair_shared"] = bool(f["granted_mbps"]) and any(
+                g is not f and (g["src_node"], g["dst_node"]) == (f["src_node"], f["dst_node"])
+                and a < d and c < b for (c, d), g in enforced)
 
 
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
@@ -157,11 +172,10 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
             receiver = records.get(att["workers"][f["dst"]], [])
             # A best-effort flow has no grant: its rate is only what the decision expected.
             grant = f["rate_mbps"] if network == "enforced" else None
-            rates = installed_mbps(att.get("installed", []), f"{f['src']}>{f['dst']}",
-                                   att.get("started_at", 0.0), att.get("ended_at")) \
-                if grant else None
-            mean, peak = rates if rates else (grant, grant)
             key = f"{f['src']}>{f['dst']}"
+            rates = installed_mbps(att.get("installed", []), key, att.get("started_at", 0.0),
+                                   att.get("ended_at")) if grant else None
+            mean, peak = rates if rates else (grant, grant)
             spans = contended_periods(att.get("contended", []), key, att.get("ended_at"))
             ring = tuple(k for k in inter_node if k != key) \
                 if view.get("collective") == "ring" else ()
@@ -186,6 +200,8 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
         "predicted_iter_s": att.get("predicted_iteration_s") if att else None,
         "decision_ms": round(att["decision_s"] * 1000, 3) if att else None,
         "attempts": len(view["attempts"]), "placement": att["placement"] if att else {},
+        "started_at": att.get("started_at") if att else None,
+        "ended_at": att.get("ended_at") if att else None,
         "network": network, "adjustments": att.get("adjustments", []) if att else [],
         "flows": flows, "curve": [[round(e["elapsed_s"], 3), e["accuracy"]] for e in evals],
         "events": view["events"]}

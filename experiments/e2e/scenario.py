@@ -321,19 +321,30 @@ def traffic_quota(node) -> tuple[float, int]:
 
 def spread_jobs(docs: list[JobDocument], topo: Topology, cordoned: set[str]
                 ) -> list[JobDocument]:
-    """The jobs with every task's memory set to the least with which no node of `topo` (but the
-    `cordoned` ones) holds the whole job: ⌊the largest node's memory / the job's tasks⌋ + 1 MiB,
-    so that every job spans nodes whatever the topology (a scenario's `spread: true`)."""
-    largest = max(n.mem_mb for n in topo.nodes if n.name not in cordoned)
+    """The jobs with every task asking at least the least memory with which no node of `topo`
+    (but the `cordoned` ones) holds the whole job: ⌊the largest node's memory / the job's
+    tasks⌋ + 1 MiB, so that every job spans nodes whatever the topology (a scenario's `spread:
+    true`). A task that asks for more keeps it; a one-task job cannot be spread and stays."""
+    sizes = [n.mem_mb for n in topo.nodes if n.name not in cordoned]
+    if not sizes:
+        raise ScenarioError(f"topology {topo.name}: every compute node is a background "
+                            "endpoint (cordoned): no node is left to spread the jobs over")
+    largest = max(sizes)
     out = []
     for d in docs:
-        mem = largest // len(d.job.tasks) + 1
+        if len(d.job.tasks) < 2:
+            out.append(d)
+            continue
+        least = largest // len(d.job.tasks) + 1
+
+        def sized(task: dict) -> dict:
+            return {**task, "mem_mb": max(task.get("mem_mb") or 0, least)}
         mapping = dict(d.mapping)
         for key in ("task", "ps"):
             if isinstance(mapping.get(key), dict):
-                mapping[key] = {**mapping[key], "mem_mb": mem}
+                mapping[key] = sized(mapping[key])
         if isinstance(mapping.get("tasks"), list):
-            mapping["tasks"] = [{**t, "mem_mb": mem} for t in mapping["tasks"]]
+            mapping["tasks"] = [sized(t) for t in mapping["tasks"]]
         out.append(JobDocument(d.source, mapping, parse_job(mapping, d.source)))
     return out
 

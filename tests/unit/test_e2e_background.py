@@ -12,7 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "experiments"))
 
 import report  # noqa: E402
-from e2e.scenario import Background, ScenarioError, plan, scaled, tenant_path  # noqa: E402
+from e2e.scenario import Background, ScenarioError, plan, scaled, spread_jobs, \
+    tenant_path  # noqa: E402
+from scheduler.jobs import JobDocument, parse_job  # noqa: E402
 from topologies import load_topology  # noqa: E402
 
 CAMPUS = scaled(load_topology("campus"), 0.2)
@@ -91,6 +93,24 @@ def test_the_default_scenario_spreads_its_jobs_on_every_topology(topo, tmp_path:
     assert not [w for w in p.warnings if "cannot all run at once" in w]
     if topo == "campus":  # a server holds two tasks, a lab node one, the smaller nodes none
         assert mem == 1366 and not p.warnings
+
+
+def test_spreading_keeps_larger_asks_and_one_task_jobs_and_needs_a_node(tmp_path: Path):
+    ring = load_topology("ring")
+    jobs = [JobDocument("j.yaml", m, parse_job(m, "j.yaml")) for m in (
+        {"name": "big", "collective": "ring", "workers": 3, "task": {"cpu": 0.1, "mem_mb": 900},
+         "model_params": 10, "demand_mbps": 1, "iterations": 1},
+        {"name": "one", "collective": "ring", "workers": 1, "task": {"cpu": 0.1},
+         "model_params": 10, "demand_mbps": 1, "iterations": 1},
+        {"name": "ps", "collective": "star", "workers": 3, "task": {"cpu": 0.1},
+         "ps": {"cpu": 0.1, "mem_mb": 100}, "model_params": 10, "demand_mbps": 1,
+         "iterations": 1})]
+    big, one, ps = spread_jobs(jobs, ring, set())
+    assert {t.demand.mem_mb for t in big.job.tasks} == {900}  # more than 2048 // 3 + 1
+    assert one is jobs[1]
+    assert {t.demand.mem_mb for t in ps.job.tasks} == {2048 // 4 + 1}
+    with pytest.raises(ScenarioError, match="every compute node is a background endpoint"):
+        spread_jobs(jobs, ring, {n.name for n in ring.nodes})
 
 
 def test_jobs_that_cannot_run_together_are_said_to_wait(tmp_path: Path):

@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdn_app.flows import (COOKIE_DEFAULT, COOKIE_RETURN, ETH_ARP, ETH_IPV4, PRIORITY_DEFAULT,
-                           FlowSpec, Meter, MeterPolicy, RequestError, Rule, default_rules,
-                           flow_rules, job_cookie, parse_dpid, parse_flows, parse_job_id,
-                           plan_change, return_rules)
+                           PRIORITY_FLOW, FlowSpec, Meter, MeterPolicy, RequestError, Rule,
+                           default_rules, flow_priority, flow_rules, job_cookie, job_rules,
+                           parse_dpid, parse_flows, parse_job_id, plan_change, return_rules)
 from topologies import Topology, load_topology, parse_topology
 from topologies.routes import default_path
 
@@ -187,6 +187,17 @@ def test_a_symmetric_flow_takes_its_answers_back_along_its_path(campus):
     both = default_rules(campus) + fwd + back + flow_rules(other, campus, job_cookie(3, 8), 5)
     assert _walk(campus, both, "acc4", answer) == ["acc4", "agg1", "acc1", "lab1"]
     assert return_rules(parse_flows({"flows": [flow()]}, campus)[0], campus, 1) == []
+    # below every scheduled flow, even a host-pair one the other way (its meter must hold)
+    pair = parse_flows({"flows": [flow(src="srv1", dst="lab1", path=["acc4", "agg1", "acc1"])]},
+                       campus)[0]
+    assert max(r.priority for r in back) < flow_priority(pair) == PRIORITY_FLOW
+    assert _walk(campus, default_rules(campus) + fwd + back + flow_rules(pair, campus, 9, 6),
+                 "acc4", answer) == ["acc4", "agg1", "acc1", "lab1"]
+    # the way back is steered onto last, once its other entries are in
+    assert job_rules(spec, campus, 3, 7, 4) == (fwd, back)
+    plan = plan_change([], [], fwd + back, [])
+    assert [r for r in plan.steer if r.cookie == back[0].cookie] == [back[0]]
+    assert set(back[1:]) <= set(plan.prepare)
 
 
 def test_narrower_flows_get_higher_priority(campus):

@@ -116,17 +116,21 @@ def test_view_reserves_measured_background_and_marks_unschedulable(nc):
 
 
 def test_a_pairs_acknowledgements_on_its_way_back_are_not_another_tenant(nc):
-    """a -> b's way back (s2 -> s1) carries its acknowledgements: what its entries count there is
-    the Master's own traffic, not background."""
+    """a -> b's way back (s2 -> s1) carries its acknowledgements: what its entries count there, up
+    to what acknowledges the data, is the Master's own traffic, not background."""
     j1 = two_task_job("j1")
     install(nc, j1, place(j1, DIRECT, AROUND[::-1], 40))
     assert all(f["symmetric"] for f in nc.desired().sdn_flows)
     link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
-    counted = [{"src": "a", "dst": "b", "hops": [{"mbps": 40.0}], "return_hops": [{"mbps": 6.0}]}]
-    nc.observe([link("s2", "s1", 6.0), link("s1", "s2", 40.0)], counted)
+    counted = [{"src": "a", "dst": "b", "hops": [{"mbps": 40.0}], "return_hops": [{"mbps": 1.5}]}]
+    nc.observe([link("s2", "s1", 1.5), link("s1", "s2", 40.0)], counted)
     assert nc.background() == {}
-    nc.observe([link("s2", "s1", 6.0), link("s1", "s2", 40.0)], [])  # not counted: a tenant
-    assert nc.background() == {("s2", "s1"): pytest.approx(6.0)}
+    nc.observe([link("s2", "s1", 3.0), link("s1", "s2", 40.0)], [])  # not counted: a tenant
+    assert nc.background() == {("s2", "s1"): pytest.approx(3.0)}
+    # beyond what acknowledges 40 Mbit/s, what the way back carries is somebody else's
+    counted[0]["return_hops"] = [{"mbps": 9.0}]
+    nc.observe([link("s2", "s1", 9.0), link("s1", "s2", 40.0)], counted)
+    assert nc.background() == {("s2", "s1"): pytest.approx(9.0 - 40.0 * 66 / 1514)}
 
 
 def test_contended_links_are_those_whose_grants_no_longer_fit(nc):

@@ -203,6 +203,8 @@ def test_wire_ratio_weighs_each_interval_by_the_time_its_socket_was_busy():
         (72 + 702) / (2 * 40 + 9 * 80), abs=1e-4)
     assert rows.wire_ratio(sender[1:], "10.0.0.2", history, "f") == (None, None)  # no clock
     assert rows.wire_ratio(sender, "10.0.0.9", history, "f") == (None, None)  # not its peer
+    # no interval long enough to judge: no figure by interval (the whole run's stands)
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", least_busy_s=20) == (None, None)
 
 
 def test_seconds_on_a_contended_link_are_not_judged_against_the_grant():
@@ -247,6 +249,14 @@ def test_flows_sharing_a_node_pair_are_not_held_to_their_own_grant():
     rows.mark_shared_pairs(alone)
     assert report.binding_flows(alone[0]) and not any(f["pair_shared"]
                                                       for f in alone[0]["flows"])
+    # one after the other on the same pair: each had the pair's class to itself
+    first, then = view(True), view(True)
+    first["attempts"][0].update(started_at=0.0, ended_at=10.0)
+    then["attempts"][0].update(started_at=10.0, ended_at=20.0)
+    apart = [rows.job_row("ces-ppo", 0, "a", first, timed_out=False),
+             rows.job_row("ces-ppo", 0, "b", then, timed_out=False)]
+    rows.mark_shared_pairs(apart)
+    assert not any(f["pair_shared"] for r in apart for f in r["flows"])
 
 
 def test_a_ring_flow_is_judged_only_while_its_own_grant_paces_the_ring():
