@@ -105,8 +105,8 @@ class Rule:
     out_port: int
     meter_id: int = 0  # 0: no meter instruction
     cookie: int = 0
-    # where traffic enters a path: installed after the path's other entries (`plan_change`);
-    # a metered entry always is
+    # where traffic enters a path (`_path_rules`): installed after the path's other entries
+    # (`plan_change`), as a metered entry always is
     entry: bool = False
 
     @property
@@ -303,30 +303,31 @@ def job_cookie(job_seq: int, flow_no: int, kind: int = COOKIE_JOB) -> int:
     return kind | (job_seq & MAX_SEQ) << 24 | (flow_no & MAX_SEQ)
 
 
+def _path_rules(topo: Topology, hops: list[str], match: tuple, priority: int, cookie: int,
+                meter_id: int = 0) -> list[Rule]:
+    """One entry per switch of `hops` (switches, then the compute node they deliver to), each
+    forwarding to the next; the first is the path's entry and applies `meter_id`."""
+    g = topo.graph()
+    return [Rule(topo.switch(here).dpid, priority, match, g.edges[here, nxt]["ports"][here],
+                 meter_id if i == 0 else 0, cookie, entry=i == 0)
+            for i, (here, nxt) in enumerate(zip(hops, hops[1:]))]
+
+
 def flow_rules(spec: FlowSpec, topo: Topology, cookie: int, meter_id: int) -> list[Rule]:
     """One entry per switch of the path; the first one also applies the flow's meter."""
-    g = topo.graph()
-    match, priority = flow_match(spec, topo), flow_priority(spec)
-    hops = list(spec.path) + [spec.dst]
-    rules = []
-    for i, (here, nxt) in enumerate(zip(hops, hops[1:])):
-        dpid = topo.switch(here).dpid
-        rules.append(Rule(dpid, priority, match, g.edges[here, nxt]["ports"][here],
-                          meter_id if i == 0 else 0, cookie))
-    return rules
+    return _path_rules(topo, list(spec.path) + [spec.dst], flow_match(spec, topo),
+                       flow_priority(spec), cookie, meter_id)
 
 
 def return_rules(spec: FlowSpec, topo: Topology, cookie: int) -> list[Rule]:
     """A symmetric flow's way back: dst → src along its switches in reverse, one unmetered entry
     per switch, below every scheduled flow (`PRIORITY_RETURN`; a narrower way back above a wider
-    one), the first switch's entry steering (none for a flow that is not symmetric)."""
+    one) (none for a flow that is not symmetric)."""
     if not spec.symmetric:
         return []
-    g = topo.graph()
-    match, priority = flow_match(spec, topo, back=True), PRIORITY_RETURN + 3 * _ports(spec)
-    hops = list(spec.path[::-1]) + [spec.src]
-    return [Rule(topo.switch(here).dpid, priority, match, g.edges[here, nxt]["ports"][here], 0,
-                 cookie, entry=i == 0) for i, (here, nxt) in enumerate(zip(hops, hops[1:]))]
+    return _path_rules(topo, list(spec.path[::-1]) + [spec.src],
+                       flow_match(spec, topo, back=True), PRIORITY_RETURN + 3 * _ports(spec),
+                       cookie)
 
 
 def job_rules(spec: FlowSpec, topo: Topology, job_seq: int, flow_no: int,

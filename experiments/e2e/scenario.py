@@ -194,9 +194,11 @@ def plan(args: argparse.Namespace) -> Plan:
     cordoned = {v for b in background if b.cordon for v in (b.src, b.dst)}
     if scenario.spread:
         scenario.jobs = spread_jobs(scenario.jobs, topo, cordoned)
+    cluster = Cluster.from_topology(topo)
+    cluster.offline |= cordoned
     for d in scenario.jobs:
-        _check_runnable(d, topo, cordoned)
-    waiting = _not_at_once(scenario.jobs, topo, cordoned)
+        _check_runnable(d, cluster, topo.name, cordoned)
+    waiting = _not_at_once(scenario.jobs, cluster)
     if waiting:
         warnings.append(f"the jobs cannot all run at once on {topo.name} (their tasks fit on "
                         f"no set of nodes together): some of {', '.join(waiting)} will wait "
@@ -349,26 +351,24 @@ def spread_jobs(docs: list[JobDocument], topo: Topology, cordoned: set[str]
     return out
 
 
-def _not_at_once(docs: list[JobDocument], topo: Topology, cordoned: set[str]) -> list[str]:
-    """The jobs' names if their tasks together fit on no set of the nodes (network ignored;
-    [] when they do, or when the search could not settle it)."""
+def _not_at_once(docs: list[JobDocument], cluster: Cluster) -> list[str]:
+    """The jobs' names if their tasks together fit on no set of the `cluster`'s online nodes
+    (network ignored; [] when they do, or when the search could not settle it)."""
     if len(docs) < 2:
         return []
-    cluster = Cluster.from_topology(topo)
-    cluster.offline |= cordoned
     together = replace(docs[0].job, tasks=[t for d in docs for t in d.job.tasks], flows=[])
     return [] if packable(cluster, together, budget=20_000) is not False else \
         [d.job.name for d in docs]
 
 
-def _check_runnable(d: JobDocument, topo: Topology, cordoned: set[str]) -> None:
+def _check_runnable(d: JobDocument, cluster: Cluster, topo: str, cordoned: set[str]) -> None:
+    """Refuse a job the worker program cannot run or whose tasks fit on no set of the online
+    nodes of `cluster` (topology `topo`, the `cordoned` nodes offline)."""
     job = d.job
     if job.collective not in WORKLOAD_COLLECTIVE and not job.command:
         raise ScenarioError(f"{d.source}: job '{job.name}': the worker program runs ring and "
                             f"star jobs only; a {job.collective} job needs a `command`")
-    cluster = Cluster.from_topology(topo)
-    cluster.offline |= cordoned
     if packable(cluster, job, budget=20_000) is False:
         raise ScenarioError(f"{d.source}: job '{job.name}': its tasks fit on no set of "
-                            f"{'uncordoned ' if cordoned else ''}nodes of topology {topo.name}, "
+                            f"{'uncordoned ' if cordoned else ''}nodes of topology {topo}, "
                             "even with nothing else running")
