@@ -22,8 +22,10 @@ Figures:
     the job (`metrics.load_balance`): which algorithms no other beats on both (non-dominance);
   - decision latency, p50/p99: the 16-GPU ring on the 100-node graph, an 8-task ring on the
     1000-node one (torch on one thread, warm: the topology's routes known).
-CES-PPO runs as the registry builds it (`ces-ppo`, its default decoding) and as the policy alone
-(`ces-ppo:greedy`: one greedy rollout, no comparison with network-aware); `network-aware/ces` is
+CES-PPO runs as the registry builds it (`ces-ppo`, its default decoding), as the policy alone
+(`ces-ppo:greedy`: one greedy rollout, no comparison with network-aware) and with its own
+decoding (`ces-ppo:own`: the default budget without network-aware's placement among the
+candidates: what comparing with the heuristic adds); `network-aware/ces` is
 network-aware's placement with CES's paths and rates (what the placement alone contributes).
 The plot: per topology, CES-PPO's geometric-mean ratio to each other algorithm.
 """
@@ -66,6 +68,7 @@ def algorithms(seed: int, checkpoint: Path) -> dict:
     algos = {OURS: CesPPO(seed=seed, checkpoint=checkpoint),
              f"{OURS}:greedy": CesPPO(seed=seed, checkpoint=checkpoint, decode_budget=0,
                                       compare=False),
+             f"{OURS}:own": CesPPO(seed=seed, checkpoint=checkpoint, compare=False),
              "network-aware/ces": build("network-aware/ces", seed=seed)}
     return algos | {name: make_algorithm(name, seed=seed) for name in BASELINES}
 
@@ -113,7 +116,7 @@ def summary(rows: list[dict]) -> dict:
     out: dict = {"placed": {n: sum(r["placed"] for r in rows if r["algorithm"] == n)
                             for n in names},
                  "jobs": len({(r["seed"], r["job"]) for r in rows})}
-    for ours in (OURS, f"{OURS}:greedy"):
+    for ours in (OURS, f"{OURS}:greedy", f"{OURS}:own"):
         out[ours] = {}
         for other in names:
             if other == ours:
@@ -233,9 +236,11 @@ def report(doc: dict) -> None:
     for where, s in [*doc["topologies"].items(), ("all", doc["all"])]:
         na = s[OURS]["network-aware"]
         greedy = s[f"{OURS}:greedy"]["network-aware"]
+        own = s[f"{OURS}:own"]["network-aware"]
         print(f"{where:>22}: ces-ppo/network-aware geomean {na['geomean']:.3f} worst "
               f"{na['worst']:.2f} ({na['jobs']} jobs); policy alone {greedy['geomean']:.3f} / "
-              f"{greedy['worst']:.2f}; placed {s['placed']}; dominated: "
+              f"{greedy['worst']:.2f}; own decoding {own['geomean']:.3f} / {own['worst']:.2f}; "
+              f"placed {s['placed']}; dominated: "
               f"{ {k: v for k, v in s['dominated_by'].items() if v} }")
     print("latency:", doc["latency"])
 
