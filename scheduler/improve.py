@@ -1,12 +1,10 @@
 """Local search over a placement by the shared iteration-time model (CES-PPO's decoding).
 
-A constructive placement — a greedy rollout, network-aware's — decides one task at a time, and
-cannot undo an early choice that the later ones make costly: a ring whose breadth-first order
-splits neighbours across a thin link, a tree whose parent and leaf went to different nodes, a
-task left alone behind a slow access link. `improve` takes the decision and moves one task or
-exchanges two while that lowers the predicted iteration time of placement, paths and rates
-together (each candidate with CES's network decision, `paths.route_placement`), steepest
-descent, within a number of evaluations.
+A constructive placement — a greedy rollout, network-aware's — decides one task at a time and
+cannot undo an early choice that the later ones make costly (docs/ppo.md, "Decoding", has the
+cases measured). `improve` takes the decision and moves one task or exchanges two while that
+lowers the predicted iteration time of placement, paths and rates together (each candidate with
+CES's network decision, `paths.route_placement`), within a number of evaluations.
 """
 from __future__ import annotations
 
@@ -22,15 +20,20 @@ SIGNIFICANT = 1e-9  # relative: a move must lower the time by more than this
 
 def improve(cluster: Cluster, job: Job, decision: Decision, evaluations: int) -> Decision:
     """The decision after steepest descent over single-task moves and two-task exchanges
-    (`moves`), at most `evaluations` candidate placements evaluated. Never slower than
-    `decision` by the model; `decision` itself when nothing better is found."""
+    (`moves`), at most `evaluations` placements evaluated (each once): when they run out in the
+    middle of a scan, the best of those it reached is taken. Never slower than `decision` by
+    the model; `decision` itself when nothing better is found."""
     best, best_s = decision, predicted_iteration_s(cluster, job, decision)
     free = {n: cluster.free(n) for n in cluster.compute_nodes(online_only=True)}
+    seen = {_key(decision.placement)}
     while evaluations > 0:
         step = None
         for placement in moves(job, best.placement, free):
             if evaluations <= 0:
                 break
+            if _key(placement) in seen:
+                continue
+            seen.add(_key(placement))
             evaluations -= 1
             try:
                 d = Decision(job.name, placement, route_placement(cluster, job, placement))
@@ -45,22 +48,27 @@ def improve(cluster: Cluster, job: Job, decision: Decision, evaluations: int) ->
     return best
 
 
+def _key(placement: dict[str, str]) -> tuple:
+    return tuple(sorted(placement.items()))
+
+
 def moves(job: Job, placement: dict[str, str], free: dict[str, Resources]
           ) -> Iterator[dict[str, str]]:
-    """The placements one move away that fit in `free` (what the cluster leaves): two tasks on
-    different nodes exchanged, then one task moved to a node of the job, then to any other node.
-    Exchanges first: they keep the nodes' load and so fit where a move does not."""
+    """The placements one move away that fit in `free` (what the cluster leaves, per node that
+    may take tasks: a node not in it takes none): two tasks on different nodes exchanged, then
+    one task moved to a node of the job, then to any other node. Exchanges first: they keep the
+    nodes' load and so fit where a move does not."""
     used: dict[str, Resources] = {}
     for task, node in placement.items():
         used[node] = used.get(node, Resources()) + job.task(task).demand
     demand = {t: job.task(t).demand for t in placement}
     for a, b in itertools.combinations(placement, 2):
         na, nb = placement[a], placement[b]
-        if na != nb and (used[na] - demand[a] + demand[b]).fits_in(free[na]) \
-                and (used[nb] - demand[b] + demand[a]).fits_in(free[nb]):
+        if na != nb and (used[na] - demand[a] + demand[b]).fits_in(free.get(na, Resources())) \
+                and (used[nb] - demand[b] + demand[a]).fits_in(free.get(nb, Resources())):
             yield placement | {a: nb, b: na}
     others = [n for n in free if n not in used]
     for task, node in placement.items():
-        for target in [n for n in used if n != node] + others:
+        for target in [n for n in used if n != node and n in free] + others:
             if (used.get(target, Resources()) + demand[task]).fits_in(free[target]):
                 yield placement | {task: target}

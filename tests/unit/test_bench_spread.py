@@ -25,4 +25,6 @@ def test_one_network_one_seed_gives_every_figure(tmp_path: Path):
     for ours in ("ces-ppo", "ces-ppo:greedy", "ces-ppo:own"):
         assert s[ours]["network-aware"]["jobs"] >= 1
     assert s["ces-ppo"]["network-aware/ces"]["worst"] <= 1 + 1e-9
+    # the policy's own decoding has the greedy rollout among its candidates
+    assert s["ces-ppo:own"]["ces-ppo:greedy"]["worst"] <= 1 + 1e-9
     assert "own decoding" in done.stdout and out.with_suffix(".png").is_file()

@@ -27,7 +27,8 @@ def _decision(cluster: Cluster, job, placement: dict[str, str]) -> Decision:
 
 
 # a and b, two 2-core nodes behind a 100 Mbit/s link: a 4-task ring of 1-core tasks fills both
-PAIR = dict(nodes=[{"name": "a", "cpu": 2, "mem_mb": 4096}, {"name": "b", "cpu": 2, "mem_mb": 4096}],
+PAIR = dict(nodes=[{"name": "a", "cpu": 2, "mem_mb": 4096},
+                   {"name": "b", "cpu": 2, "mem_mb": 4096}],
             links=[{"ends": ["a", "s1"], "bw_mbps": 1000}, {"ends": ["b", "s2"], "bw_mbps": 1000},
                    {"ends": ["s1", "s2"], "bw_mbps": 100}])
 RING = ring_job("ring", 4, Resources(cpu=1, mem_mb=512), model_bytes=20e6, demand_mbps=100,
@@ -68,7 +69,8 @@ def test_moves_fit_what_the_cluster_leaves_and_change_one_or_two_tasks():
     checked = 0
     while checked < 15:
         c, job = random_instance(rng, max_switches=4, max_nodes=5, max_workers=4)
-        placement = {t.name: c.compute_nodes()[0] for t in job.tasks}
+        nodes = c.compute_nodes()
+        placement = {t.name: nodes[i % len(nodes)] for i, t in enumerate(job.tasks)}
         free = {n: c.free(n) + Resources(cpu=9, mem_mb=9e3) for n in c.compute_nodes()}
         for p in moves(job, placement, free):
             assert 1 <= sum(p[t] != placement[t] for t in p) <= 2
@@ -76,6 +78,19 @@ def test_moves_fit_what_the_cluster_leaves_and_change_one_or_two_tasks():
                 need = sum((job.task(t).demand for t in p if p[t] == node), Resources())
                 assert need.fits_in(free[node])
         checked += 1
+
+
+def test_a_task_on_a_node_gone_offline_may_leave_it_and_none_goes_there():
+    cluster = _cluster(nodes=PAIR["nodes"] + [{"name": "c", "cpu": 2, "mem_mb": 4096}],
+                       links=PAIR["links"] + [{"ends": ["c", "s2"], "bw_mbps": 1000}])
+    split = {"w0": "a", "w1": "b", "w2": "a", "w3": "b"}
+    cluster.offline.add("b")
+    free = {n: cluster.free(n) for n in cluster.compute_nodes(online_only=True)}
+    found = list(moves(RING, split, free))
+    assert any(p[t] == "c" for p in found for t in ("w1", "w3"))
+    assert all(p[t] != "b" for p in found for t in ("w0", "w2"))
+    better = improve(cluster, RING, _decision(cluster, RING, split), evaluations=50)
+    assert all(better.placement[t] != "b" for t in ("w0", "w2"))
 
 
 def test_local_search_is_never_slower_and_stays_feasible_on_random_instances():
@@ -100,6 +115,35 @@ def test_local_search_is_never_slower_and_stays_feasible_on_random_instances():
         assert after <= before
         improved += after < before * (1 - 1e-6)
     assert improved >= 5
+
+
+def test_local_search_starts_from_the_fastest_candidate(monkeypatch):
+    import scheduler.ppo as ppo
+    started: list = []
+    considered: list[float] = []
+    real_improve, real_consider = ppo.improve, ppo._Decoding._consider
+    monkeypatch.setattr(ppo, "improve", lambda c, j, d, evaluations: started.append(
+        predicted_iteration_s(c, j, d)) or real_improve(c, j, d, evaluations))
+
+    def consider(self, placement):
+        real_consider(self, placement)
+        considered.append(predicted_iteration_s(self.cluster, self.job,
+                                                _decision(self.cluster, self.job, placement)))
+    monkeypatch.setattr(ppo._Decoding, "_consider", consider)
+    rng = np.random.default_rng(3)
+    algo = make_algorithm("ces-ppo")
+    checked = 0
+    while checked < 10:
+        cluster, job = random_instance(rng, max_switches=4, max_nodes=6, max_workers=4)
+        started.clear()
+        considered.clear()
+        try:
+            algo.place(cluster, job)
+        except CannotPlace:
+            continue
+        if len(considered) >= 2 and started:
+            assert started == [min(considered)]
+            checked += 1
 
 
 def test_local_search_gets_what_the_rollouts_leave_of_the_budget(monkeypatch):
