@@ -12,7 +12,7 @@ import itertools
 from typing import Iterator
 
 from .metrics import predicted_iteration_s
-from .model import CannotPlace, Cluster, Decision, Job, Resources
+from .model import CannotPlace, Cluster, Decision, Job, Resources, placement_key
 from .paths import route_placement
 
 SIGNIFICANT = 1e-9  # relative: a move must lower the time by more than this
@@ -25,15 +25,16 @@ def improve(cluster: Cluster, job: Job, decision: Decision, evaluations: int) ->
     the model; `decision` itself when nothing better is found."""
     best, best_s = decision, predicted_iteration_s(cluster, job, decision)
     free = {n: cluster.free(n) for n in cluster.compute_nodes(online_only=True)}
-    seen = {_key(decision.placement)}
+    seen = {placement_key(decision.placement)}
     while evaluations > 0:
         step = None
         for placement in moves(job, best.placement, free):
             if evaluations <= 0:
                 break
-            if _key(placement) in seen:
+            key = placement_key(placement)
+            if key in seen:
                 continue
-            seen.add(_key(placement))
+            seen.add(key)
             evaluations -= 1
             try:
                 d = Decision(job.name, placement, route_placement(cluster, job, placement))
@@ -46,10 +47,6 @@ def improve(cluster: Cluster, job: Job, decision: Decision, evaluations: int) ->
             break
         best, best_s = step
     return best
-
-
-def _key(placement: dict[str, str]) -> tuple:
-    return tuple(sorted(placement.items()))
 
 
 def moves(job: Job, placement: dict[str, str], free: dict[str, Resources]

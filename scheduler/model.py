@@ -119,6 +119,11 @@ class Decision:
         return next((f for f in self.flows if f.src == src and f.dst == dst), None)
 
 
+def placement_key(placement: dict[str, str]) -> tuple:
+    """A placement as a hashable value: the same tasks on the same nodes, the same key."""
+    return tuple(sorted(placement.items()))
+
+
 class CannotPlace(Exception):
     """An algorithm's clear answer that the job does not fit now (the message says why)."""
 

@@ -32,7 +32,7 @@ from .env import (EDGE_FEATURES, GUIDE_FEATURES, JOB_FEATURES, NODE_FEATURES, ST
                   EnvConfig, GraphInput, PlacementEpisode, StepObservation, TrainingInstances)
 from .improve import improve
 from .metrics import predicted_iteration_s
-from .model import CannotPlace, Cluster, Decision, Job
+from .model import CannotPlace, Cluster, Decision, Job, placement_key
 from .paths import route_placement
 from .trace import Machine
 
@@ -539,7 +539,7 @@ class _Decoding:
         return True
 
     def _consider(self, placement: dict[str, str]) -> None:
-        key = tuple(sorted(placement.items()))
+        key = placement_key(placement)
         if key in self.seen:
             return
         self.seen.add(key)

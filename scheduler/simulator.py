@@ -33,7 +33,7 @@ from typing import Iterable, Literal
 import numpy as np
 
 from .metrics import bandwidth_satisfaction, node_utilisation, packable, predicted_iteration_s
-from .model import ENFORCED, Cluster, Job, Resources
+from .model import ENFORCED, Cluster, Job, Resources, placement_key
 from .paths import NoPath, fair_rates, route_placement, shortest_path
 from .perfmodel import IterationModel
 from .rounds import JobState, QueuePolicy, Round, State, estimated_iteration_s
@@ -371,7 +371,7 @@ class Simulator:
         self._migrated(js)
         js.bw_satisfaction = bandwidth_satisfaction(js.job, js.decision)[0]
         self.running[js.name] = js
-        self.starts.append((self.now, js.name, tuple(sorted(js.decision.placement.items()))))
+        self.starts.append((self.now, js.name, placement_key(js.decision.placement)))
         self._touch(js.decision.placement.values())
         self._net_dirty |= self._shares_network(js)
         if not self._net_dirty:  # its flows get exactly their granted rates
@@ -395,7 +395,7 @@ class Simulator:
         if self._migrated(js):
             js.ready_at = max(js.ready_at, self.now + self.config.restart_overhead_s)
         js.bw_satisfaction = bandwidth_satisfaction(js.job, js.decision)[0]
-        self.starts.append((self.now, js.name, tuple(sorted(js.decision.placement.items()))))
+        self.starts.append((self.now, js.name, placement_key(js.decision.placement)))
         self._touch([*old, *js.decision.placement.values()])
         js.version += 1  # its completion event is stale whatever the new pace
         js.iter_s = js.expected_end = math.inf
