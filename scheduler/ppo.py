@@ -3,7 +3,8 @@
 Read top to bottom: the hyper-parameters (one dataclass); batching; the network (a graph encoder
 run once per decision, and a scorer of every compute node at each step); acting; the teacher (a
 search that gives guidance early); training — imitation of the teacher, then PPO with the mean
-return of a group of rollouts of the same instance as the baseline; checkpoints; and `CesPPO`,
+return of a group of rollouts of the same instance as the baseline, then the first node learned
+from rollouts begun on many of them; checkpoints; and `CesPPO`,
 the `ces-ppo` algorithm of the registry: multi-start greedy decoding from the committed
 checkpoint, the network part from CES's network decision (`paths.route_placement`, through
 `env.PlacementEpisode.decision`).
@@ -49,10 +50,16 @@ class PPOConfig:
     ppo: int = 800  # instances of phase 2: PPO
     group: int = 4  # sampled rollouts per instance in phase 2 (their mean return: the baseline)
     teacher_starts: int = 8  # first nodes the teacher's search tries
+    first_nodes: int = 4800  # instances of phase 3: the first node, from rollouts begun on many
+    first_rollouts: int = 32  # first nodes rolled out per instance in phase 3
+    first_tau: float = 0.1  # phase 3's target over them: softmax(-log(iteration time) / tau)
+    first_anchor: float = 0.5  # phase 3's weight on the fastest rollout's later steps
+    first_batch: int = 16  # instances per update in phase 3
     batch: int = 32  # episodes per update
     epochs: int = 2  # passes over each batch
     lr: float = 1e-3  # phase 1
     lr_ppo: float = 2e-4  # phase 2
+    lr_first: float = 2e-4  # phase 3
     clip: float = 0.2
     ent_coef: float = 0.003
     max_grad_norm: float = 1.0
@@ -320,7 +327,8 @@ def losses(agent: Agent, episodes: list[Episode]) -> tuple[Tensor, Tensor, Tenso
 def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(), machines: list[Machine] | None = None,
           log: Callable[[dict], None] = lambda row: None,
           validation: list[tuple[Cluster, Job]] | None = None) -> Agent:
-    """Phase 1: imitation of the teacher; phase 2: PPO. `log` gets a row per update (and the
+    """Phase 1: imitation of the teacher; phase 2: PPO; phase 3: the first node from rollouts
+    begun on many (`first_node_lesson`). `log` gets a row per update (and the
     validation figure, when `validation` instances are given, every `cfg.validate_every`
     updates and at the end of each phase). With validation instances, the weights returned are
     those of the best validation figure."""
@@ -384,6 +392,22 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(), machines: list[Machi
                 step(pg - cfg.ent_coef * entropy.mean())
             report("ppo", done >= end, loss=pg.item(), entropy=entropy.mean().item(),
                    ret=float(np.mean([e.ret for e in batch])))
+        for group in optim.param_groups:
+            group["lr"] = cfg.lr_first
+        end += cfg.first_nodes
+        while done < end:  # phase 3
+            lessons = []
+            while len(lessons) < cfg.first_batch and done < end:
+                done += 1
+                lesson = first_node_lesson(agent, *instances.next(), cfg, rng)
+                if lesson is not None:
+                    lessons.append(lesson)
+            if not lessons:
+                continue
+            for _ in range(cfg.epochs):
+                ce, anchor = first_node_losses(agent, lessons)
+                step(ce + cfg.first_anchor * anchor)
+            report("first node", done >= end, loss=ce.item(), anchor=anchor.item())
     if best[1] is not None:  # model selection on the validation instances, never the benchmarks
         agent.load_state_dict(best[1])
     return agent
@@ -419,6 +443,81 @@ def sample_group(agent: Agent, cluster: Cluster, job: Job, size: int,
     for e in group:
         e.advantage = e.ret - mean
     return group
+
+
+@dataclass
+class FirstNodeLesson:
+    """Phase 3's lesson on one instance: greedy rollouts begun on several first nodes."""
+    first: Episode  # the first step, its action the fastest rollout's first node
+    nodes: np.ndarray  # the first nodes rolled out (indices of compute nodes)
+    target: np.ndarray  # softmax(-log(iteration time) / tau) over them
+    later: Episode  # the fastest rollout's steps after the first
+
+
+def first_node_lesson(agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig,
+                      rng: np.random.Generator) -> FirstNodeLesson | None:
+    """Greedy rollouts from `cfg.first_rollouts` first nodes — half the policy's highest-rated,
+    half drawn from the rest — and from network-aware's: how fast each first node makes the
+    policy's own placement is known only by rolling out from it (what a first node leads to
+    depends on the capacity and links of nodes several hops away, which no feature shows)."""
+    ep0 = PlacementEpisode(cluster, job)
+    if ep0.done:
+        return None
+    graph = ep0.graph_input()
+    policy = Policy(agent, graph)
+    obs = ep0.observe()
+    logits = policy.logits(obs)
+    feasible = np.flatnonzero(obs.mask)
+    ranked = feasible[np.argsort(-logits[feasible], kind="stable")]
+    top, rest = ranked[:cfg.first_rollouts // 2], ranked[cfg.first_rollouts // 2:]
+    nodes = list(top) + list(rng.choice(rest, min(len(rest), cfg.first_rollouts - len(top)),
+                                        replace=False))
+    try:
+        own = ep0.compute.index(NetworkAware().positions(cluster, job)[ep0.task])
+        if own not in nodes and obs.mask[own]:
+            nodes.append(own)
+    except CannotPlace:
+        pass
+    if len(nodes) < 2:
+        return None
+    times, runs = [], []
+    for node in nodes:
+        ep = ep0.restart()
+        run = Episode(graph)
+        rollout(policy, ep, greedy=True, first=int(node), record=run)
+        times.append(iteration_s(ep) or math.inf)
+        runs.append(run)
+    t = np.array(times)
+    if not np.isfinite(t).any():
+        return None
+    # a rollout that placed nothing: as bad as twice the slowest that did (the target needs a
+    # finite time; at tau 0.1 such a node's weight is e^-7 of the slowest's)
+    log_t = np.log(np.where(np.isfinite(t), t, 2 * t[np.isfinite(t)].max()))
+    target = np.exp(-(log_t - log_t.min()) / cfg.first_tau)
+    best = runs[int(log_t.argmin())]
+    return FirstNodeLesson(Episode(graph, best.steps[:1], best.actions[:1]), np.array(nodes),
+                           target / target.sum(), Episode(graph, best.steps[1:], best.actions[1:]))
+
+
+def first_node_losses(agent: Agent, lessons: list[FirstNodeLesson]) -> tuple[Tensor, Tensor]:
+    """Cross-entropy of the first step's softmax over the nodes rolled out against the target;
+    and −log p per step of the fastest rollout's later steps — the policy's own greedy choices:
+    an anchor that keeps the shared encoder's change for the first step from moving them (it
+    also makes them more certain)."""
+    firsts = [lesson.first for lesson in lessons]
+    gb = collate_graphs([e.graph for e in firsts])
+    h, ctx = agent.encode(gb)
+    sb = collate_steps(firsts, gb)
+    logits = agent.row_logits(h, ctx, sb)
+    ce, row = torch.tensor(0.0), 0
+    for lesson in lessons:
+        feasible = np.flatnonzero(lesson.first.steps[0].mask)
+        z = logits[torch.from_numpy(row + np.searchsorted(feasible, lesson.nodes))]
+        ce = ce - (torch.from_numpy(lesson.target).float() * torch.log_softmax(z, 0)).sum()
+        row += len(feasible)
+    later = [lesson.later for lesson in lessons if lesson.later.steps]
+    anchor = -losses(agent, later)[2] if later else torch.tensor(0.0)
+    return ce / len(lessons), anchor
 
 
 def validate(agent: Agent, instances: list[tuple[Cluster, Job]]) -> float:

@@ -2,7 +2,8 @@
 
 Trains on random instances (`env.TrainingInstances`: generated and topohub networks kept apart from
 the benchmarks, plain CPU edge nodes or the Alibaba machine table, background load, jobs that fit
-on a node and jobs no node can hold): imitation of the teacher, then PPO (`ppo.train`). Shows
+on a node and jobs no node can hold): imitation of the teacher, then PPO, then the first node from
+rollouts begun on many (`ppo.train`). Shows
 progress; writes the learning curve as CSV and PNG (default `results/ppo/learning_curve.{csv,png}`)
 with the validation figure — the greedy policy's iteration time over network-aware's, geometric
 mean over instances drawn apart from training — and the checkpoint the `ces-ppo` algorithm loads.
@@ -27,7 +28,7 @@ from .trace import MACHINE_TABLE, load_machine_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "ppo"
-COLUMNS = ("phase", "instances", "seconds", "cpu_seconds", "loss", "entropy", "ret",
+COLUMNS = ("phase", "instances", "seconds", "cpu_seconds", "loss", "entropy", "ret", "anchor",
            "vs_network_aware")
 VALIDATION_SEED = 10_000  # + the training seed: instances training never draws
 
@@ -40,12 +41,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--imitation", type=int, default=d.imitation,
                    help="instances of phase 1, imitation of the teacher")
     p.add_argument("--ppo", type=int, default=d.ppo, help="instances of phase 2, PPO")
+    p.add_argument("--first-nodes", type=int, default=d.first_nodes,
+                   help="instances of phase 3, the first node from rollouts begun on many")
     p.add_argument("--encoder", choices=("gnn", "mlp"), default=d.encoder)
     p.add_argument("--layers", type=int, default=d.layers,
                    help="message-passing rounds of the gnn encoder")
     p.add_argument("--hidden", type=int, default=d.hidden)
     p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--validation", type=int, default=40,
+    p.add_argument("--validation", type=int, default=160,
                    help="instances of the validation figure (0: none)")
     p.add_argument("--machines", type=Path, default=MACHINE_TABLE,
                    help="machine table (Alibaba PAI format) for GPU clusters")
@@ -54,12 +57,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--png", type=Path, default=RESULTS / "learning_curve.png")
     args = p.parse_args(argv)
     problems = []
-    for opt, low in (("imitation", 0), ("ppo", 0), ("layers", 1), ("hidden", 4), ("threads", 1),
-                     ("validation", 0)):
+    for opt, low in (("imitation", 0), ("ppo", 0), ("first_nodes", 0), ("layers", 1),
+                     ("hidden", 4), ("threads", 1), ("validation", 0)):
         if getattr(args, opt) < low:
-            problems.append(f"--{opt} must be ≥ {low}, got {getattr(args, opt)}")
-    if args.imitation + args.ppo < 1:
-        problems.append("--imitation and --ppo are both 0: nothing to train")
+            flag = "--" + opt.replace("_", "-")
+            problems.append(f"{flag} must be ≥ {low}, got {getattr(args, opt)}")
+    if args.imitation + args.ppo + args.first_nodes < 1:
+        problems.append("--imitation, --ppo and --first-nodes are all 0: nothing to train")
     if not args.machines.is_file():
         problems.append(f"--machines: {args.machines} is not a file")
     for opt in ("out", "csv", "png"):
@@ -86,11 +90,13 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for phase, color in (("imitation", "tab:blue"), ("ppo", "tab:orange")):
+    for phase, color in (("imitation", "tab:blue"), ("ppo", "tab:orange"),
+                         ("first node", "tab:green")):
         pts = [(r["instances"], r["loss"]) for r in rows if r["phase"] == phase]
         if pts:
             ax_loss.plot(*zip(*pts), lw=1, color=color, label=phase)
-    ax_loss.set_title("loss (imitation: −log p of the teacher's node; ppo: clipped objective)",
+    ax_loss.set_title("loss — imitation: −log p of the teacher's node; ppo: clipped "
+                      "objective;\nfirst node: cross-entropy to the target from the rollouts",
                       fontsize=9)
     ax_loss.legend(fontsize=8)
     val = [(r["instances"], r["vs_network_aware"]) for r in rows
@@ -119,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.out, args.csv, args.png):
         path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    total = cfg.imitation + cfg.ppo
+    total = cfg.imitation + cfg.ppo + cfg.first_nodes
     with args.csv.open("w", newline="") as fh, Progress(
-            TextColumn("[bold]CES-PPO[/] seed {task.fields[seed]} {task.fields[phase]:9}"),
+            TextColumn("[bold]CES-PPO[/] seed {task.fields[seed]} {task.fields[phase]:10}"),
             BarColumn(), TextColumn("{task.completed:>5.0f}/{task.total:.0f} instances"),
             TextColumn("loss {task.fields[loss]:>6.3f}  validation {task.fields[val]}"),
             TimeElapsedColumn(), TimeRemainingColumn()) as progress:
