@@ -226,6 +226,11 @@ class Policy:
         out[feasible] = z[:, 0] + obs.guide[feasible] @ self.prior
         return out
 
+    def ranked(self, obs: StepObservation) -> np.ndarray:
+        """The feasible nodes, the highest-rated first (on a tie, the lower index first)."""
+        logits = self.logits(obs)
+        return np.argsort(-logits, kind="stable")[:int(obs.mask.sum())]
+
 
 # --- acting ---------------------------------------------------------------------------------------
 def rollout(policy: Policy, ep: PlacementEpisode, greedy: bool, first: int | None = None,
@@ -466,9 +471,7 @@ def first_node_lesson(agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig,
     graph = ep0.graph_input()
     policy = Policy(agent, graph)
     obs = ep0.observe()
-    logits = policy.logits(obs)
-    feasible = np.flatnonzero(obs.mask)
-    ranked = feasible[np.argsort(-logits[feasible], kind="stable")]
+    ranked = policy.ranked(obs)
     top, rest = ranked[:cfg.first_rollouts // 2], ranked[cfg.first_rollouts // 2:]
     nodes = list(top) + list(rng.choice(rest, min(len(rest), cfg.first_rollouts - len(top)),
                                         replace=False))
@@ -627,9 +630,8 @@ class _Decoding:
         self.best: tuple[Decision, float] | None = None
         self.seen: set[tuple] = set()
         self.reason = ""
-        first = ep0.observe()
         # the first nodes by the policy's rating, the highest first (the greedy rollout's)
-        self.ranked = np.argsort(-policy.logits(first), kind="stable")[:int(first.mask.sum())]
+        self.ranked = policy.ranked(ep0.observe())
 
     def _spend(self, always: bool) -> bool:
         if not always and self.budget < self.rollout_cost:
