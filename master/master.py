@@ -14,7 +14,9 @@ allocates from it; the Network Controller holds the flows and enforces them.
 
 Closed loop: an agent reports a worker's exit at once (its next heartbeat is sent immediately);
 a node whose heartbeats stop for `heartbeat_timeout_s` is taken offline. Either ends the job's
-attempt: it is scheduled again on what is left, or fails with the reason.
+attempt: it is scheduled again on what is left, or fails with the reason. Queued jobs get a
+scheduling round on every such event, and when a read of the link statistics changes the
+unscheduled traffic the view reserves (a link another tenant filled may be free again).
 
 A job's network (`scheduler.compose`): an enforced decision's flows are installed (SDN paths and
 meters, sender tc) and reserved; a best-effort one installs and reserves nothing. Runtime
@@ -321,7 +323,14 @@ class Master:
         capacity's shares moved (`NetworkController.observe`)."""
         links, flows = self.network.read_usage()
         with self.lock:
+            before = self.network.background()
             moved = self.network.observe(links, flows)
+            # Jobs waiting for bandwidth were judged on the last reading; the traffic that filled
+            # a link may be gone (a job that just ended is measured as another tenant's until
+            # its counters stop): another round on this reading, or they wait for an event that
+            # may never come.
+            if self.manager.queued() and self.network.background() != before:
+                self._dirty = True
             self._note_contention()
             if not moved:
                 return

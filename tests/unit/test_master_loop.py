@@ -311,3 +311,21 @@ def test_a_job_stays_on_a_contended_link_when_the_detour_is_thinner():
         assert all(f["path"] == ["s1", "s2"] for f in c.sdn.puts[-1] if f["src"] == "a")
     finally:
         c.stop()
+
+
+def test_a_job_waiting_for_bandwidth_starts_once_the_traffic_that_filled_the_link_is_gone():
+    """Another tenant's traffic (or a finished job's, still on the counters) fills a's only
+    link: the job waits for a path with bandwidth; when the next readings show the link free it
+    starts, with no other event to wake the queue."""
+    c = two_paths()
+    try:
+        c.sdn.report("a", "s1", 1000.0)
+        wait_for(lambda: any(lk["background_mbps"] > 0 for lk in c.client.links()),
+                 what="the traffic in the Master's view")
+        c.client.submit(spread_job("j", demand_mbps=50), algorithm="network-aware")
+        wait_for(lambda: "residual bandwidth" in (c.job("j").get("reason") or ""),
+                 what="j waiting for bandwidth")
+        c.sdn.measured = []
+        wait_for(running(c, "j"), timeout_s=3, what="j running once the link is free")
+    finally:
+        c.stop()
