@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scheduler.baselines import NetworkAware, make_algorithm
+from scheduler.baselines import make_algorithm
 from scheduler.compose import build
 from scheduler.bounds import iteration_lower_bound
 from scheduler.evaluate import machine_info
@@ -57,7 +57,7 @@ from scheduler.jobs import load_jobs, ring_job
 from scheduler.metrics import load_balance, predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Job, Resources
 from scheduler.env import PlacementEpisode
-from scheduler.ppo import CHECKPOINT, Agent, CesPPO, Policy, iteration_s, rollout
+from scheduler.ppo import CHECKPOINT, Agent, CesPPO, Policy, greedy_from, network_aware_first
 from scheduler.trace import MACHINE_TABLE, load_machine_spec
 from topologies import load_topology
 
@@ -121,16 +121,11 @@ def first_nodes(agent: Agent, cluster: Cluster, job: Job) -> dict:
     job, or network-aware's first node is masked for the policy)."""
     ep0 = PlacementEpisode(cluster, job)
     policy = Policy(agent, ep0.graph_input())
-    ranked = [int(v) for v in policy.ranked(ep0.observe())]
-
-    def from_node(node: int) -> float | None:
-        ep = ep0.restart()
-        rollout(policy, ep, greedy=True, first=node)
-        return iteration_s(ep)
-    na_first = ep0.compute.index(NetworkAware().positions(cluster, job)[ep0.task])
-    times = [t for t in map(from_node, ranked[:TAIL_FIRST_NODES]) if t is not None]
-    return {"from_na_first_s": from_node(na_first) if na_first in ranked else None,
-            "best_first_s": min(times, default=None)}
+    times = [greedy_from(policy, ep0, int(v))
+             for v in policy.ranked(ep0.observe())[:TAIL_FIRST_NODES]]
+    na_first = network_aware_first(ep0)
+    return {"from_na_first_s": None if na_first is None else greedy_from(policy, ep0, na_first),
+            "best_first_s": min((t for t in times if t is not None), default=None)}
 
 
 def ratios(rows: list[dict], a: str, b: str) -> list[float]:

@@ -258,6 +258,25 @@ def rollout(policy: Policy, ep: PlacementEpisode, greedy: bool, first: int | Non
     return logp
 
 
+def greedy_from(policy: Policy, ep0: PlacementEpisode, first: int,
+                record: Episode | None = None) -> float | None:
+    """The iteration time of the policy's greedy rollout begun on compute node `first` (None: it
+    placed nothing); its steps into `record` when given."""
+    ep = ep0.restart()
+    rollout(policy, ep, greedy=True, first=first, record=record)
+    return iteration_s(ep)
+
+
+def network_aware_first(ep0: PlacementEpisode) -> int | None:
+    """Network-aware's first node for the episode's job (a compute node's index); None where it
+    cannot place the job or the episode's mask forbids that node."""
+    try:
+        node = ep0.compute.index(NetworkAware().positions(ep0.cluster, ep0.job)[ep0.task])
+    except CannotPlace:
+        return None
+    return node if ep0.observe().mask[node] else None
+
+
 def iteration_s(ep: PlacementEpisode) -> float | None:
     """The predicted iteration time of a finished episode's decision (None: no decision)."""
     try:
@@ -475,20 +494,15 @@ def first_node_lesson(agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig,
     top, rest = ranked[:cfg.first_rollouts // 2], ranked[cfg.first_rollouts // 2:]
     nodes = list(top) + list(rng.choice(rest, min(len(rest), cfg.first_rollouts - len(top)),
                                         replace=False))
-    try:
-        own = ep0.compute.index(NetworkAware().positions(cluster, job)[ep0.task])
-        if own not in nodes and obs.mask[own]:
-            nodes.append(own)
-    except CannotPlace:
-        pass
+    own = network_aware_first(ep0)
+    if own is not None and own not in nodes:
+        nodes.append(own)
     if len(nodes) < 2:
         return None
     times, runs = [], []
     for node in nodes:
-        ep = ep0.restart()
         run = Episode(graph)
-        rollout(policy, ep, greedy=True, first=int(node), record=run)
-        times.append(iteration_s(ep) or math.inf)
+        times.append(greedy_from(policy, ep0, int(node), run) or math.inf)
         runs.append(run)
     t = np.array(times)
     if not np.isfinite(t).any():
