@@ -323,13 +323,14 @@ class Master:
         capacity's shares moved (`NetworkController.observe`)."""
         links, flows = self.network.read_usage()
         with self.lock:
-            before = self.network.background()
-            moved = self.network.observe(links, flows)
             # Jobs waiting for bandwidth were judged on the last reading; the traffic that filled
             # a link may be gone (a job that just ended is measured as another tenant's until
             # its counters stop): another round on this reading, or they wait for an event that
-            # may never come.
-            if self.manager.queued() and self.network.background() != before:
+            # may never come. Only while jobs wait: every poll would otherwise pay for it.
+            waiting = bool(self.manager.queued())
+            before = self.network.background() if waiting else None
+            moved = self.network.observe(links, flows)
+            if waiting and self.network.background() != before:
                 self._dirty = True
             self._note_contention()
             if not moved:
