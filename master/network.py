@@ -21,7 +21,11 @@ senders' tc classes let through. A demand says what a job needs to run at the pa
 planned, not what it could use: a ring's iteration shortens with every Mbit/s it gets.
 
 Unscheduled traffic on a link is what the link carries less what the scheduled pairs' flow entries
-count (the SDN app's per-flow counters), so a grant left unused does not hide another tenant.
+count (the SDN app's per-flow counters), so a grant left unused does not hide another tenant. A
+pair whose last job ended counts as scheduled until `SETTLE_READINGS` link readings have come
+after: a reading may have been sampled before the end, and the job's last traffic, taken for
+another tenant's, would send the next jobs round it (on the ring, a job placed 2.5 s after the
+previous run's end got grants of 0.6–0.8 Mbit/s the long way round: docs/e2e.md).
 
 Enforcement: per node pair. On the wire, the traffic between two compute nodes cannot be told
 apart by job (the workers of several jobs share their node's address, as the containers of a
@@ -109,6 +113,9 @@ class NetworkController:
     # full-size one (1514 bytes on the wire). Its way back matches every packet the other way
     # that no flow schedules: beyond this it carries another's traffic.
     ACK_SHARE = 66 / 1514
+    # Readings after a pair's end in which it still counts as scheduled: the first may have been
+    # sampled before the end (the SDN app samples every second, the Master reads every two).
+    SETTLE_READINGS = 2
 
     def __init__(self, topo: Topology, cluster: Cluster, compute: ComputeController,
                  sdn: SdnApi | None = None, sdn_job_id: str = "ces", spare: bool = True):
@@ -120,6 +127,9 @@ class NetworkController:
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
         self.carried: dict[Pair, float] = {}  # Mbit/s each pair's flow entries count
         self.carried_back: dict[Pair, float] = {}  # and its way back's (`desired`)
+        # pairs whose last job ended, as their counters last saw them: (path, carried, carried
+        # back, readings left: SETTLE_READINGS)
+        self.ended: dict[Pair, tuple[tuple[str, ...], float, float, int]] = {}
         self.down: set[tuple[str, str]] = set()  # directed links without link (port status)
         # What the network holds, as far as pushes know (the control loop's own state).
         self.shaped: dict[str, tuple[ShapingRule, ...]] = {}  # node -> rules its agent applied
@@ -134,13 +144,16 @@ class NetworkController:
         """Unscheduled traffic per directed link: measured less what the scheduled pairs on it
         carry (their installed rate until their counters have two samples) and less their
         acknowledgements on the reverse links (what their ways back carry, up to `ACK_SHARE`:
-        `desired`), above the floors."""
+        `desired`), and less what the pairs whose last job just ended carried (`ended`), above
+        the floors."""
         scheduled: dict[tuple[str, str], float] = {}
-        for pair, p in self.pairs.items():
-            carried = self.carried.get(pair, p.installed_mbps)
-            acks = min(self.carried_back.get(pair, 0.0), self.ACK_SHARE * carried)
-            back = p.path[::-1]
-            for links, mbps in ((zip(p.path, p.path[1:]), carried), (zip(back, back[1:]), acks)):
+        carrying = [(p.path, self.carried.get(pair, p.installed_mbps),
+                     self.carried_back.get(pair, 0.0)) for pair, p in self.pairs.items()]
+        carrying += [(path, carried, back) for path, carried, back, _ in self.ended.values()]
+        for path, carried, carried_back in carrying:
+            acks = min(carried_back, self.ACK_SHARE * carried)
+            back = path[::-1]
+            for links, mbps in ((zip(path, path[1:]), carried), (zip(back, back[1:]), acks)):
                 for link in links:
                     scheduled[link] = scheduled.get(link, 0.0) + mbps
         out = {}
@@ -171,6 +184,7 @@ class NetworkController:
         pairs' flows with their per-hop counters; True when the spare shares moved enough that
         the network should be pushed again (`SPARE_STEP`)."""
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
+        self.ended = {pair: (*e[:3], e[3] - 1) for pair, e in self.ended.items() if e[3] > 1}
         self.down = {(u.src, u.dst) for u in links if not u.up}
         self.carried, self.carried_back = {}, {}
         for f in flows:  # the last hop counts what the meter let through
@@ -277,6 +291,9 @@ class NetworkController:
                 del p.shares[share]
             if not p.shares:
                 del self.pairs[pair]
+                if pair in self.carried:  # its counters saw traffic the readings may still hold
+                    self.ended[pair] = (p.path, self.carried[pair],
+                                        self.carried_back.get(pair, 0.0), self.SETTLE_READINGS)
         self._spare_stale = True
 
     def installed(self) -> dict[str, dict[str, float]]:

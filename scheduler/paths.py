@@ -283,9 +283,17 @@ def assign_flows(cluster: Cluster, job: Job, placement: Mapping[str, str], rule:
             n, d = routed.get(lk, (0, 0.0))
             routed[lk] = (n + 1, d + f.demand_mbps)
     demands = {(f.src, f.dst): f.demand_mbps for f in crossing}
+    return granted(crossing, paths, fair_rates(cluster, paths, demands,
+                                               split_weights(crossing, weighting)))
+
+
+def split_weights(crossing: list[LogicalFlow], weighting: str = "bytes"
+                  ) -> dict[tuple[str, str], float]:
+    """The rate split's weight of each flow, keyed (src, dst): its bytes per iteration
+    ("bytes": the collective's flows finish together), or 1 ("equal", and for all when one
+    carries no bytes)."""
     use_bytes = weighting == "bytes" and all(f.bytes_per_iter > 0 for f in crossing)
-    weights = {(f.src, f.dst): (f.bytes_per_iter if use_bytes else 1.0) for f in crossing}
-    return granted(crossing, paths, fair_rates(cluster, paths, demands, weights))
+    return {(f.src, f.dst): (f.bytes_per_iter if use_bytes else 1.0) for f in crossing}
 
 
 def granted(crossing: list[LogicalFlow], paths: dict[tuple[str, str], Path],
@@ -324,8 +332,8 @@ def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k:
         return []
     lay = layout(cluster)
     res = residuals(cluster, lay).tolist()
+    weight = split_weights(crossing)
     use_bytes = all(f.bytes_per_iter > 0 for f in crossing)
-    weight = {(f.src, f.dst): f.bytes_per_iter if use_bytes else 1.0 for f in crossing}
     demand = {(f.src, f.dst): f.demand_mbps for f in crossing}
     by_pair = {pair: _pair_options(cluster, lay, res, pair, k, fixed)
                for pair in dict.fromkeys((placement[f.src], placement[f.dst]) for f in crossing)}

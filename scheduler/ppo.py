@@ -32,7 +32,7 @@ from .baselines import NetworkAware, make_algorithm, register
 from .env import (EDGE_FEATURES, GUIDE_FEATURES, JOB_FEATURES, NODE_FEATURES, STEP_FEATURES,
                   EnvConfig, GraphInput, PlacementEpisode, StepObservation, TrainingInstances)
 from .improve import improve
-from .metrics import predicted_iteration_s
+from .metrics import Rank, predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job, placement_key
 from .paths import route_placement
 from .trace import Machine
@@ -599,8 +599,9 @@ class CesPPO:
       - local search from the best placement so far (`improve.improve`: task moves and
         exchanges), an evaluation of a placement counted as one rollout.
     Each placement is taken with CES's paths and rates (`paths.route_placement`); the decision
-    is the candidate with the shortest predicted iteration time (the earliest on a tie). The
-    policy alone: `compare=False` and a budget below 2×N×T."""
+    is the candidate with the shortest predicted iteration time; between candidates it rates
+    the same, one on no more nodes whose flows have more room to spare (`metrics.Rank`), else
+    the earliest. The policy alone: `compare=False` and a budget below 2×N×T."""
     name: str = "ces-ppo"
     seed: int = 0  # unused: decoding draws nothing
     checkpoint: str | Path = CHECKPOINT
@@ -641,7 +642,7 @@ class _Decoding:
         self.cluster, self.job, self.ep0, self.policy = cluster, job, ep0, policy
         self.rollout_cost = len(ep0.compute) * len(job.tasks)
         self.budget = budget
-        self.best: tuple[Decision, float] | None = None
+        self.best: Rank | None = None
         self.seen: set[tuple] = set()
         self.reason = ""
         # the first nodes by the policy's rating, the highest first (the greedy rollout's)
@@ -664,9 +665,9 @@ class _Decoding:
         except CannotPlace as e:
             self.reason = self.reason or str(e)
             return
-        s = predicted_iteration_s(self.cluster, self.job, d)
-        if self.best is None or s < self.best[1]:
-            self.best = d, s
+        rank = Rank(self.cluster, self.job, d)
+        if self.best is None or rank < self.best:
+            self.best = rank
 
     def greedy(self, rank: int, always: bool = True) -> bool:
         """One greedy rollout from the `rank`-th rated first node; `always`: whatever budget is
@@ -696,8 +697,8 @@ class _Decoding:
             raise CannotPlace(self.reason or f"job {self.job.name}: no placement the policy "
                               "found has paths with bandwidth")
         evaluations = self.budget // self.rollout_cost
-        return improve(self.cluster, self.job, self.best[0], evaluations) if evaluations > 0 \
-            else self.best[0]
+        return improve(self.cluster, self.job, self.best.decision, evaluations) if evaluations > 0 \
+            else self.best.decision
 
 
 _POOLS: list[ThreadpoolController] = []

@@ -8,12 +8,12 @@ import pytest
 
 from scheduler.metrics import bandwidth_satisfaction, cluster_metrics, decision_metrics, \
     deployed_count, fragmentation, job_completion_s, load_balance, load_variance, network_cost, \
-    node_utilisation, packable, predicted_iteration_s
+    node_utilisation, packable, predicted_iteration_s, spare_iteration_s
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
 from scheduler.perfmodel import IterationModel
 from topologies import parse_topology
 
-from test_sched_paths import LONG, SHORT, diamond  # noqa: E402  (same folder)
+from test_sched_paths import LONG, SHORT, diamond, reserve  # noqa: E402  (same folder)
 
 BACK = tuple(reversed(SHORT))
 
@@ -40,6 +40,18 @@ def test_predicted_iteration_time_by_hand():
     assert job_completion_s(c, job, dec, start_s=30.0) == pytest.approx(30 + 1000 * expected)
     ideal = IterationModel(efficiency=1.0, per_message_latency_s=0.0)
     assert predicted_iteration_s(c, job, dec, ideal) == pytest.approx(0.2 + 0.16 + 2 * 0.008)
+
+
+def test_the_time_with_the_spare_takes_each_flow_to_what_its_path_has_left():
+    c, job, dec = ring2()  # granted 50 and 100 Mbit/s on the 100 Mbit/s s1-s2 link
+    steps = 2 * (0.0005 + 0.008)
+    # each direction alone on its links: both at 100, whatever their grants
+    assert spare_iteration_s(c, job, dec) == pytest.approx(0.2 + 8 / 100 / 0.92 + steps)
+    reserve(c, SHORT, 40)  # another tenant's 40 Mbit/s on h1 -> h2: w0 -> w1 gets the other 60
+    assert spare_iteration_s(c, job, dec) == pytest.approx(0.2 + 8 / 60 / 0.92 + steps)
+    assert predicted_iteration_s(c, job, dec) == pytest.approx(0.2 + 8 / 50 / 0.92 + steps)
+    colocated = Decision("r", {"w0": "h1", "w1": "h1"}, [])
+    assert spare_iteration_s(c, job, colocated) == predicted_iteration_s(c, job, colocated)
 
 
 def test_colocated_job_has_no_communication():

@@ -133,6 +133,24 @@ def test_a_pairs_acknowledgements_on_its_way_back_are_not_another_tenant(nc):
     assert nc.background() == {("s2", "s1"): pytest.approx(9.0 - 40.0 * 66 / 1514)}
 
 
+def test_a_job_that_just_ended_is_not_taken_for_another_tenant(nc):
+    """Its last traffic stays in the readings sampled before its end: the next job would go
+    round a link it finds full. Two readings later, what is still there is somebody else's."""
+    j1 = two_task_job("j1")
+    install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
+    busy = [link("s1", "s2", 40.0), link("s2", "s1", 40.0)]
+    nc.observe(busy, counters({("a", "b"): 40.0, ("b", "a"): 40.0}))
+    remove(nc, "j1")
+    assert nc.background() == {}
+    assert nc.view(set()).residual("s1", "s2") == pytest.approx(100.0)
+    nc.observe(busy, [])  # sampled before the end
+    assert nc.background() == {}
+    nc.observe(busy, [])
+    assert nc.background() == {("s1", "s2"): pytest.approx(40.0),
+                               ("s2", "s1"): pytest.approx(40.0)}
+
+
 def test_contended_links_are_those_whose_grants_no_longer_fit(nc):
     j1 = two_task_job("j1")
     install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
