@@ -321,6 +321,7 @@ class Master:
     def _poll_links(self) -> None:
         """Read the link statistics and the scheduled pairs' counters; push again when the spare
         capacity's shares moved (`NetworkController.observe`)."""
+        read_at = time.monotonic()
         links, flows = self.network.read_usage()
         with self.lock:
             # Jobs waiting for bandwidth were judged on the last reading; the traffic that filled
@@ -329,7 +330,7 @@ class Master:
             # may never come. Only while jobs wait: every poll would otherwise pay for it.
             waiting = bool(self.manager.queued())
             before = self.network.background() if waiting else None
-            moved = self.network.observe(links, flows)
+            moved = self.network.observe(links, flows, read_at)
             if waiting and self.network.background() != before:
                 self._dirty = True
             self._note_contention()

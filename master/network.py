@@ -22,10 +22,11 @@ planned, not what it could use: a ring's iteration shortens with every Mbit/s it
 
 Unscheduled traffic on a link is what the link carries less what the scheduled pairs' flow entries
 count (the SDN app's per-flow counters), so a grant left unused does not hide another tenant. A
-pair whose last job ended counts as scheduled until `SETTLE_READINGS` link readings have come
-after: a reading may have been sampled before the end, and the job's last traffic, taken for
-another tenant's, would send the next jobs round it (on the ring, a job placed 2.5 s after the
-previous run's end got grants of 0.6–0.8 Mbit/s the long way round: docs/e2e.md).
+pair whose last job ended counts as scheduled until `SETTLE_READINGS` link readings asked for
+after the end have come (or a job is scheduled on it again): a reading may have been sampled
+before the end, and the job's last traffic, taken for another tenant's, would send the next jobs
+round it (on the ring, a job placed 2.5 s after the previous run's end got grants of 0.6–0.8
+Mbit/s the long way round: docs/e2e.md).
 
 Enforcement: per node pair. On the wire, the traffic between two compute nodes cannot be told
 apart by job (the workers of several jobs share their node's address, as the containers of a
@@ -43,8 +44,9 @@ so pushes never overlap).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from protocol.messages import ShapingRule
 from scheduler.model import Cluster, Decision, FlowAssignment, Job
@@ -66,6 +68,15 @@ class SdnApi(Protocol):
     def delete_job_flows(self, job_id: str) -> object: ...
     def links(self) -> list: ...  # objects with src, dst, mbps (None before two samples)
     def job_flows(self, job_id: str) -> list[dict]: ...  # with per-hop "mbps" counters
+
+
+class EndedPair(NamedTuple):
+    """A node pair whose last job ended, as its counters last saw it (`NetworkController.ended`)."""
+    path: tuple[str, ...]
+    carried: float  # Mbit/s
+    carried_back: float
+    since: float  # time.monotonic() of the end
+    readings: int  # link readings asked for after the end still to come
 
 
 @dataclass
@@ -127,9 +138,7 @@ class NetworkController:
         self.measured: dict[tuple[str, str], float] = {}  # directed link -> Mbit/s
         self.carried: dict[Pair, float] = {}  # Mbit/s each pair's flow entries count
         self.carried_back: dict[Pair, float] = {}  # and its way back's (`desired`)
-        # pairs whose last job ended, as their counters last saw them: (path, carried, carried
-        # back, readings left: SETTLE_READINGS)
-        self.ended: dict[Pair, tuple[tuple[str, ...], float, float, int]] = {}
+        self.ended: dict[Pair, EndedPair] = {}  # pairs whose last job ended (`forget`)
         self.down: set[tuple[str, str]] = set()  # directed links without link (port status)
         # What the network holds, as far as pushes know (the control loop's own state).
         self.shaped: dict[str, tuple[ShapingRule, ...]] = {}  # node -> rules its agent applied
@@ -149,7 +158,7 @@ class NetworkController:
         scheduled: dict[tuple[str, str], float] = {}
         carrying = [(p.path, self.carried.get(pair, p.installed_mbps),
                      self.carried_back.get(pair, 0.0)) for pair, p in self.pairs.items()]
-        carrying += [(path, carried, back) for path, carried, back, _ in self.ended.values()]
+        carrying += [(e.path, e.carried, e.carried_back) for e in self.ended.values()]
         for path, carried, carried_back in carrying:
             acks = min(carried_back, self.ACK_SHARE * carried)
             back = path[::-1]
@@ -179,12 +188,17 @@ class NetworkController:
                                                                          view.residual(*link))
         return view
 
-    def observe(self, links: list, flows: list[dict]) -> bool:
+    def observe(self, links: list, flows: list[dict], read_at: float | None = None) -> bool:
         """Take the SDN app's link usage (src, dst, mbps, up per directed link) and the scheduled
-        pairs' flows with their per-hop counters; True when the spare shares moved enough that
-        the network should be pushed again (`SPARE_STEP`)."""
+        pairs' flows with their per-hop counters, asked for at `read_at` (time.monotonic(); by
+        default now); True when the spare shares moved enough that the network should be pushed
+        again (`SPARE_STEP`)."""
+        read_at = time.monotonic() if read_at is None else read_at
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
-        self.ended = {pair: (*e[:3], e[3] - 1) for pair, e in self.ended.items() if e[3] > 1}
+        # a reading asked for before a pair's end does not count towards its SETTLE_READINGS
+        self.ended = {pair: e._replace(readings=e.readings - (e.since < read_at))
+                      for pair, e in self.ended.items()
+                      if e.readings - (e.since < read_at) > 0}
         self.down = {(u.src, u.dst) for u in links if not u.up}
         self.carried, self.carried_back = {}, {}
         for f in flows:  # the last hop counts what the meter let through
@@ -282,6 +296,8 @@ class NetworkController:
             pair = (fa.path[0], fa.path[-1])
             self.pairs.setdefault(pair, PairFlow(fa.path)).shares[(job.name, fa.src, fa.dst)] = \
                 fa.rate_mbps
+            # scheduled again: its counters (`carried`) count what the readings hold of it
+            self.ended.pop(pair, None)
         self._spare_stale = True
 
     def forget(self, job_name: str) -> None:
@@ -292,8 +308,9 @@ class NetworkController:
             if not p.shares:
                 del self.pairs[pair]
                 if pair in self.carried:  # its counters saw traffic the readings may still hold
-                    self.ended[pair] = (p.path, self.carried[pair],
-                                        self.carried_back.get(pair, 0.0), self.SETTLE_READINGS)
+                    self.ended[pair] = EndedPair(p.path, self.carried[pair],
+                                                 self.carried_back.get(pair, 0.0),
+                                                 time.monotonic(), self.SETTLE_READINGS)
         self._spare_stale = True
 
     def installed(self) -> dict[str, dict[str, float]]:

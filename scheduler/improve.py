@@ -21,7 +21,8 @@ def improve(cluster: Cluster, job: Job, decision: Decision, evaluations: int) ->
     """The decision after steepest descent over single-task moves and two-task exchanges
     (`moves`), at most `evaluations` placements evaluated (each once): when they run out in the
     middle of a scan, the best of those it reached is taken. Never slower than `decision` by
-    the model; `decision` itself when nothing better is found."""
+    the model (but for what `metrics.Rank` counts as the same time: SIGNIFICANT a step);
+    `decision` itself when nothing better is found."""
     best = Rank(cluster, job, decision)
     free = {n: cluster.free(n) for n in cluster.compute_nodes(online_only=True)}
     seen = {placement_key(decision.placement)}

@@ -2,6 +2,7 @@
 no agents: what it would send is read from `desired()`)."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -144,11 +145,29 @@ def test_a_job_that_just_ended_is_not_taken_for_another_tenant(nc):
     remove(nc, "j1")
     assert nc.background() == {}
     assert nc.view(set()).residual("s1", "s2") == pytest.approx(100.0)
-    nc.observe(busy, [])  # sampled before the end
+    asked_before_the_end = time.monotonic() - 1
+    nc.observe(busy, [], asked_before_the_end)  # counts for nothing
+    nc.observe(busy, [])  # asked for after the end, maybe sampled before it
     assert nc.background() == {}
     nc.observe(busy, [])
     assert nc.background() == {("s1", "s2"): pytest.approx(40.0),
                                ("s2", "s1"): pytest.approx(40.0)}
+
+
+def test_a_pair_scheduled_again_is_counted_once(nc):
+    """The next job on the same node pair: its counters count what the links carry of it, and a
+    tenant beside it shows at once (the ended job is not subtracted a second time)."""
+    j1, j2 = two_task_job("j1"), two_task_job("j2")
+    install(nc, j1, place(j1, DIRECT, DIRECT[::-1], 40))
+    link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)  # noqa: E731
+    ours = counters({("a", "b"): 40.0, ("b", "a"): 40.0})
+    readings = [link("s1", "s2", 70.0), link("s2", "s1", 40.0)]  # a tenant's 30 on s1 -> s2
+    nc.observe(readings, ours)
+    remove(nc, "j1")
+    install(nc, j2, place(j2, DIRECT, DIRECT[::-1], 40))
+    assert nc.background() == {("s1", "s2"): pytest.approx(30.0)}
+    nc.observe(readings, ours)
+    assert nc.background() == {("s1", "s2"): pytest.approx(30.0)}
 
 
 def test_contended_links_are_those_whose_grants_no_longer_fit(nc):
