@@ -196,9 +196,9 @@ class NetworkController:
         read_at = time.monotonic() if read_at is None else read_at
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
         # a reading asked for before a pair's end does not count towards its SETTLE_READINGS
-        self.ended = {pair: e._replace(readings=e.readings - (e.since < read_at))
-                      for pair, e in self.ended.items()
-                      if e.readings - (e.since < read_at) > 0}
+        counted = {pair: e._replace(readings=e.readings - 1) if e.since < read_at else e
+                   for pair, e in self.ended.items()}
+        self.ended = {pair: e for pair, e in counted.items() if e.readings > 0}
         self.down = {(u.src, u.dst) for u in links if not u.up}
         self.carried, self.carried_back = {}, {}
         for f in flows:  # the last hop counts what the meter let through
