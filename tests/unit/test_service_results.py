@@ -87,7 +87,9 @@ def results() -> dict:
     def run_(scheduler: str, seed: int, tta: float | None) -> dict:
         row = rows.job_row(scheduler, seed, "heavy", view(tta is not None), timed_out=False)
         row["tta_s"] = tta
-        light = {**row, "job": "light", "flows": [], "tta_s": 1.0, "reached_target": True}
+        row["jct_s"] = None if tta is None else tta + 5.0  # queued 5 s; unfinished: the timeout
+        light = {**row, "job": "light", "flows": [], "tta_s": 1.0, "reached_target": True,
+                 "jct_s": 10.0}
         return {"scheduler": scheduler, "seed": seed, "wall_s": 30.0, "jobs": [row, light],
                 "links": {"t": [0.0, 2.0, 4.0], "mbps": {"a>s1": [0.0, 60.0, None], "lab3>acc1": [40.0, None, 50.0]},
                           "capacity_mbps": {"a>s1": 100.0, "lab3>acc1": 100.0}}}
@@ -108,9 +110,12 @@ def test_summary_and_csv(tmp_path: Path):
     text = report.summary(res)
     assert "| ces-ppo | 2/2 | 40.0 ± 14.1 |" in text
     assert "| k8s-spread | 1/2 | 80.0 ± 0.0 | 90.0 ± 14.1 |" in text  # unreached = 100 s
-    # the mean over a run's jobs (heavy, light at 1 s), then over seeds
-    assert "| ces-ppo | enforced | 20.5 ± 7.1 | 20.0 ± 0.0 | 4/4 |" in text
+    # the mean over a run's jobs (heavy, light at 1 s), then over seeds; JCT from submission
+    # (heavy 35 and 55 s, light 10 s), the makespan the last job's
+    assert "| ces-ppo | enforced | 20.5 ± 7.1 | 27.5 ± 7.1 | 45.0 ± 14.1 | 4/4 |" in text
     assert "(`k8s-spread`)**: mean TTA over jobs 55% lower (20.5 s vs 45.5 s)" in text
+    # k8s-spread: heavy 85 s and unfinished (the 100 s timeout), light 10 s
+    assert "Mean JCT over jobs 46% lower (27.5 s vs 51.2 s)" in text
     # only the ring's flow at its smallest grant (40 of 80/40) is held back by the network
     assert "on the 4 flows their grant holds back" in text
     assert "median 1.01 × granted (min 1.01, max 1.01); 4 of 4 (100%) within 0.85…1.05" in text
@@ -272,3 +277,12 @@ def test_a_ring_flow_is_judged_only_while_its_own_grant_paces_the_ring():
     # the same counters as the other flow's: judged only where its own 50 paced the ring
     assert rows.wire_ratio(sender, "10.0.0.2", history, "g", ring=("f",)) == \
         (pytest.approx(400 / 400, abs=1e-4), 8.0)
+
+
+def test_results_from_before_the_network_field_are_summarised():
+    """A results.json of an older run (jobs without `network`) is summarised, not a KeyError."""
+    res = results()
+    for run in res["runs"]:
+        for job in run["jobs"]:
+            job.pop("network", None)
+    assert "| ces-ppo | – | 20.5 ± 7.1 | 27.5 ± 7.1 | 45.0 ± 14.1 | 4/4 |" in report.summary(res)
