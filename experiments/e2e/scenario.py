@@ -241,6 +241,13 @@ def scaled(topo: Topology, factor: float) -> Topology:
                                           "capacity)".strip())
 
 
+def undelayed(topo: Topology) -> Topology:
+    """`topo` with no link delay: the network an emulation runs where the kernel has no sch_netem
+    (edge/tc.py shapes the rate and drops the delay), on which the Master must decide."""
+    return replace(topo, links=[replace(lk, delay_ms=0.0) for lk in topo.links], source="",
+                   description=f"{topo.description} (links without their delays)".strip())
+
+
 def default_out(scenario: Scenario, topo: Topology) -> Path:
     """Where a run writes when not told: a fresh folder under results/runs/ (not committed),
     so a run never rewrites the results the repository ships."""

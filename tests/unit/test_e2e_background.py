@@ -149,3 +149,22 @@ def test_the_report_compares_the_affected_job_with_adjustment_on_and_off():
     assert "`heavy`" in line and "`light`" not in line
     assert report.adjustment_effect({"runs": runs[:2]}, timeout_s=100.0) == []
 
+
+
+def test_an_emulation_without_netem_gives_the_master_the_links_without_their_delays(
+        monkeypatch, tmp_path):
+    """Where the kernel has no sch_netem the links run without delay; the Master and the SDN app
+    must get that network (`Stack`), and the rates and ports stay as they were."""
+    from rich.console import Console
+    from e2e import stack
+    from edge import tc
+
+    atlanta = load_topology("sndlib/atlanta")
+    assert max(lk.delay_ms for lk in atlanta.links) > 50
+    monkeypatch.setattr(tc, "probe_netem", lambda: False)
+    s = stack.Stack(atlanta, "ces0000", tmp_path, Console(quiet=True))
+    assert all(lk.delay_ms == 0.0 for lk in s.topo.links)
+    assert [(lk.a, lk.b, lk.bw_mbps, lk.port_a, lk.port_b) for lk in s.topo.links] == \
+        [(lk.a, lk.b, lk.bw_mbps, lk.port_a, lk.port_b) for lk in atlanta.links]
+    monkeypatch.setattr(tc, "probe_netem", lambda: True)
+    assert stack.Stack(atlanta, "ces0000", tmp_path, Console(quiet=True)).topo is atlanta
