@@ -221,7 +221,8 @@ def comparison(results: dict, all_rows: list[dict], schedulers: list[str],
     lines.append("")
     if "ces-ppo" in runs:
         def lower(other: str, key: str = "mean_tta") -> str:
-            ours, theirs = (mean_std(x[key] for x in runs[s])[0] for s in ("ces-ppo", other))
+            ours, theirs = (mean_std(x[key] for x in runs[name])[0]
+                            for name in ("ces-ppo", other))
             return f"{100 * (1 - ours / theirs):.0f}% lower ({ours:.1f} s vs {theirs:.1f} s)"
         blind = [s for s in runs if network_blind_best_effort(s)]
         if blind:
