@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "policies (ces-multi, ...) (default: the scenario's)")
     p.add_argument("--jobs", help="a job YAML file or folder instead of the scenario's jobs")
     p.add_argument("--seeds", type=int, help="runs per scheduler, seeds 0..N-1")
+    p.add_argument("--background-seed", type=int,
+                   help="the seed of the scenario's background_load draw (default: the "
+                        "scenario's)")
     p.add_argument("--quick", action="store_true", help="the small scenario (a few minutes)")
     p.add_argument("--scenario", help="a scenario YAML (default: scenarios/contention.yaml)")
     p.add_argument("--out", help="results folder (default: a new results/runs/SCENARIO-TOPO-TIME;"
@@ -277,7 +280,10 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
                                    "description": p.scenario.description,
                                    "jobs": [d.mapping for d in p.scenario.jobs],
                                    "timeout_s": p.scenario.timeout_s,
-                                   "link_scale": p.scenario.link_scale},
+                                   "link_scale": p.scenario.link_scale,
+                                   "background_load": None if p.scenario.background_load is None
+                                   else dict(zip(("level", "seed"),
+                                                 p.scenario.background_load))},
         "topology": p.topo.name, "schedulers": p.schedulers, "seeds": p.seeds,
         "mode": "hosts" if p.inventory else "emulation",
         **({"inventory": str(p.inventory.path)} if p.inventory else {}),

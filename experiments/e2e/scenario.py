@@ -9,10 +9,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import networkx as nx
+import numpy as np
 
 from lab.inventory import Inventory, load_inventory
 from master.scheduling import QUEUES
 from scheduler import compose
+from scheduler.instances import background_load
 from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_documents, \
     parse_job
 from scheduler.metrics import packable
@@ -60,10 +62,11 @@ class Scenario:
     description: str = ""
     link_scale: float = 1.0  # every link's capacity × this (see `scaled`)
     spread: bool = False  # size the jobs so that no node holds one whole (`spread_jobs`)
+    background_load: tuple[float, int] | None = None  # (level, seed): see `loaded`
 
 
 SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "timeout_s",
-                 "background", "jobs", "link_scale", "spread"}
+                 "background", "jobs", "link_scale", "spread", "background_load"}
 BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon", "along"}
 TRAFFIC_CPU, TRAFFIC_MEM_MB = 0.25, 64  # an iperf3 end at most; less on a smaller node
 
@@ -97,6 +100,12 @@ def load_scenario(path: Path) -> Scenario:
         raise bad("link_scale", "a number in (0, 10]")
     if not isinstance(doc.get("spread", False), bool):
         raise bad("spread", "true or false")
+    load = doc.get("background_load")
+    if load is not None and not (isinstance(load, dict) and set(load) == {"level", "seed"} and
+                                 is_number(load["level"]) and 0 <= load["level"] < 1 and
+                                 isinstance(load["seed"], int) and
+                                 not isinstance(load["seed"], bool) and load["seed"] >= 0):
+        raise bad("background_load", "{level: a number in [0, 1), seed: an integer >= 0}")
     jobs = doc.get("jobs")
     if isinstance(jobs, str):
         try:
@@ -117,7 +126,8 @@ def load_scenario(path: Path) -> Scenario:
                     seeds, float(timeout), docs,
                     [_background(b, f"{where}: field 'background[{i}]'")
                      for i, b in enumerate(background)], str(doc.get("description", "")),
-                    float(scale), doc.get("spread", False))
+                    float(scale), doc.get("spread", False),
+                    None if load is None else (float(load["level"]), load["seed"]))
 
 
 def _background(b: object, where: str) -> Background:
@@ -168,6 +178,15 @@ def plan(args: argparse.Namespace) -> Plan:
     if seeds < 1:
         raise ScenarioError(f"--seeds: expected an integer >= 1, got {seeds}")
     topo = scaled(load_topology(args.topo or scenario.topology), scenario.link_scale)
+    if args.background_seed is not None:
+        if scenario.background_load is None:
+            raise ScenarioError(f"--background-seed: {scenario.source} has no 'background_load'")
+        if args.background_seed < 0:
+            raise ScenarioError(f"--background-seed: expected an integer >= 0, got "
+                                f"{args.background_seed}")
+        scenario.background_load = (scenario.background_load[0], args.background_seed)
+    if scenario.background_load is not None:
+        topo = loaded(topo, *scenario.background_load)
     if args.jobs:
         scenario.jobs = load_job_documents(args.jobs)
     names = [d.job.name for d in scenario.jobs]
@@ -239,6 +258,25 @@ def scaled(topo: Topology, factor: float) -> Topology:
     return replace(topo, links=[replace(lk, bw_mbps=lk.bw_mbps * factor) for lk in topo.links],
                    source="", description=f"{topo.description} (links at {factor:g} × "
                                           "capacity)".strip())
+
+
+def loaded(topo: Topology, level: float, seed: int) -> Topology:
+    """`topo` as other tenants leave it: the background load the benchmarks draw
+    (`instances.background_load` at `level` with numpy's generator at `seed`: each node's CPU and
+    memory less a uniform share in [0, level) of it; as many flows as nodes between random pairs
+    along shortest paths, each a uniform share in [0, level) of its path's residual), taken off
+    the nodes' and links' capacities. A link keeps the smaller of its two directions' residuals
+    (an emulated link has one rate). The tenants are not run: what a scheduler is judged on is
+    where it puts jobs on a network whose nodes and links differ, and the emulation's CPU is
+    better left to the jobs."""
+    cluster = background_load(Cluster.from_topology(topo), np.random.default_rng(seed), level)
+    nodes = [replace(n, cpu=cluster.free(n.name).cpu, mem_mb=int(cluster.free(n.name).mem_mb))
+             for n in topo.nodes]
+    links = [replace(lk, bw_mbps=min(cluster.residual(lk.a, lk.b), cluster.residual(lk.b, lk.a)))
+             for lk in topo.links]
+    return replace(topo, nodes=nodes, links=links, source="",
+                   description=f"{topo.description} (background load {level:g}, seed "
+                               f"{seed})".strip())
 
 
 def undelayed(topo: Topology) -> Topology:

@@ -1,5 +1,6 @@
-"""Another tenant's transfer sent along a job (`background: {along: JOB}`): which link it hits,
-how a scenario spells it, and the on-vs-off figure of runtime adjustment in the report."""
+"""Other tenants in a scenario: a transfer sent along a job (`background: {along: JOB}`) — which
+link it hits, how a scenario spells it, and the on-vs-off figure of runtime adjustment in the
+report; the network they leave (`background_load`); and the network without delays."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "experiments"))
 
 import report  # noqa: E402
-from e2e.scenario import Background, ScenarioError, plan, scaled, spread_jobs, \
+from e2e.scenario import Background, ScenarioError, loaded, plan, scaled, spread_jobs, \
     tenant_path  # noqa: E402
 from scheduler.jobs import JobDocument, parse_job  # noqa: E402
 from topologies import load_topology  # noqa: E402
@@ -64,7 +65,8 @@ def _plan(tmp_path: Path, background: str) -> argparse.Namespace:
                         f"background: [{background}]\n"
                         f"jobs: {REPO / 'experiments' / 'jobs' / 'contention.yaml'}\n")
     return argparse.Namespace(scenario=str(scenario), quick=False, seeds=None, topo=None,
-                              jobs=None, schedulers=None, out=str(tmp_path / "out"), hosts=None)
+                              jobs=None, schedulers=None, out=str(tmp_path / "out"), hosts=None,
+                              background_seed=None)
 
 
 def test_a_scenario_names_the_job_the_tenant_follows(tmp_path: Path):
@@ -83,7 +85,8 @@ def test_a_scenario_names_the_job_the_tenant_follows(tmp_path: Path):
 def test_the_default_scenario_spreads_its_jobs_on_every_topology(topo, tmp_path: Path):
     """`spread: true`: on any topology no node holds a whole job and all three run at once."""
     p = plan(argparse.Namespace(scenario=None, quick=False, seeds=None, topo=topo, jobs=None,
-                                schedulers="k8s-spread", out=str(tmp_path / "o"), hosts=None))
+                                schedulers="k8s-spread", out=str(tmp_path / "o"), hosts=None,
+                                background_seed=None))
     nodes = p.topo.nodes
     for d in p.scenario.jobs:
         [mem] = {t.demand.mem_mb for t in d.job.tasks}
@@ -119,7 +122,8 @@ def test_jobs_that_cannot_run_together_are_said_to_wait(tmp_path: Path):
         f"  - {{name: j{i}, collective: ring, workers: 3, task: {{cpu: 0.1, mem_mb: 1000}}, "
         "model_params: 1000, demand_mbps: 10, iterations: 5}\n" for i in range(3)))
     args = argparse.Namespace(scenario=str(scenario), quick=False, seeds=None, topo=None,
-                              jobs=None, schedulers=None, out=str(tmp_path / "out"), hosts=None)
+                              jobs=None, schedulers=None, out=str(tmp_path / "out"), hosts=None,
+                              background_seed=None)
     [warning] = plan(args).warnings
     assert "cannot all run at once on ring" in warning and "j0, j1, j2" in warning
     scenario.write_text(scenario.read_text() + "spread: yes please\n")
@@ -168,3 +172,45 @@ def test_an_emulation_without_netem_gives_the_master_the_links_without_their_del
         [(lk.a, lk.b, lk.bw_mbps, lk.port_a, lk.port_b) for lk in atlanta.links]
     monkeypatch.setattr(tc, "probe_netem", lambda: True)
     assert stack.Stack(atlanta, "ces0000", tmp_path, Console(quiet=True)).topo is atlanta
+
+
+def test_a_loaded_network_is_what_the_background_load_leaves_of_every_node_and_link():
+    a, b = loaded(CAMPUS, 0.5, 3), loaded(CAMPUS, 0.5, 4)
+    assert loaded(CAMPUS, 0.5, 3) == a and a != b  # a draw per seed, the same for a seed
+    for before, after in zip(CAMPUS.nodes, a.nodes):
+        assert after.name == before.name and after.ip == before.ip
+        assert 0.5 * before.cpu <= after.cpu <= before.cpu  # level 0.5: at most half taken
+        assert 0.5 * before.mem_mb - 1 <= after.mem_mb <= before.mem_mb
+    pairs = list(zip(CAMPUS.links, a.links))
+    assert all((x.a, x.b, x.port_a, x.port_b, x.delay_ms) == (y.a, y.b, y.port_a, y.port_b,
+                                                              y.delay_ms) for x, y in pairs)
+    assert all(0 < y.bw_mbps <= x.bw_mbps for x, y in pairs)
+    assert sum(y.bw_mbps < x.bw_mbps for x, y in pairs) >= 3  # flows took some links' share
+    assert any(y.cpu < x.cpu for x, y in zip(CAMPUS.nodes, a.nodes))
+    idle = loaded(CAMPUS, 0.0, 3)
+    assert [lk.bw_mbps for lk in idle.links] == [lk.bw_mbps for lk in CAMPUS.links]
+
+
+def test_a_scenario_draws_its_background_load_per_seed(tmp_path: Path):
+    scenario = REPO / "experiments" / "scenarios" / "loaded.yaml"
+
+    def args(seed: int | None, path: Path = scenario) -> argparse.Namespace:
+        return argparse.Namespace(scenario=str(path), quick=False, seeds=None, topo="ring",
+                                  jobs=None, schedulers=None, out=str(tmp_path / "o"),
+                                  hosts=None, background_seed=seed)
+    ring = scaled(load_topology("ring"), 0.2)
+    assert plan(args(None)).topo == loaded(ring, 0.5, 0)  # what the Master and the SDN app get
+    assert plan(args(2)).topo == loaded(ring, 0.5, 2)
+    with pytest.raises(ScenarioError, match="--background-seed: expected an integer >= 0"):
+        plan(args(-1))
+    text = scenario.read_text()
+    for bad in ("{level: 1.5, seed: 0}", "{level: 0.5}", "{level: 0.5, seed: x}", "0.5"):
+        path = tmp_path / "bad.yaml"
+        path.write_text(text.replace("{level: 0.5, seed: 0}", bad).replace(
+            "../jobs/contention.yaml", str(REPO / "experiments" / "jobs" / "contention.yaml")))
+        with pytest.raises(ScenarioError, match=r"bad.yaml: field 'background_load': expected "
+                                                r"\{level"):
+            plan(args(None, path))
+    plain = REPO / "experiments" / "scenarios" / "contention.yaml"
+    with pytest.raises(ScenarioError, match="contention.yaml has no 'background_load'"):
+        plan(args(1, plain))
