@@ -36,6 +36,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scipy.stats import spearmanr
+
 from report import per_run, read_results
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,8 +100,8 @@ def compare(results: dict) -> dict:
         for s in (OURS, APART)}
     out["same_placements"] = all(
         (OURS, n) in jobs and (APART, n) in jobs and
-        sorted(jobs[OURS, n]["placement"].values()) == sorted(jobs[APART, n]["placement"].values())
-        for n in names)
+        sorted((jobs[OURS, n]["placement"] or {}).values()) ==
+        sorted((jobs[APART, n]["placement"] or {}).values()) for n in names)
     return out
 
 
@@ -108,19 +110,11 @@ def geomean(xs: list[float]) -> float | None:
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
-    if len(xs) < 3:
+    """Spearman's rank correlation (ties at their mean rank); None for fewer than three pairs or
+    a constant side."""
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return None
-
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        for i, j in enumerate(order):
-            r[j] = float(i)
-        return r
-    try:
-        return statistics.correlation(ranks(xs), ranks(ys))
-    except statistics.StatisticsError:  # constant ranks
-        return None
+    return float(spearmanr(xs, ys).statistic)
 
 
 def summarize(records: list[dict]) -> dict:
