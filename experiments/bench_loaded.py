@@ -30,7 +30,6 @@ import _venv  # noqa: F401  (re-exec under .venv)
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -106,7 +105,7 @@ def compare(results: dict) -> dict:
 
 
 def geomean(xs: list[float]) -> float | None:
-    return math.exp(statistics.fmean(map(math.log, xs))) if xs else None
+    return statistics.geometric_mean(xs) if xs else None
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -121,15 +120,13 @@ def summarize(records: list[dict]) -> dict:
     ran = [r for r in records if r["status"] == "ran" and r["mean_tta"]["ratio"]]
     out: dict = {"draws": len(records), "ran": len(ran),
                  "same_placements": sum(r["same_placements"] for r in ran)}
-    for key in ("mean_tta", "mean_jct"):
-        x = [r[key]["ratio"] for r in ran]
-        out[key] = {"geomean": geomean(x), "wins": sum(v < 1 for v in x),
-                    "worst": max(x, default=None), "best": min(x, default=None)}
     differ = [r for r in ran if not r["same_placements"]]
     for key in ("mean_tta", "mean_jct"):
-        x = [r[key]["ratio"] for r in differ]
-        out[f"{key}_where_placements_differ"] = {"geomean": geomean(x), "draws": len(x),
-                                                 "wins": sum(v < 1 for v in x)}
+        x, y = ([r[key]["ratio"] for r in rs] for rs in (ran, differ))
+        out[key] = {"geomean": geomean(x), "wins": sum(v < 1 for v in x),
+                    "worst": max(x, default=None), "best": min(x, default=None)}
+        out[f"{key}_where_placements_differ"] = {"geomean": geomean(y), "draws": len(y),
+                                                 "wins": sum(v < 1 for v in y)}
     out["same_placements_tta"] = [r["mean_tta"]["ratio"] for r in ran if r["same_placements"]]
     out["by_topology"] = {}
     for topo in dict.fromkeys(r["topology"] for r in ran):

@@ -281,9 +281,8 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
                                    "jobs": [d.mapping for d in p.scenario.jobs],
                                    "timeout_s": p.scenario.timeout_s,
                                    "link_scale": p.scenario.link_scale,
-                                   "background_load": None if p.scenario.background_load is None
-                                   else dict(zip(("level", "seed"),
-                                                 p.scenario.background_load))},
+                                   "background_load": p.scenario.background_load and
+                                   p.scenario.background_load._asdict()},
         "topology": p.topo.name, "schedulers": p.schedulers, "seeds": p.seeds,
         "mode": "hosts" if p.inventory else "emulation",
         **({"inventory": str(p.inventory.path)} if p.inventory else {}),

@@ -7,6 +7,7 @@ import argparse
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -49,6 +50,12 @@ class Background:
         return f"{self.src}->{self.dst}"
 
 
+class BackgroundLoad(NamedTuple):
+    """What other tenants hold of the network (`loaded`): `instances.background_load`'s draw."""
+    level: float
+    seed: int
+
+
 @dataclass
 class Scenario:
     name: str
@@ -62,7 +69,7 @@ class Scenario:
     description: str = ""
     link_scale: float = 1.0  # every link's capacity × this (see `scaled`)
     spread: bool = False  # size the jobs so that no node holds one whole (`spread_jobs`)
-    background_load: tuple[float, int] | None = None  # (level, seed): see `loaded`
+    background_load: BackgroundLoad | None = None  # see `loaded`
 
 
 SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "timeout_s",
@@ -127,7 +134,7 @@ def load_scenario(path: Path) -> Scenario:
                     [_background(b, f"{where}: field 'background[{i}]'")
                      for i, b in enumerate(background)], str(doc.get("description", "")),
                     float(scale), doc.get("spread", False),
-                    None if load is None else (float(load["level"]), load["seed"]))
+                    None if load is None else BackgroundLoad(float(load["level"]), load["seed"]))
 
 
 def _background(b: object, where: str) -> Background:
@@ -184,7 +191,7 @@ def plan(args: argparse.Namespace) -> Plan:
         if args.background_seed < 0:
             raise ScenarioError(f"--background-seed: expected an integer >= 0, got "
                                 f"{args.background_seed}")
-        scenario.background_load = (scenario.background_load[0], args.background_seed)
+        scenario.background_load = scenario.background_load._replace(seed=args.background_seed)
     if scenario.background_load is not None:
         topo = loaded(topo, *scenario.background_load)
     if args.jobs:
@@ -270,8 +277,8 @@ def loaded(topo: Topology, level: float, seed: int) -> Topology:
     where it puts jobs on a network whose nodes and links differ, and the emulation's CPU is
     better left to the jobs."""
     cluster = background_load(Cluster.from_topology(topo), np.random.default_rng(seed), level)
-    nodes = [replace(n, cpu=cluster.free(n.name).cpu, mem_mb=int(cluster.free(n.name).mem_mb))
-             for n in topo.nodes]
+    free = {n.name: cluster.free(n.name) for n in topo.nodes}
+    nodes = [replace(n, cpu=free[n.name].cpu, mem_mb=int(free[n.name].mem_mb)) for n in topo.nodes]
     links = [replace(lk, bw_mbps=min(cluster.residual(lk.a, lk.b), cluster.residual(lk.b, lk.a)))
              for lk in topo.links]
     return replace(topo, nodes=nodes, links=links, source="",
