@@ -1,16 +1,23 @@
-# The README's two commands: `sudo make run` and `sudo make test`. Both set up what is missing first.
+# The README's commands: `make run` and `make test` (as root; `sudo make ...` from a user account).
+# Both set up what is missing first.
 PY := .venv/bin/python
 
-.PHONY: setup run test unit cleanup ryu
+.PHONY: setup run test lint unit cleanup ryu
 setup:
 	bash scripts/setup.sh
 
 run: setup
 	$(PY) experiments/run.py --topo campus
 
-test: setup
+test: setup lint
 	bash scripts/test-tools.sh
 	$(PY) -m pytest tests
+
+# ruff (lint + format, pyproject.toml's [tool.ruff]) and mypy on the packages it covers
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 
 ryu:
 	bash scripts/ryu-env.sh

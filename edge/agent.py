@@ -21,6 +21,7 @@ when it comes back, the Master's answer to its registration says which of them t
 emulated node whose container stopped is gone (its network went with it): the agent stops its
 workers and exits with code 1, and the Master notices the silence.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import docker
 import docker.errors
@@ -89,8 +90,7 @@ def _node_gone(node_container: str, pid: int | None) -> Callable[[], str]:
     if pid is None:  # a host: the agent goes down with it
         return lambda: ""
     started = _start_time(pid)
-    return lambda: "" if _start_time(pid) == started else \
-        f"node container {node_container} stopped"
+    return lambda: "" if _start_time(pid) == started else f"node container {node_container} stopped"
 
 
 def _iface_ip(iface: str, pid: int | None) -> str:
@@ -117,29 +117,44 @@ def serve(cfg: AgentConfig) -> int:
     host = host.strip("[]") or "127.0.0.1"
     token = listen_token(host, cfg.token_file)  # before anything is made
     client = docker.from_env(max_pool_size=64)  # one streaming log connection per worker
-    pid, parent = (_node_pid(client, cfg.node_container) if cfg.node_container else (None, ""))
+    pid, parent = _node_pid(client, cfg.node_container) if cfg.node_container else (None, "")
     parent = cfg.cgroup_parent or parent
-    prefix = cfg.name_prefix or (f"{cfg.node_container}-" if cfg.node_container
-                                 else f"ces-{cfg.node}-")
+    prefix = cfg.name_prefix or (
+        f"{cfg.node_container}-" if cfg.node_container else f"ces-{cfg.node}-"
+    )
     workdir = Path(cfg.workdir or f"/tmp/ces-agent-{cfg.node}")
     workdir.mkdir(parents=True, exist_ok=True)
     network = NetworkManager(cfg.iface, pid, cfg.line_mbps or None)
     cpu, mem = _capacity(cfg, parent)
     app = JsonApp(token=token)
     server = Server(app, host, int(port or 0))
-    reg = Registration(cfg.node, cfg.advertise or server.url, cfg.ip or _iface_ip(cfg.iface, pid),
-                       cfg.iface, cpu, mem)
-    compute = ComputeManager(client, cfg.node, prefix, workdir, cfg.node_container or None,
-                             parent or None)
+    reg = Registration(
+        cfg.node,
+        cfg.advertise or server.url,
+        cfg.ip or _iface_ip(cfg.iface, pid),
+        cfg.iface,
+        cpu,
+        mem,
+    )
+    compute = ComputeManager(
+        client, cfg.node, prefix, workdir, cfg.node_container or None, parent or None
+    )
     gone = _node_gone(cfg.node_container, pid)
-    messenger = Messenger(reg, cfg.master, compute, network, UsageMeter(network, parent),
-                          cfg.heartbeat_s, token, gone)
+    messenger = Messenger(
+        reg, cfg.master, compute, network, UsageMeter(network, parent), cfg.heartbeat_s, token, gone
+    )
     messenger.routes(app)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: messenger.leave())
     server.start()
-    log.info("agent %s listening on %s (ip %s, iface %s, netns pid %s)", cfg.node, server.url,
-             reg.ip, cfg.iface, pid)
+    log.info(
+        "agent %s listening on %s (ip %s, iface %s, netns pid %s)",
+        cfg.node,
+        server.url,
+        reg.ip,
+        cfg.iface,
+        pid,
+    )
     try:
         messenger.run()
     finally:
@@ -163,20 +178,27 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--node-container", default="", help="emulation: the node's container")
     p.add_argument("--iface", default="eth0", help="the data interface")
     p.add_argument("--ip", default="", help="the data address (default: the interface's)")
-    p.add_argument("--line-mbps", type=float, default=0.0,
-                   help="shape the interface at this rate when it has no HTB root (real hosts)")
+    p.add_argument(
+        "--line-mbps",
+        type=float,
+        default=0.0,
+        help="shape the interface at this rate when it has no HTB root (real hosts)",
+    )
     p.add_argument("--cgroup-parent", default="")
     p.add_argument("--name-prefix", default="", help="prefix of worker container names")
     p.add_argument("--workdir", default="", help="where the workers' metric lines are kept")
     p.add_argument("--heartbeat", dest="heartbeat_s", type=float, default=2.0)
-    p.add_argument("--token-file", default=default_token_file(),
-                   help="the deployment's shared secret (default $CES_TOKEN_FILE)")
+    p.add_argument(
+        "--token-file",
+        default=default_token_file(),
+        help="the deployment's shared secret (default $CES_TOKEN_FILE)",
+    )
     p.add_argument("--cpu", type=float, default=0.0)
     p.add_argument("--mem-mb", type=float, default=0.0)
     a = p.parse_args(argv)
     if a.heartbeat_s <= 0:
         p.error("--heartbeat: expected a positive number of seconds")
-    return AgentConfig(**{k: v for k, v in vars(a).items()})
+    return AgentConfig(**dict(vars(a).items()))
 
 
 def main(argv: list[str] | None = None) -> int:

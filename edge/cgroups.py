@@ -5,6 +5,7 @@ the node's capacity is written here, on P, so workers of several jobs share the 
 memory like pods on a Kubernetes node. Works with cgroup v1 (cpu + memory hierarchies) and v2
 (unified), with Docker's cgroupfs driver (P = "/name") and systemd driver (P = "name.slice").
 """
+
 from __future__ import annotations
 
 import re

@@ -9,15 +9,16 @@ the workers it adopts from their first line again: it keeps the lines its file l
 those the Master lacks (the registration reply says how many it holds), so none is lost or
 doubled by the restart.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import docker
 import docker.errors
@@ -44,14 +45,22 @@ class Worker:
     done: threading.Event = field(default_factory=threading.Event)
 
     def status(self) -> WorkerState:
-        return WorkerState(self.spec.name, self.spec.job, self.spec.task, self.state,
-                           self.exit_code, self.detail)
+        return WorkerState(
+            self.spec.name, self.spec.job, self.spec.task, self.state, self.exit_code, self.detail
+        )
 
 
 class ComputeManager:
-    def __init__(self, client: docker.DockerClient, node: str, name_prefix: str, workdir: Path,
-                 node_container: str | None = None, cgroup_parent: str | None = None,
-                 on_change: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        node: str,
+        name_prefix: str,
+        workdir: Path,
+        node_container: str | None = None,
+        cgroup_parent: str | None = None,
+        on_change: Callable[[], None] = lambda: None,
+    ):
         self.client, self.node, self.name_prefix = client, node, name_prefix
         self.workdir = workdir
         self.node_container, self.cgroup_parent = node_container, cgroup_parent
@@ -70,15 +79,23 @@ class ComputeManager:
                 return self.workers[spec.name].status()  # idempotent: a retried request
         env = {**spec.env, START_ENV: f"{time.time():.3f}"}
         container = workers.start_worker(
-            self.client, spec.image, self.container_name(spec.name), spec.command, spec.cpu,
-            int(spec.mem_mb), env=env, node_container=self.node_container,
+            self.client,
+            spec.image,
+            self.container_name(spec.name),
+            spec.command,
+            spec.cpu,
+            int(spec.mem_mb),
+            env=env,
+            node_container=self.node_container,
             cgroup_parent=self.cgroup_parent,
-            labels={LABEL_NODE: self.node, LABEL_WORKER: spec.name, "ces.job": spec.job})
+            labels={LABEL_NODE: self.node, LABEL_WORKER: spec.name, "ces.job": spec.job},
+        )
         worker = Worker(spec, container)
         with self.lock:
             self.workers[spec.name] = worker
-        threading.Thread(target=self._follow, args=(worker,), name=f"logs-{spec.name}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._follow, args=(worker,), name=f"logs-{spec.name}", daemon=True
+        ).start()
         log.info("started %s (%s)", spec.name, " ".join(spec.command))
         return worker.status()
 
@@ -121,8 +138,9 @@ class ComputeManager:
                 except FileNotFoundError:
                     kept = 0
                 sent = int((held or {}).get(name, 0))
-                threading.Thread(target=self._follow, args=(worker, kept, sent),
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._follow, args=(worker, kept, sent), daemon=True
+                ).start()
             elif name not in expected:
                 log.info("removing %s: the Master does not expect it", c.name)
                 workers.stop_worker(self.client, c.name)
@@ -144,8 +162,7 @@ class ComputeManager:
         out = (self.workdir / f"{name}.jsonl").open("a", encoding="utf-8")
         buf, pos = b"", 0
         try:
-            for chunk in worker.container.logs(stream=True, follow=True, stdout=True,
-                                               stderr=False):
+            for chunk in worker.container.logs(stream=True, follow=True, stdout=True, stderr=False):
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 pos = self._take(name, lines, out, pos, kept, sent)
@@ -164,8 +181,7 @@ class ComputeManager:
             log.info("%s ended: %s %s", name, worker.state, worker.exit_code)
             self.on_change()
 
-    def _take(self, worker: str, lines: list[bytes], out, pos: int, kept: int, sent: int) \
-            -> int:
+    def _take(self, worker: str, lines: list[bytes], out, pos: int, kept: int, sent: int) -> int:
         """Keep (from the `kept`-th) and queue for the Master (from the `sent`-th) the metric
         lines among `lines`, the first of them the `pos`-th of the worker; the next position."""
         records = []
@@ -194,8 +210,9 @@ class ComputeManager:
             worker.container.reload()
             if worker.container.attrs["State"].get("OOMKilled"):
                 limit = worker.container.attrs["HostConfig"].get("Memory") or 0
-                return "killed: out of memory" + \
-                    (f" (memory limit {limit / 2**20:g} MiB)" if limit else "")
+                return "killed: out of memory" + (
+                    f" (memory limit {limit / 2**20:g} MiB)" if limit else ""
+                )
             tail = worker.container.logs(stdout=False, stderr=True, tail=3).decode(errors="replace")
             lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
             return lines[-1][:300] if lines else ""

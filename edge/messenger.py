@@ -8,6 +8,7 @@ heartbeating and returns when the Master has taken the node offline (then the ag
 node's workers: stopped earlier, a peer of theirs would fail first and its job could be placed on
 the node again before the Master knew).
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,13 +17,12 @@ import re
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import docker.errors
 
 from protocol.http import ApiError, JsonApp, Unreachable, call
-from protocol.messages import Heartbeat, Registration, ShapingRule, WorkerSpec, from_json, \
-    to_json
+from protocol.messages import Heartbeat, Registration, ShapingRule, WorkerSpec, from_json, to_json
 
 from .compute import ComputeManager
 from .network import NetworkManager, ShapingError, UsageMeter
@@ -43,9 +43,17 @@ JITTER = 0.1
 class Messenger:
     """Registration, heartbeats and the command channel."""
 
-    def __init__(self, reg: Registration, master: str, compute: ComputeManager,
-                 network: NetworkManager, usage: UsageMeter, heartbeat_s: float = 2.0,
-                 token: str | None = None, gone: Callable[[], str] = lambda: ""):
+    def __init__(
+        self,
+        reg: Registration,
+        master: str,
+        compute: ComputeManager,
+        network: NetworkManager,
+        usage: UsageMeter,
+        heartbeat_s: float = 2.0,
+        token: str | None = None,
+        gone: Callable[[], str] = lambda: "",
+    ):
         self.reg, self.master, self._token = reg, master.rstrip("/"), token
         self.gone = gone
         self.compute, self.network, self.usage = compute, network, usage
@@ -63,15 +71,27 @@ class Messenger:
         return self.reg.node
 
     def routes(self, app: JsonApp) -> None:
-        app.route("GET", "/health", lambda req: {
-            "node": self.node, "ok": True, "registered": self.registered,
-            "workers": len(self.compute.workers),
-            "heartbeat_ms": {"last": _ms(self.round_trips[-1] if self.round_trips else None),
-                             "max": _ms(max(self.round_trips, default=None))}})
+        app.route(
+            "GET",
+            "/health",
+            lambda req: {
+                "node": self.node,
+                "ok": True,
+                "registered": self.registered,
+                "workers": len(self.compute.workers),
+                "heartbeat_ms": {
+                    "last": _ms(self.round_trips[-1] if self.round_trips else None),
+                    "max": _ms(max(self.round_trips, default=None)),
+                },
+            },
+        )
         app.route("GET", "/workers", lambda req: [to_json(w) for w in self.compute.states()])
         app.route("POST", "/workers", self._start)
-        app.route("DELETE", "/workers/(?P<name>[^/]+)",
-                  lambda req, name: {"removed": self.compute.stop(name)})
+        app.route(
+            "DELETE",
+            "/workers/(?P<name>[^/]+)",
+            lambda req, name: {"removed": self.compute.stop(name)},
+        )
         app.route("PUT", "/shaping", self._shape)
 
     def _start(self, req) -> tuple[int, dict]:
@@ -80,18 +100,24 @@ class Messenger:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if not WORKER_NAME_RE.fullmatch(spec.name):
-            raise ApiError(400, f"WorkerSpec.name: expected 1-128 letters, digits, '_', '.' or "
-                                f"'-', starting with a letter or digit; got {spec.name!r}",
-                           "name")
+            raise ApiError(
+                400,
+                f"WorkerSpec.name: expected 1-128 letters, digits, '_', '.' or "
+                f"'-', starting with a letter or digit; got {spec.name!r}",
+                "name",
+            )
         if not spec.cpu > 0:
             raise ApiError(400, f"WorkerSpec.cpu: expected cores > 0, got {spec.cpu:g}", "cpu")
         if not spec.mem_mb >= 6:  # Docker's least memory limit
-            raise ApiError(400, f"WorkerSpec.mem_mb: expected at least 6, got {spec.mem_mb:g}",
-                           "mem_mb")
+            raise ApiError(
+                400, f"WorkerSpec.mem_mb: expected at least 6, got {spec.mem_mb:g}", "mem_mb"
+            )
         try:
             return 201, to_json(self.compute.start(spec))
         except docker.errors.ImageNotFound as e:
-            raise ApiError(400, f"image {spec.image!r} not on {self.node}: {e.explanation}")
+            raise ApiError(
+                400, f"image {spec.image!r} not on {self.node}: {e.explanation}"
+            ) from None
         except docker.errors.APIError as e:
             status = 409 if e.status_code == 409 else 500
             raise ApiError(status, f"docker refused {spec.name}: {e.explanation or e}") from None
@@ -110,8 +136,9 @@ class Messenger:
 
     # --- talking to the Master ------------------------------------------------------------------
     def register(self) -> None:
-        reply = call("POST", f"{self.master}/agents", to_json(self.reg), timeout=10,
-                     token=self._token)
+        reply = call(
+            "POST", f"{self.master}/agents", to_json(self.reg), timeout=10, token=self._token
+        )
         self.compute.reconcile(reply.get("expected_workers", []), reply.get("lines", {}))
         self.registered = True
         log.info("registered with %s as %s", self.master, self.node)
@@ -120,11 +147,15 @@ class Messenger:
         states = self.compute.states()  # before the records: an exit comes with its last lines
         self._unsent += self.compute.take_records()
         self.seq += 1
-        hb = Heartbeat(self.node, self.seq, time.time(), self.usage.sample(), states,
-                       self._unsent)
+        hb = Heartbeat(self.node, self.seq, time.time(), self.usage.sample(), states, self._unsent)
         t0 = time.perf_counter()
-        reply = call("POST", f"{self.master}/agents/{self.node}/heartbeat", to_json(hb),
-                     timeout=5, token=self._token)
+        reply = call(
+            "POST",
+            f"{self.master}/agents/{self.node}/heartbeat",
+            to_json(hb),
+            timeout=5,
+            token=self._token,
+        )
         self.round_trips.append(time.perf_counter() - t0)
         self._unsent = []
         for name in reply.get("stop", []):
@@ -136,8 +167,7 @@ class Messenger:
         while not self.stopping.is_set():
             why = self.gone()
             if why:
-                log.error("%s: the node is gone; leaving once the Master has taken it offline",
-                          why)
+                log.error("%s: the node is gone; leaving once the Master has taken it offline", why)
                 self._wait_offline()
                 return
             try:

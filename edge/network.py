@@ -9,6 +9,7 @@ Usage: CPU and memory of the node's cgroup parent (all its workers together, cgr
 of the whole host when there is none; bytes on the data interface from /proc/PID/net/dev of a
 process inside the node's network namespace (PID 1 of the node container, or the agent's own).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,10 @@ class NetworkManager:
         self.lock = threading.Lock()
         if tc.link_rate(iface, pid) is None:
             if not line_mbps:
-                raise RuntimeError(f"{iface} has no HTB root: give the line rate (--line-mbps) "
-                                   "so the agent can shape it")
+                raise RuntimeError(
+                    f"{iface} has no HTB root: give the line rate (--line-mbps) "
+                    "so the agent can shape it"
+                )
             tc.shape(iface, line_mbps, pid=pid)
 
     def apply(self, rules: list[ShapingRule]) -> dict:
@@ -48,8 +51,10 @@ class NetworkManager:
             except (ValueError, tc.TcError) as e:
                 raise ValueError(f"dst_ip {r.dst_ip!r}: {e}") from None
             if minor in wanted:
-                raise ValueError(f"dst_ip {r.dst_ip!r}: shares its class with "
-                                 f"{wanted[minor].dst_ip} (one rule per destination)")
+                raise ValueError(
+                    f"dst_ip {r.dst_ip!r}: shares its class with "
+                    f"{wanted[minor].dst_ip} (one rule per destination)"
+                )
             wanted[minor] = r
         errors = []
         with self.lock:
@@ -116,11 +121,16 @@ class UsageMeter:
 
     def _mem_mb(self) -> float:
         if not self.parent:
-            info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+            info = dict(
+                line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines()
+            )
             used_kb = int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])
             return used_kb / 1024
-        path = CG / self.parent / "memory.current" if cgroups.version() == 2 else \
-            CG / "memory" / self.parent / "memory.usage_in_bytes"
+        path = (
+            CG / self.parent / "memory.current"
+            if cgroups.version() == 2
+            else CG / "memory" / self.parent / "memory.usage_in_bytes"
+        )
         return (_read_int(path) or 0) / 2**20
 
     def _sample(self) -> tuple[float, int | None, tuple[int, int]]:
@@ -132,6 +142,9 @@ class UsageMeter:
         self._last = now
         dt = max(t1 - t0, 1e-6)
         cores = (cpu1 - cpu0) / 1e9 / dt if cpu0 is not None and cpu1 is not None else 0.0
-        return Usage(cpu_cores=round(max(cores, 0.0), 3), mem_mb=round(self._mem_mb(), 1),
-                     tx_mbps=round((tx1 - tx0) * 8 / dt / 1e6, 3),
-                     rx_mbps=round((rx1 - rx0) * 8 / dt / 1e6, 3))
+        return Usage(
+            cpu_cores=round(max(cores, 0.0), 3),
+            mem_mb=round(self._mem_mb(), 1),
+            tx_mbps=round((tx1 - tx0) * 8 / dt / 1e6, 3),
+            rx_mbps=round((rx1 - rx0) * 8 / dt / 1e6, 3),
+        )

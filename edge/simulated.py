@@ -6,6 +6,7 @@ control-loop tests (a worker that exits, an agent that falls silent) and its loa
 (hundreds of agents heartbeating). `finish(worker, code)` ends a worker as if its process had
 exited; `stop()` silences the agent as a killed one would be.
 """
+
 from __future__ import annotations
 
 import threading
@@ -20,6 +21,7 @@ from .messenger import Messenger
 @dataclass
 class SimulatedCompute:
     """The Compute Manager's interface over workers that only exist as records."""
+
     workers: dict[str, WorkerState] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)  # every worker ever started
     records: list[dict] = field(default_factory=list)
@@ -56,8 +58,9 @@ class SimulatedCompute:
             for name in [n for n in self.workers if n not in expected]:
                 del self.workers[name]
 
-    def finish(self, name: str, exit_code: int = 0, detail: str = "",
-               lines: list[dict] | None = None) -> None:
+    def finish(
+        self, name: str, exit_code: int = 0, detail: str = "", lines: list[dict] | None = None
+    ) -> None:
         """The worker's process ends (with its last metric lines)."""
         with self.lock:
             w = self.workers[name]
@@ -70,6 +73,7 @@ class SimulatedCompute:
 @dataclass
 class SimulatedNetwork:
     """The Network Manager's interface: keeps the rules it was given."""
+
     rules: list[ShapingRule] = field(default_factory=list)
     updates: int = 0
 
@@ -84,14 +88,23 @@ class _IdleUsage:
 
 
 class SimulatedAgent:
-    def __init__(self, node: str, master: str, ip: str, cpu: float = 1.0,
-                 mem_mb: float = 2048.0, heartbeat_s: float = 1.0, token: str | None = None):
+    def __init__(
+        self,
+        node: str,
+        master: str,
+        ip: str,
+        cpu: float = 1.0,
+        mem_mb: float = 2048.0,
+        heartbeat_s: float = 1.0,
+        token: str | None = None,
+    ):
         self.compute, self.network = SimulatedCompute(), SimulatedNetwork()
         app = JsonApp(token=token)
         self.server = Server(app)
         reg = Registration(node, self.server.url, ip, "eth0", cpu, mem_mb)
-        self.messenger = Messenger(reg, master, self.compute, self.network, _IdleUsage(),
-                                   heartbeat_s, token)
+        self.messenger = Messenger(
+            reg, master, self.compute, self.network, _IdleUsage(), heartbeat_s, token
+        )
         self.messenger.routes(app)
         self._thread: threading.Thread | None = None
 
@@ -101,8 +114,9 @@ class SimulatedAgent:
 
     def start(self) -> SimulatedAgent:
         self.server.start()
-        self._thread = threading.Thread(target=self.messenger.run, name=f"agent-{self.node}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.messenger.run, name=f"agent-{self.node}", daemon=True
+        )
         self._thread.start()
         return self
 

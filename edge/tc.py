@@ -12,6 +12,7 @@ Every leaf gets a short pfifo queue, ~5 ms of traffic (`queue_pkts`), or netem w
 limit when the link has a delay and the kernel has sch_netem: a long queue makes OVS's userspace
 datapath drop inside the switch (ENVIRONMENT.md "Queues matter").
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 def queue_pkts(rate_mbps: float) -> int:
     """Leaf queue: ~5 ms of traffic at the rate, between 32 and 128 full-size packets."""
     return int(min(max(rate_mbps * 1e6 / 8 * 0.005 / 1500, 32), 128))
+
 
 LINK_CLASS, DEFAULT_CLASS = 0xFFFF, 0xFFFE
 _netem: bool | None = None  # learnt at first use
@@ -42,17 +44,24 @@ def netns_prefix(pid: int | None) -> list[str]:
 def tc(pid: int | None, *args: str, check: bool = True) -> str:
     done = subprocess.run(netns_prefix(pid) + ["tc", *args], capture_output=True, text=True)
     if check and done.returncode != 0:
-        raise TcError(f"tc {' '.join(args)}{'' if pid is None else f' (in netns of {pid})'}: "
-                      f"{done.stderr.strip()}")
+        raise TcError(
+            f"tc {' '.join(args)}{'' if pid is None else f' (in netns of {pid})'}: "
+            f"{done.stderr.strip()}"
+        )
     return done.stdout
 
 
 def _batch(pid: int | None, lines: list[str]) -> None:
-    done = subprocess.run(netns_prefix(pid) + ["tc", "-batch", "-"], input="\n".join(lines) + "\n",
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        netns_prefix(pid) + ["tc", "-batch", "-"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
-        raise TcError(f"tc -batch{'' if pid is None else f' (in netns of {pid})'}: "
-                      f"{done.stderr.strip()}")
+        raise TcError(
+            f"tc -batch{'' if pid is None else f' (in netns of {pid})'}: {done.stderr.strip()}"
+        )
 
 
 def _rate(mbps: float) -> str:
@@ -73,49 +82,86 @@ def probe_netem() -> bool:
     network namespace (nothing of the host's changes)."""
     global _netem
     if _netem is None:
-        done = subprocess.run(["unshare", "-n", "tc", "qdisc", "add", "dev", "lo", "root",
-                               "netem", "delay", "1ms"], capture_output=True)
+        done = subprocess.run(
+            ["unshare", "-n", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+        )
         _netem = done.returncode == 0
     return _netem
 
 
-def _leaf(pid: int | None, dev: str, minor: int, rate_mbps: float, delay_ms: float,
-          verb: str) -> None:
+def _leaf(
+    pid: int | None, dev: str, minor: int, rate_mbps: float, delay_ms: float, verb: str
+) -> None:
     global _netem
     # No explicit handle: the kernel picks a free one (a handle derived from the minor would
     # collide with the root's `1:` for a destination whose host part is 1).
     parent = f"parent 1:{minor:x}"
     if delay_ms > 0 and _netem is not False:
         try:
-            tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "netem", "delay",
-               f"{delay_ms}ms", "limit", str(queue_pkts(rate_mbps)))
+            tc(
+                pid,
+                "qdisc",
+                verb,
+                "dev",
+                dev,
+                *parent.split(),
+                "netem",
+                "delay",
+                f"{delay_ms}ms",
+                "limit",
+                str(queue_pkts(rate_mbps)),
+            )
             _netem = True
             return
         except TcError as e:
             if "unknown" not in str(e).lower() and "no such file" not in str(e).lower():
                 raise
             _netem = False
-            log.warning("this kernel has no sch_netem: link delays are NOT emulated "
-                        "(bandwidth shaping still works)")
-    tc(pid, "qdisc", verb, "dev", dev, *parent.split(), "pfifo", "limit",
-       str(queue_pkts(rate_mbps)))
+            log.warning(
+                "this kernel has no sch_netem: link delays are NOT emulated "
+                "(bandwidth shaping still works)"
+            )
+    tc(
+        pid,
+        "qdisc",
+        verb,
+        "dev",
+        dev,
+        *parent.split(),
+        "pfifo",
+        "limit",
+        str(queue_pkts(rate_mbps)),
+    )
 
 
 def shape(dev: str, rate_mbps: float, delay_ms: float = 0.0, pid: int | None = None) -> None:
     """Shape `dev` to `rate_mbps` (+ `delay_ms` where netem exists); replaces any old setup."""
     tc(pid, "qdisc", "del", "dev", dev, "root", check=False)  # `replace` fails on an HTB root
-    _batch(pid, [f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
-                 f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
-                 f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
-                 f"{_htb_args(rate_mbps)}"])
+    _batch(
+        pid,
+        [
+            f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
+            f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
+            f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
+            f"{_htb_args(rate_mbps)}",
+        ],
+    )
     _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add")
 
 
-def change(dev: str, rate_mbps: float, delay_ms: float | None = None, pid: int | None = None) -> None:
+def change(
+    dev: str, rate_mbps: float, delay_ms: float | None = None, pid: int | None = None
+) -> None:
     """Change the capacity (and delay) of a shaped `dev`, keeping its per-destination classes."""
-    _batch(pid, [f"class change dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
-                 f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
-                 f"{_htb_args(rate_mbps)}"])
+    _batch(
+        pid,
+        [
+            f"class change dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
+            f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
+            f"{_htb_args(rate_mbps)}",
+        ],
+    )
     # The leaf's queue length follows the rate; its delay stays unless a new one is given.
     if delay_ms is None:
         delay_ms = _leaf_delay_ms(pid, dev, DEFAULT_CLASS)
@@ -134,15 +180,17 @@ def _leaf_delay_ms(pid: int | None, dev: str, minor: int) -> float:
 def _parse_time_ms(text: str) -> float:
     for unit, scale in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
         if text.endswith(unit):
-            return float(text[:-len(unit)]) * scale
+            return float(text[: -len(unit)]) * scale
     return float(text) * 1e-3  # tc prints plain numbers in microseconds
 
 
 def class_minor(dst_ip: str) -> int:
     host = int(ipaddress.IPv4Address(dst_ip)) & 0xFFFF
     if not 0 < host < DEFAULT_CLASS:
-        raise TcError(f"{dst_ip}: no per-destination class for this address (host part "
-                      f"must be 1..{DEFAULT_CLASS - 1})")
+        raise TcError(
+            f"{dst_ip}: no per-destination class for this address (host part "
+            f"must be 1..{DEFAULT_CLASS - 1})"
+        )
     return host
 
 
@@ -153,12 +201,35 @@ def set_destination(dev: str, dst_ip: str, rate_mbps: float, pid: int | None = N
     if f"class htb 1:{LINK_CLASS:x} " not in classes:
         raise TcError(f"{dev}: not shaped yet (call shape() with the line rate first)")
     exists = f"class htb 1:{minor:x} " in classes
-    _batch(pid, [f"class {'change' if exists else 'add'} dev {dev} parent 1:{LINK_CLASS:x} "
-                 f"classid 1:{minor:x} htb {_htb_args(rate_mbps)}"])
+    _batch(
+        pid,
+        [
+            f"class {'change' if exists else 'add'} dev {dev} parent 1:{LINK_CLASS:x} "
+            f"classid 1:{minor:x} htb {_htb_args(rate_mbps)}"
+        ],
+    )
     if not exists:
         _leaf(pid, dev, minor, rate_mbps, 0.0, "add")
-        tc(pid, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
-           "u32", "match", "ip", "dst", f"{dst_ip}/32", "flowid", f"1:{minor:x}")
+        tc(
+            pid,
+            "filter",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "protocol",
+            "ip",
+            "prio",
+            "1",
+            "u32",
+            "match",
+            "ip",
+            "dst",
+            f"{dst_ip}/32",
+            "flowid",
+            f"1:{minor:x}",
+        )
 
 
 def remove_destination(dev: str, dst_ip: str, pid: int | None = None) -> None:
@@ -171,8 +242,22 @@ def remove_class(dev: str, minor: int, pid: int | None = None) -> None:
     for line in tc(pid, "filter", "show", "dev", dev, "parent", "1:").splitlines():
         words = line.split()
         if f"1:{minor:x}" in words and "fh" in words:  # "... fh 800::801 ... flowid 1:2"
-            tc(pid, "filter", "del", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
-               "handle", words[words.index("fh") + 1], "u32")
+            tc(
+                pid,
+                "filter",
+                "del",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "handle",
+                words[words.index("fh") + 1],
+                "u32",
+            )
     tc(pid, "class", "del", "dev", dev, "classid", f"1:{minor:x}", check=False)
 
 
@@ -201,7 +286,7 @@ def _parse_rate(text: str) -> float:
     units = {"bit": 1e-6, "Kbit": 1e-3, "Mbit": 1.0, "Gbit": 1e3}
     for unit in sorted(units, key=len, reverse=True):
         if text.endswith(unit):
-            return float(text[:-len(unit)]) * units[unit]
+            return float(text[: -len(unit)]) * units[unit]
     raise TcError(f"cannot parse tc rate {text!r}")
 
 

@@ -3,6 +3,7 @@
 Plain functions over a docker client, so the edge agent drives a real host's Docker engine with
 the same code the emulation uses (there the "node" is the host: no network or cgroup parent).
 """
+
 from __future__ import annotations
 
 import re
@@ -14,10 +15,18 @@ from docker.models.containers import Container
 from . import cgroups
 
 
-def start_worker(client: docker.DockerClient, image: str, name: str, command: str | list[str],
-                 cpu: float, mem_mb: int, env: dict[str, str] | None = None,
-                 node_container: str | None = None, cgroup_parent: str | None = None,
-                 labels: dict[str, str] | None = None) -> Container:
+def start_worker(
+    client: docker.DockerClient,
+    image: str,
+    name: str,
+    command: str | list[str],
+    cpu: float,
+    mem_mb: int,
+    env: dict[str, str] | None = None,
+    node_container: str | None = None,
+    cgroup_parent: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> Container:
     """Start a detached worker container.
 
     node_container: share that container's network namespace (`--network container:NAME`),
@@ -25,11 +34,20 @@ def start_worker(client: docker.DockerClient, image: str, name: str, command: st
     cgroup_parent: the node's cgroup, which caps all workers of the node together.
     """
     return client.containers.run(
-        image, command, name=name, detach=True, init=True, environment=env or {},
+        image,
+        command,
+        name=name,
+        detach=True,
+        init=True,
+        environment=env or {},
         network_mode=f"container:{node_container}" if node_container else "host",
-        cgroup_parent=cgroup_parent, labels=labels or {},
-        cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(cpu),
-        mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
+        cgroup_parent=cgroup_parent,
+        labels=labels or {},
+        cpu_period=cgroups.PERIOD_US,
+        cpu_quota=cgroups.quota_us(cpu),
+        mem_limit=f"{mem_mb}m",
+        memswap_limit=f"{mem_mb}m",
+    )
 
 
 def stop_worker(client: docker.DockerClient, name: str, timeout_s: int = 5) -> None:
@@ -48,5 +66,8 @@ def stop_worker(client: docker.DockerClient, name: str, timeout_s: int = 5) -> N
 def find_workers(client: docker.DockerClient, name_prefix: str) -> list[Container]:
     """Containers (running or not) whose name starts with `name_prefix` (anchored match)."""
     pattern = re.compile("^" + re.escape(name_prefix))
-    return [c for c in client.containers.list(all=True, filters={"name": f"^{name_prefix}"})
-            if pattern.match(c.name)]  # Docker's filter is a regex; re-check literally
+    return [
+        c
+        for c in client.containers.list(all=True, filters={"name": f"^{name_prefix}"})
+        if pattern.match(c.name)
+    ]  # Docker's filter is a regex; re-check literally

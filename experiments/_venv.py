@@ -4,6 +4,7 @@
 first thing in an entry point: `import _venv  # noqa: F401` (experiments/ is on sys.path when a
 script in it runs). It also puts the repository root on sys.path for the project's packages.
 """
+
 import os
 import sys
 from pathlib import Path

@@ -16,9 +16,11 @@ Both learned algorithms train only on random networks; every topology here is he
 2. Decision latency of both: bench_ppo's (`place()` of an 8-task ring job on `gabriel/100/0`,
    background 0.5, warm and cold, p50/p99 wall and CPU ms over --reps calls).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_ppo import TOPOLOGIES, _pairwise, benchmark_jobs, job_times, latency
+from experiments.bench_ppo import TOPOLOGIES, _pairwise, benchmark_jobs, job_times, latency
 from scheduler.baselines import make_algorithm
 from scheduler.eade.ces import CHECKPOINT
 from scheduler.evaluate import evaluate, machine_info, mean_std
@@ -41,10 +43,15 @@ FIGURES = ("iteration_time_s", "balance_std", "placed_fraction", "decision_ms")
 def compare(topo: str, jobs: list, seeds: int) -> dict:
     doc = evaluate(topo, jobs, ALGOS, seeds, background=0.5, explicit=True)
     rows = {name: {k: r[k] for k in FIGURES} for name, r in doc["algorithms"].items()}
-    times = job_times(topo, jobs, seeds, {n: (lambda s, n=n: make_algorithm(n, seed=s))
-                                          for n in ALGOS})
-    return {"algorithms": rows, "eade_vs_ces_ppo_iteration": mean_std(
-        [_pairwise(t, "eade-ddpg", "ces-ppo") for t in times])}
+    times = job_times(
+        topo, jobs, seeds, {n: (lambda s, n=n: make_algorithm(n, seed=s)) for n in ALGOS}
+    )
+    return {
+        "algorithms": rows,
+        "eade_vs_ces_ppo_iteration": mean_std(
+            [_pairwise(t, "eade-ddpg", "ces-ppo") for t in times]
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,22 +65,31 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.reps < 1 or args.random_jobs < 0:
         ap.error("--seeds and --reps must be ≥ 1, --random-jobs ≥ 0")
-    for path, how in ((CHECKPOINT, "python -m scheduler.eade.ces"),
-                      (PPO_CHECKPOINT, "python -m scheduler.train_ppo")):
+    for path, how in (
+        (CHECKPOINT, "python -m scheduler.eade.ces"),
+        (PPO_CHECKPOINT, "python -m scheduler.train_ppo"),
+    ):
         if not path.exists():
             print(f"error: {path} missing (train it: {how})", file=sys.stderr)
             return 2
     import torch
+
     torch.set_num_threads(1)
     jobs = benchmark_jobs(args.seed, args.random_jobs)
     t0 = time.time()
-    doc = {"seeds": args.seeds, "seed": args.seed, "jobs": [j.name for j in jobs],
-           "comparison": {}, "machine": machine_info()}
+    doc = {
+        "seeds": args.seeds,
+        "seed": args.seed,
+        "jobs": [j.name for j in jobs],
+        "comparison": {},
+        "machine": machine_info(),
+    }
     for topo in [t.strip() for t in args.topos.split(",") if t.strip()]:
         doc["comparison"][topo] = compare(topo, jobs, args.seeds)
         print(f"{topo}: " + json.dumps(doc["comparison"][topo]), flush=True)
-    doc["latency"] = {name: latency(args.reps, args.seed, name)
-                      for name in ("eade-ddpg", "ces-ppo")}
+    doc["latency"] = {
+        name: latency(args.reps, args.seed, name) for name in ("eade-ddpg", "ces-ppo")
+    }
     print("latency: " + json.dumps(doc["latency"]), flush=True)
     doc["machine"]["loadavg_after"] = os.getloadavg()
     doc["seconds"] = time.time() - t0
@@ -90,15 +106,23 @@ def _table(doc: dict) -> None:
     console = Console(width=160)
     for topo, res in doc["comparison"].items():
         r = res["eade_vs_ces_ppo_iteration"]
-        t = Table(title=f"{topo} ({doc['seeds']} seeds); eade-ddpg / ces-ppo iteration time on "
-                        f"jobs both placed: {r['mean']:.3f} ± {r['std']:.3f}"
-                  if r["mean"] is not None else topo)
+        t = Table(
+            title=f"{topo} ({doc['seeds']} seeds); eade-ddpg / ces-ppo iteration time on "
+            f"jobs both placed: {r['mean']:.3f} ± {r['std']:.3f}"
+            if r["mean"] is not None
+            else topo
+        )
         t.add_column("algorithm")
         for k in FIGURES:
             t.add_column(k, justify="right")
         for name, row in res["algorithms"].items():
-            t.add_row(name, *("—" if row[k]["mean"] is None else
-                              f"{row[k]['mean']:.4g} ± {row[k]['std']:.2g}" for k in FIGURES))
+            t.add_row(
+                name,
+                *(
+                    "—" if row[k]["mean"] is None else f"{row[k]['mean']:.4g} ± {row[k]['std']:.2g}"
+                    for k in FIGURES
+                ),
+            )
         console.print(t)
     console.print("latency: " + json.dumps(doc["latency"]))
 

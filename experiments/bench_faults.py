@@ -12,9 +12,11 @@ happened, and the command that re-runs the fault alone. An existing --out is kep
 --overwrite. Exit code 0 when every fault recovered with nothing lost or duplicated, 1 otherwise,
 2 on bad arguments.
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -25,13 +27,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from experiments.e2e import faults
+from experiments.e2e.scenario import ScenarioError, results_folder
+from experiments.machine import machine
 from testbed import cleanup
 from testbed.image import ImageError, ensure
 from testbed.names import new_prefix
-
-from e2e import faults
-from e2e.scenario import ScenarioError, results_folder
-from machine import machine
 
 REPO = Path(__file__).resolve().parent.parent
 RERUN = "sudo .venv/bin/python -m pytest tests/integration/test_faults.py -k {fault}"
@@ -79,14 +80,32 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r.fault for r in rows if not r.recovered or r.lost or r.duplicated]
     print(f"\n{'fault':<18} {'detect s':>8}  recovered  lost  duplicated")
     for r in rows:
-        print(f"{r.fault:<18} {_num(r.detect_s):>8}  {'yes' if r.recovered else 'NO':<9}  "
-              f"{_num(r.lost):>4}  {_num(r.duplicated):>10}")
+        print(
+            f"{r.fault:<18} {_num(r.detect_s):>8}  {'yes' if r.recovered else 'NO':<9}  "
+            f"{_num(r.lost):>4}  {_num(r.duplicated):>10}"
+        )
     print("all recovered, nothing lost or duplicated" if not bad else f"FAILED: {', '.join(bad)}")
-    out.write_text(json.dumps({
-        "seed": a.seed, "machine": machine(), "wall_s": round(time.monotonic() - t0, 1),
-        "detect_limit_s": faults.DETECT_S, "failed": bad,
-        "faults": [{**asdict(r), "detect_s": None if r.detect_s is None else round(r.detect_s, 2),
-                    "rerun": RERUN.format(fault=r.fault)} for r in rows]}, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "seed": a.seed,
+                "machine": machine(),
+                "wall_s": round(time.monotonic() - t0, 1),
+                "detect_limit_s": faults.DETECT_S,
+                "failed": bad,
+                "faults": [
+                    {
+                        **asdict(r),
+                        "detect_s": None if r.detect_s is None else round(r.detect_s, 2),
+                        "rerun": RERUN.format(fault=r.fault),
+                    }
+                    for r in rows
+                ],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {out} (logs in {work})")
     return 1 if bad else 0
 
@@ -96,8 +115,10 @@ def _num(x) -> str:
 
 
 def _line(r: faults.Row) -> str:
-    return f"{r.fault}: detect {_num(r.detect_s)} s, recovered {'yes' if r.recovered else 'NO'}" \
-           f", lost {_num(r.lost)}, duplicated {_num(r.duplicated)} — {r.what}"
+    return (
+        f"{r.fault}: detect {_num(r.detect_s)} s, recovered {'yes' if r.recovered else 'NO'}"
+        f", lost {_num(r.lost)}, duplicated {_num(r.duplicated)} — {r.what}"
+    )
 
 
 if __name__ == "__main__":

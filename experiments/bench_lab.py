@@ -24,9 +24,11 @@ the means are within the seeds' spread of each other (|difference| <= sd_hosts +
 Writes --out (JSON) and prints the figures; the runs' own results folders stay in a temporary
 folder named at the end. Exit code 0, 1 when a bring-up or run failed, 2 on bad arguments.
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -42,18 +44,17 @@ from pathlib import Path
 import docker
 from rich.console import Console
 
+from experiments.e2e.lab_stack import HostsRefused, LabStack
+from experiments.e2e.scenario import SCENARIOS, ScenarioError, load_scenario, results_folder, scaled
+from experiments.e2e.stack import RunError
+from experiments.machine import machine
 from lab.inventory import load_inventory
-from testbed.standin import standin_lab
 from protocol.http import free_port, read_token
 from testbed import cleanup
 from testbed.image import ImageError, ensure
 from testbed.names import new_prefix
+from testbed.standin import standin_lab
 from topologies import load_topology, parse_topology
-
-from e2e.lab_stack import HostsRefused, LabStack
-from e2e.scenario import SCENARIOS, ScenarioError, load_scenario, results_folder, scaled
-from e2e.stack import RunError
-from machine import machine
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = [sys.executable, str(REPO / "experiments" / "run.py")]
@@ -61,30 +62,46 @@ RUN = [sys.executable, str(REPO / "experiments" / "run.py")]
 
 def star(n: int) -> dict:
     """`n` small nodes on one switch: the deploy figure is about hosts, not the network."""
-    return {"name": f"star{n}", "switches": [{"name": "s1"}],
-            "nodes": [{"name": f"h{i}", "cpu": 0.25, "mem_mb": 256} for i in range(1, n + 1)],
-            "links": [{"ends": [f"h{i}", "s1"], "bw_mbps": 100} for i in range(1, n + 1)]}
+    return {
+        "name": f"star{n}",
+        "switches": [{"name": "s1"}],
+        "nodes": [{"name": f"h{i}", "cpu": 0.25, "mem_mb": 256} for i in range(1, n + 1)],
+        "links": [{"ends": [f"h{i}", "s1"], "bw_mbps": 100} for i in range(1, n + 1)],
+    }
 
 
 def spread(xs: list[float]) -> dict:
-    return {"mean": round(statistics.mean(xs), 2) if xs else None,
-            "sd": round(statistics.stdev(xs), 2) if len(xs) > 1 else 0.0 if xs else None,
-            "samples": [round(x, 2) for x in xs]}
+    return {
+        "mean": round(statistics.mean(xs), 2) if xs else None,
+        "sd": round(statistics.stdev(xs), 2) if len(xs) > 1 else 0.0 if xs else None,
+        "samples": [round(x, 2) for x in xs],
+    }
 
 
 def deploy_times(n: int, reps: int, image: str, work: Path) -> dict:
     topo = parse_topology(star(n), "bench_lab")
     times: dict[str, dict[str, list[float]]] = {
-        way: {"deploy_s": [], "register_s": []} for way in ("cold", "warm")}
-    with standin_lab(work, topo, image, f"bl{secrets.token_hex(2)}", free_port(),
-                     free_port(), shape=False) as (_, inventory, token):
+        way: {"deploy_s": [], "register_s": []} for way in ("cold", "warm")
+    }
+    with standin_lab(
+        work, topo, image, f"bl{secrets.token_hex(2)}", free_port(), free_port(), shape=False
+    ) as (_, inventory, token):
         inv = load_inventory(inventory, topo)
         for rep in range(reps):
             for way in ("cold", "warm"):
                 prefix = new_prefix()
-                stack = LabStack(topo, prefix, work / f"{way}{rep}", Console(quiet=True), inv,
-                                 str(token), read_token(token), image,
-                                 accept_new_host_keys=True, force_copy=way == "cold")
+                stack = LabStack(
+                    topo,
+                    prefix,
+                    work / f"{way}{rep}",
+                    Console(quiet=True),
+                    inv,
+                    str(token),
+                    read_token(token),
+                    image,
+                    accept_new_host_keys=True,
+                    force_copy=way == "cold",
+                )
                 try:
                     with stack:
                         pass
@@ -92,17 +109,24 @@ def deploy_times(n: int, reps: int, image: str, work: Path) -> dict:
                     cleanup(prefix)
                 for key in times[way]:
                     times[way][key].append(stack.timings[key])
-                print(f"deploy {way} {rep + 1}/{reps}: {stack.timings['deploy_s']:.1f} s, "
-                      f"registered {stack.timings['register_s']:.1f} s", flush=True)
+                print(
+                    f"deploy {way} {rep + 1}/{reps}: {stack.timings['deploy_s']:.1f} s, "
+                    f"registered {stack.timings['register_s']:.1f} s",
+                    flush=True,
+                )
     return {way: {key: spread(xs) for key, xs in keys.items()} for way, keys in times.items()}
 
 
 def quick(seeds: int, out: Path, *extra: str) -> dict:
-    done = subprocess.run(RUN + ["--quick", "--seeds", str(seeds), "--out", str(out), *extra],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        RUN + ["--quick", "--seeds", str(seeds), "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
-        raise RunError(f"run.py {' '.join(extra[:2])} exited {done.returncode}: "
-                       f"{done.stderr.strip()[-500:]}")
+        raise RunError(
+            f"run.py {' '.join(extra[:2])} exited {done.returncode}: {done.stderr.strip()[-500:]}"
+        )
     return json.loads((out / "results.json").read_text())
 
 
@@ -119,8 +143,11 @@ def tta_table(runs: dict[str, dict]) -> list[dict]:
     for (scheduler, job), cell in by.items():
         s = {mode: spread(xs) for mode, xs in cell.items()}
         h, e = s["hosts"], s["emulation"]
-        agree = None if h["mean"] is None or e["mean"] is None else \
-            abs(h["mean"] - e["mean"]) <= h["sd"] + e["sd"]
+        agree = (
+            None
+            if h["mean"] is None or e["mean"] is None
+            else abs(h["mean"] - e["mean"]) <= h["sd"] + e["sd"]
+        )
         table.append({"scheduler": scheduler, "job": job, **s, "within_spread": agree})
     return table
 
@@ -139,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as e:
         p.error(str(e))
     if os.geteuid() != 0:
-        p.error("run as root (sudo): the stand-in hosts and the emulation need bridges and "
-                "containers")
+        p.error(
+            "run as root (sudo): the stand-in hosts and the emulation need bridges and containers"
+        )
     try:
         image = ensure()
     except ImageError as e:
@@ -155,37 +183,56 @@ def main(argv: list[str] | None = None) -> int:
         topo = scaled(load_topology(scenario.topology), scenario.link_scale)
         runs = {"emulation": quick(a.seeds, work / "emulation")}
         print(f"emulation: {runs['emulation']['wall_s']:.0f} s", flush=True)
-        with standin_lab(work / "hosts", topo, image, f"bl{secrets.token_hex(2)}", free_port(),
-                         free_port()) as (_, inventory, token):
-            runs["hosts"] = quick(a.seeds, work / "hosts" / "run", "--hosts", str(inventory),
-                                  "--token-file", str(token), "--accept-new-host-keys")
+        with standin_lab(
+            work / "hosts", topo, image, f"bl{secrets.token_hex(2)}", free_port(), free_port()
+        ) as (_, inventory, token):
+            runs["hosts"] = quick(
+                a.seeds,
+                work / "hosts" / "run",
+                "--hosts",
+                str(inventory),
+                "--token-file",
+                str(token),
+                "--accept-new-host-keys",
+            )
         print(f"hosts: {runs['hosts']['wall_s']:.0f} s", flush=True)
     except (RunError, HostsRefused) as e:
         print(f"error: {e} (logs in {work})", file=sys.stderr)
         return 1
     table = tta_table(runs)
     result = {
-        "machine": machine(), "wall_s": round(time.monotonic() - t0, 1),
-        "settings": {"nodes": a.nodes, "seeds": a.seeds, "image": image,
-                     "image_mb": round(size_mb), "scenario": "quick",
-                     "topology": f"{topo.name} (links x {scenario.link_scale:g})"},
+        "machine": machine(),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "settings": {
+            "nodes": a.nodes,
+            "seeds": a.seeds,
+            "image": image,
+            "image_mb": round(size_mb),
+            "scenario": "quick",
+            "topology": f"{topo.name} (links x {scenario.link_scale:g})",
+        },
         "deploy": deploy,
         "deploy_note": "cold: the image forced through `docker save | ssh | docker load` to every "
-                       "host (the stand-in hosts share this machine's engine, which already "
-                       "holds the layers: unpacking them is not included); warm: nothing copied",
+        "host (the stand-in hosts share this machine's engine, which already "
+        "holds the layers: unpacking them is not included); warm: nothing copied",
         "bringup_s": {mode: res.get("bringup_s") for mode, res in runs.items()},
-        "tta": table}
+        "tta": table,
+    }
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\ndeploy of {a.nodes} hosts ({size_mb:.0f} MB image), {a.seeds} times:")
     for way in ("cold", "warm"):
         d = deploy[way]
-        print(f"  {way}: deploy {d['deploy_s']['mean']:.1f} ± {d['deploy_s']['sd']:.1f} s, "
-              f"agents registered {d['register_s']['mean']:.1f} ± {d['register_s']['sd']:.1f} s")
+        print(
+            f"  {way}: deploy {d['deploy_s']['mean']:.1f} ± {d['deploy_s']['sd']:.1f} s, "
+            f"agents registered {d['register_s']['mean']:.1f} ± {d['register_s']['sd']:.1f} s"
+        )
     print(f"quick scenario TTA (s), {a.seeds} seeds: hosts vs emulation")
     verdict = {True: "within spread", False: "APART", None: "-"}
     for row in table:
-        print(f"  {row['scheduler']:<14} {row['job']:<6} {_pm(row['hosts'])} vs "
-              f"{_pm(row['emulation'])}  {verdict[row['within_spread']]}")
+        print(
+            f"  {row['scheduler']:<14} {row['job']:<6} {_pm(row['hosts'])} vs "
+            f"{_pm(row['emulation'])}  {verdict[row['within_spread']]}"
+        )
     print(f"wrote {out} (runs in {work})")
     return 0
 

@@ -33,9 +33,11 @@ Figures: submission latency (p50/p99), heartbeat round trip seen by the agents d
 and the drain (p50/p99/max; target p99 ≤ 50 ms), nodes that went offline (target 0), jobs lost or
 run twice (target 0), time to drain. Writes results/bench_load.json with the machine it ran on.
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import gc
@@ -55,11 +57,10 @@ from pathlib import Path
 import yaml
 
 from edge.simulated import SimulatedAgent
+from experiments.machine import machine
 from master.client import MasterClient
 from protocol.http import ApiError, Unreachable
 from topologies import Topology, parse_topology
-
-from machine import machine
 
 RACK = 20  # nodes per top-of-rack switch
 CLIENTS = 16  # submitting threads
@@ -73,29 +74,48 @@ def racks(nodes: int) -> dict:
     """A topology document: `nodes` 1-core 2 GiB nodes, RACK to a top-of-rack switch, the racks
     under one core."""
     tors = (nodes + RACK - 1) // RACK
-    return {"name": f"racks{nodes}",
-            "switches": [{"name": "core"}] + [{"name": f"tor{r}"} for r in range(tors)],
-            "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 2048} for i in range(nodes)],
-            "links": [{"ends": [f"n{i}", f"tor{i // RACK}"], "bw_mbps": 1000}
-                      for i in range(nodes)] +
-                     [{"ends": [f"tor{r}", "core"], "bw_mbps": 10000} for r in range(tors)]}
+    return {
+        "name": f"racks{nodes}",
+        "switches": [{"name": "core"}] + [{"name": f"tor{r}"} for r in range(tors)],
+        "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 2048} for i in range(nodes)],
+        "links": [{"ends": [f"n{i}", f"tor{i // RACK}"], "bw_mbps": 1000} for i in range(nodes)]
+        + [{"ends": [f"tor{r}", "core"], "bw_mbps": 10000} for r in range(tors)],
+    }
 
 
-def start_master(topo_file: Path, log_file: Path, algorithm: str, seed: int,
-                 state: Path | None) -> tuple[subprocess.Popen, str]:
+def start_master(
+    topo_file: Path, log_file: Path, algorithm: str, seed: int, state: Path | None
+) -> tuple[subprocess.Popen, str]:
     """`python -m master serve` on a free loopback port, keeping its jobs in `state` (as
     experiments/run.py runs it) if given; (the process, its URL)."""
-    proc = subprocess.Popen([sys.executable, "-m", "master", "serve", "--topo", str(topo_file),
-                             "--port", "0", "--algorithm", algorithm, "--seed", str(seed),
-                             *(["--state", str(state)] if state else [])],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=log_file.open("w"),
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "master",
+            "serve",
+            "--topo",
+            str(topo_file),
+            "--port",
+            "0",
+            "--algorithm",
+            algorithm,
+            "--seed",
+            str(seed),
+            *(["--state", str(state)] if state else []),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=log_file.open("w"),
+        text=True,
+    )
     line = proc.stdout.readline()
     found = re.search(r"listening on (http://\S+)", line)
     if not found:
         proc.kill()
-        raise RuntimeError(f"the Master did not start: {line.strip()!r} "
-                           f"{log_file.read_text()[-500:]}")
+        raise RuntimeError(
+            f"the Master did not start: {line.strip()!r} {log_file.read_text()[-500:]}"
+        )
     return proc, found.group(1)
 
 
@@ -103,12 +123,15 @@ def draw_jobs(rng: random.Random, n: int) -> list[tuple[dict, bool]]:
     """(job document, valid?) × n."""
     out = []
     for i in range(n):
-        job = {"name": f"load{i}", "collective": rng.choice(["ring", "star"]),
-               "workers": rng.randint(1, 4),
-               "task": {"cpu": rng.choice([0.25, 0.5, 1.0]),
-                        "mem_mb": rng.choice([256, 512, 1024])},
-               "model_params": rng.choice([1e5, 1e6, 5e6]),
-               "demand_mbps": rng.choice([10, 50, 100]), "iterations": 10}
+        job = {
+            "name": f"load{i}",
+            "collective": rng.choice(["ring", "star"]),
+            "workers": rng.randint(1, 4),
+            "task": {"cpu": rng.choice([0.25, 0.5, 1.0]), "mem_mb": rng.choice([256, 512, 1024])},
+            "model_params": rng.choice([1e5, 1e6, 5e6]),
+            "demand_mbps": rng.choice([10, 50, 100]),
+            "iterations": 10,
+        }
         valid = rng.random() >= INVALID_SHARE
         if not valid:
             flaw = rng.randrange(3)
@@ -144,8 +167,14 @@ class Runner:
     exited 0, and meanwhile has it write `lines_per_s` metric lines a second, as a training
     worker logs its iterations (in each agent process)."""
 
-    def __init__(self, agents: list[SimulatedAgent], seed: int, mean_s: float, spread: float,
-                 lines_per_s: float):
+    def __init__(
+        self,
+        agents: list[SimulatedAgent],
+        seed: int,
+        mean_s: float,
+        spread: float,
+        lines_per_s: float,
+    ):
         self.agents, self.lines_per_s = agents, lines_per_s
         self.work_s = lambda job: work_s(seed, job, mean_s, spread)
         self.seen: dict[str, float] = {}
@@ -163,14 +192,28 @@ class Runner:
                     first = self.seen.setdefault(w.name, now)
                     while self.lines.get(w.name, 0) < self.lines_per_s * (now - first):
                         i = self.lines[w.name] = self.lines.get(w.name, 0) + 1
-                        a.compute.log(w.name, {"type": "iter", "iter": i, "loss": 1.0 / i,
-                                               "iter_s": 1.0 / self.lines_per_s})
+                        a.compute.log(
+                            w.name,
+                            {
+                                "type": "iter",
+                                "iter": i,
+                                "loss": 1.0 / i,
+                                "iter_s": 1.0 / self.lines_per_s,
+                            },
+                        )
                     if now - first >= self.work_s(w.job):
                         a.finish(w.name, 0)
 
 
-def run_agents(url: str, nodes: list[tuple[str, str, float, float]],
-               work: tuple[int, float, float], lines_per_s: float, measuring, done, out) -> None:
+def run_agents(
+    url: str,
+    nodes: list[tuple[str, str, float, float]],
+    work: tuple[int, float, float],
+    lines_per_s: float,
+    measuring,
+    done,
+    out,
+) -> None:
     """One agent process: its share of the agents heartbeat until `done`; their round trips
     since `measuring` and every worker they were asked to start go back through `out`."""
     agents = [SimulatedAgent(name, url, ip, cpu, mem_mb, 1.0) for name, ip, cpu, mem_mb in nodes]
@@ -186,16 +229,26 @@ def run_agents(url: str, nodes: list[tuple[str, str, float, float]],
     runner.stop.set()
     for a in agents:  # before the Master stops, so that none is seen going silent
         a.stop()
-    out.send({"trips": [t for a in agents for t in a.messenger.round_trips],
-              "started": [w for a in agents for w in a.compute.specs],
-              "lines": sum(runner.lines.values())})
+    out.send(
+        {
+            "trips": [t for a in agents for t in a.messenger.round_trips],
+            "started": [w for a in agents for w in a.compute.specs],
+            "lines": sum(runner.lines.values()),
+        }
+    )
 
 
 class AgentProcesses:
     """`procs` processes sharing the topology's nodes, each running `run_agents`."""
 
-    def __init__(self, url: str, topo: Topology, procs: int, work: tuple[int, float, float],
-                 lines_per_s: float):
+    def __init__(
+        self,
+        url: str,
+        topo: Topology,
+        procs: int,
+        work: tuple[int, float, float],
+        lines_per_s: float,
+    ):
         """`work`: (seed, mean seconds, spread) of the jobs' running times (`work_s`)."""
         ctx = multiprocessing.get_context("spawn")  # no threads or sockets of ours inherited
         self.measuring, self.done = ctx.Event(), ctx.Event()
@@ -203,9 +256,11 @@ class AgentProcesses:
         nodes = [(n.name, n.ip, n.cpu, n.mem_mb) for n in topo.nodes]
         for i in range(procs):
             here, there = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=run_agents, daemon=True,
-                            args=(url, nodes[i::procs], work, lines_per_s, self.measuring,
-                                  self.done, there))
+            p = ctx.Process(
+                target=run_agents,
+                daemon=True,
+                args=(url, nodes[i::procs], work, lines_per_s, self.measuring, self.done, there),
+            )
             p.start()
             self.procs.append(p)
             self.pipes.append(here)
@@ -239,10 +294,20 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="ces-bench-load-") as tmp:
         topo_file = Path(tmp) / "racks.yaml"
         topo_file.write_text(yaml.safe_dump(spec))
-        proc, url = start_master(topo_file, Path(tmp) / "master.log", args.algorithm, args.seed,
-                                 Path(tmp) / "master.sqlite" if args.state else None)
-        agents = AgentProcesses(url, topo, min(args.agent_procs, args.nodes),
-                                (args.seed, args.work_s, args.work_spread), args.lines_per_s)
+        proc, url = start_master(
+            topo_file,
+            Path(tmp) / "master.log",
+            args.algorithm,
+            args.seed,
+            Path(tmp) / "master.sqlite" if args.state else None,
+        )
+        agents = AgentProcesses(
+            url,
+            topo,
+            min(args.agent_procs, args.nodes),
+            (args.seed, args.work_s, args.work_spread),
+            args.lines_per_s,
+        )
         try:
             return measure(MasterClient(url, timeout_s=60.0), agents, jobs, args)
         finally:
@@ -251,8 +316,12 @@ def run(args: argparse.Namespace) -> dict:
             proc.wait(timeout=30)
 
 
-def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict, bool]],
-            args: argparse.Namespace) -> dict:
+def measure(
+    client: MasterClient,
+    agents: AgentProcesses,
+    jobs: list[tuple[dict, bool]],
+    args: argparse.Namespace,
+) -> dict:
     stop_health = threading.Event()
     try:
         client.wait_ready(args.nodes, timeout_s=60)
@@ -263,6 +332,7 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
             nonlocal offline
             while not stop_health.wait(0.5):
                 offline = max(offline, args.nodes - client.health()["nodes_online"])
+
         threading.Thread(target=watch_health, daemon=True).start()
 
         def submit(item: tuple[dict, bool]) -> dict:
@@ -272,12 +342,20 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
                 client.submit(job)
                 outcome, detail = "accepted", ""
             except ApiError as e:
-                outcome, detail = ("refused", f"{e.status} {e}") if 400 <= e.status < 500 \
+                outcome, detail = (
+                    ("refused", f"{e.status} {e}")
+                    if 400 <= e.status < 500
                     else ("error", f"{e.status} {e}")
+                )
             except Unreachable as e:
                 outcome, detail = "unanswered", str(e)
-            return {"name": job["name"], "valid": valid, "outcome": outcome, "detail": detail,
-                    "s": time.monotonic() - t0}
+            return {
+                "name": job["name"],
+                "valid": valid,
+                "outcome": outcome,
+                "detail": detail,
+                "s": time.monotonic() - t0,
+            }
 
         t_burst = time.monotonic()
         with ThreadPoolExecutor(CLIENTS) as pool:
@@ -302,10 +380,16 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
     for n in accepted:
         by_state[states.get(n, "missing")] = by_state.get(states.get(n, "missing"), 0) + 1
     return {
-        "seed": args.seed, "nodes": args.nodes, "jobs": args.jobs, "algorithm": args.algorithm,
-        "work_s": args.work_s, "work_spread": args.work_spread,
+        "seed": args.seed,
+        "nodes": args.nodes,
+        "jobs": args.jobs,
+        "algorithm": args.algorithm,
+        "work_s": args.work_s,
+        "work_spread": args.work_spread,
         "agent_procs": min(args.agent_procs, args.nodes),
-        "state": args.state, "lines_per_s": args.lines_per_s, "lines": lines,
+        "state": args.state,
+        "lines_per_s": args.lines_per_s,
+        "lines": lines,
         "machine": machine(),
         "submissions": {
             "accepted": len(accepted),
@@ -313,35 +397,51 @@ def measure(client: MasterClient, agents: AgentProcesses, jobs: list[tuple[dict,
             "server_errors": [a for a in answers if a["outcome"] == "error"],
             "unanswered": [a for a in answers if a["outcome"] == "unanswered"],
             "valid_refused": [a for a in answers if a["valid"] and a["outcome"] != "accepted"],
-            "invalid_accepted": [a["name"] for a in answers
-                                 if not a["valid"] and a["outcome"] == "accepted"],
-            "refusal_examples": sorted({a["detail"] for a in answers
-                                        if a["outcome"] == "refused"})[:5],
+            "invalid_accepted": [
+                a["name"] for a in answers if not a["valid"] and a["outcome"] == "accepted"
+            ],
+            "refusal_examples": sorted({a["detail"] for a in answers if a["outcome"] == "refused"})[
+                :5
+            ],
             "burst_s": round(burst_s, 3),
-            "latency_ms": {"p50": ms(percentile([a["s"] for a in answers], 0.5)),
-                           "p99": ms(percentile([a["s"] for a in answers], 0.99)),
-                           "max": ms(max(a["s"] for a in answers))}},
+            "latency_ms": {
+                "p50": ms(percentile([a["s"] for a in answers], 0.5)),
+                "p99": ms(percentile([a["s"] for a in answers], 0.99)),
+                "max": ms(max(a["s"] for a in answers)),
+            },
+        },
         "jobs_by_state": by_state,
         "lost": sorted(n for n in accepted if n not in states),
         "listed_twice": sorted(n for n, times in listed.items() if times > 1),
-        "refused_but_listed": sorted(a["name"] for a in answers
-                                     if a["outcome"] != "accepted" and a["name"] in states),
+        "refused_but_listed": sorted(
+            a["name"] for a in answers if a["outcome"] != "accepted" and a["name"] in states
+        ),
         "run_twice": sorted(n for n, v in views.items() if len(v["attempts"]) > 1),
-        "workers_started": len(started), "workers_started_twice": len(started) - len(set(started)),
+        "workers_started": len(started),
+        "workers_started_twice": len(started) - len(set(started)),
         "drain_s": round(drain_s, 1),
         "lines_held": sum(len(ls) for v in views.values() for ls in v["records"].values()),
-        "heartbeats": {"count": len(trips), "p50_ms": ms(percentile(trips, 0.5)),
-                       "p99_ms": ms(percentile(trips, 0.99)), "max_ms": ms(max(trips, default=None))},
-        "nodes_offline_max": offline}
+        "heartbeats": {
+            "count": len(trips),
+            "p50_ms": ms(percentile(trips, 0.5)),
+            "p99_ms": ms(percentile(trips, 0.99)),
+            "max_ms": ms(max(trips, default=None)),
+        },
+        "nodes_offline_max": offline,
+    }
 
 
 def verdict(r: dict) -> list[str]:
     """What failed (empty: all targets met)."""
     s = r["submissions"]
-    bad = [f"{k}: {len(s[k])}" for k in ("server_errors", "unanswered", "valid_refused",
-                                         "invalid_accepted") if s[k]]
-    bad += [f"{k}: {r[k]}" for k in ("lost", "listed_twice", "refused_but_listed", "run_twice")
-            if r[k]]
+    bad = [
+        f"{k}: {len(s[k])}"
+        for k in ("server_errors", "unanswered", "valid_refused", "invalid_accepted")
+        if s[k]
+    ]
+    bad += [
+        f"{k}: {r[k]}" for k in ("lost", "listed_twice", "refused_but_listed", "run_twice") if r[k]
+    ]
     if r["lines_held"] != r["lines"]:
         bad.append(f"metric lines: {r['lines']} written, the Master holds {r['lines_held']}")
     if r["workers_started_twice"]:
@@ -360,35 +460,65 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=200)
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--algorithm", default="network-aware")
-    p.add_argument("--work-s", type=float, default=2.0, help="how long a job's workers run, on "
-                   "average")
-    p.add_argument("--work-spread", type=float, default=0.5,
-                   help="each job runs --work-s × a factor within 1 ± this (0: all alike)")
-    p.add_argument("--agent-procs", type=int, default=4,
-                   help="processes the simulated agents are spread over")
-    p.add_argument("--lines-per-s", type=float, default=1.0,
-                   help="metric lines each running worker writes a second (0: none)")
-    p.add_argument("--state", action=argparse.BooleanOptionalAction, default=True,
-                   help="the Master keeps its jobs in a state file, as run.py runs it (it "
-                        "commits every heartbeat's lines before answering)")
+    p.add_argument(
+        "--work-s", type=float, default=2.0, help="how long a job's workers run, on average"
+    )
+    p.add_argument(
+        "--work-spread",
+        type=float,
+        default=0.5,
+        help="each job runs --work-s × a factor within 1 ± this (0: all alike)",
+    )
+    p.add_argument(
+        "--agent-procs", type=int, default=4, help="processes the simulated agents are spread over"
+    )
+    p.add_argument(
+        "--lines-per-s",
+        type=float,
+        default=1.0,
+        help="metric lines each running worker writes a second (0: none)",
+    )
+    p.add_argument(
+        "--state",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the Master keeps its jobs in a state file, as run.py runs it (it "
+        "commits every heartbeat's lines before answering)",
+    )
     p.add_argument("--max-s", type=float, default=600.0, help="give up draining after this")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "results" /
-                                        "bench_load.json"))
+    p.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent.parent / "results" / "bench_load.json")
+    )
     a = p.parse_args(argv)
-    if a.nodes < 1 or a.jobs < 1 or a.agent_procs < 1 or a.work_s < 0 or a.max_s <= 0 or \
-            a.lines_per_s < 0 or not 0 <= a.work_spread <= 1:
-        p.error("--nodes, --jobs and --agent-procs must be ≥ 1, --work-s and --lines-per-s ≥ 0, "
-                "--work-spread within 0..1, --max-s > 0")
+    if (
+        a.nodes < 1
+        or a.jobs < 1
+        or a.agent_procs < 1
+        or a.work_s < 0
+        or a.max_s <= 0
+        or a.lines_per_s < 0
+        or not 0 <= a.work_spread <= 1
+    ):
+        p.error(
+            "--nodes, --jobs and --agent-procs must be ≥ 1, --work-s and --lines-per-s ≥ 0, "
+            "--work-spread within 0..1, --max-s > 0"
+        )
     r = run(a)
     bad = verdict(r)
     s, hb = r["submissions"], r["heartbeats"]
-    print(f"{a.jobs} submissions in {s['burst_s']} s: {s['accepted']} accepted, {s['refused']} "
-          f"refused; latency p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms")
-    print(f"drained in {r['drain_s']} s: {r['jobs_by_state']}; {r['workers_started']} workers, "
-          f"{r['lines']} metric lines, state file {'on' if a.state else 'off'}")
-    print(f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s): "
-          f"{hb['count']}, p50 {hb['p50_ms']} ms, p99 {hb['p99_ms']} ms (target ≤ 50), "
-          f"max {hb['max_ms']} ms; nodes offline {r['nodes_offline_max']}")
+    print(
+        f"{a.jobs} submissions in {s['burst_s']} s: {s['accepted']} accepted, {s['refused']} "
+        f"refused; latency p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms"
+    )
+    print(
+        f"drained in {r['drain_s']} s: {r['jobs_by_state']}; {r['workers_started']} workers, "
+        f"{r['lines']} metric lines, state file {'on' if a.state else 'off'}"
+    )
+    print(
+        f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s): "
+        f"{hb['count']}, p50 {hb['p50_ms']} ms, p99 {hb['p99_ms']} ms (target ≤ 50), "
+        f"max {hb['max_ms']} ms; nodes offline {r['nodes_offline_max']}"
+    )
     print("all checks passed" if not bad else "FAILED: " + "; ".join(bad))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({**r, "failed": bad}, indent=1) + "\n")

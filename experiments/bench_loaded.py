@@ -24,9 +24,11 @@ over all draws, the geometric means of those ratios, how many draws each wins, h
 the same placements, the rank correlation of predicted and measured ratios, and each
 scheduler's measured median iteration time over the Master's prediction.
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
-from report import per_run, read_results
+from experiments.report import per_run, read_results
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "experiments" / "scenarios" / "loaded.yaml"
@@ -59,13 +61,27 @@ def run_draw(out: Path, topo: str, draw: int, run: bool = True) -> dict:
             return record | {"status": "not run", "reason": "no results.json"}
         print(f"== {topo}, draw {draw}", file=sys.stderr, flush=True)
         order = [OURS, APART] if draw % 2 == 0 else [APART, OURS]
-        done = subprocess.run(RUN + ["--topo", topo, "--background-seed", str(draw),
-                                     "--schedulers", ",".join(order), "--out", str(where)],
-                              stderr=subprocess.PIPE, text=True)
+        done = subprocess.run(
+            RUN
+            + [
+                "--topo",
+                topo,
+                "--background-seed",
+                str(draw),
+                "--schedulers",
+                ",".join(order),
+                "--out",
+                str(where),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
-            return record | {"status": "refused" if done.returncode == 2 else "failed",
-                             "reason": lines[-1] if lines else f"exit {done.returncode}"}
+            return record | {
+                "status": "refused" if done.returncode == 2 else "failed",
+                "reason": lines[-1] if lines else f"exit {done.returncode}",
+            }
     results = read_results(str(where / "results.json"))
     if results is None:
         return record | {"status": "failed", "reason": "no readable results.json"}
@@ -81,26 +97,51 @@ def compare(results: dict) -> dict:
     out: dict = {"jobs": {}}
     for name in names:
         ours, apart = jobs.get((OURS, name)), jobs.get((APART, name))
-        out["jobs"][name] = {s: {k: row.get(k) for k in ("state", "tta_s", "jct_s",
-                                                         "median_iter_s", "predicted_iter_s",
-                                                         "placement")}
-                             for s, row in ((OURS, ours), (APART, apart)) if row}
+        out["jobs"][name] = {
+            s: {
+                k: row.get(k)
+                for k in (
+                    "state",
+                    "tta_s",
+                    "jct_s",
+                    "median_iter_s",
+                    "predicted_iter_s",
+                    "placement",
+                )
+            }
+            for s, row in ((OURS, ours), (APART, apart))
+            if row
+        }
     for key in ("mean_tta", "mean_jct"):
-        a, b = (statistics.fmean(r[key] for r in runs.get(s, [])) if runs.get(s) else None
-                for s in (OURS, APART))
+        a, b = (
+            statistics.fmean(r[key] for r in runs.get(s, [])) if runs.get(s) else None
+            for s in (OURS, APART)
+        )
         out[key] = {OURS: a, APART: b, "ratio": a / b if a and b else None}
-    predicted = [jobs[OURS, n]["predicted_iter_s"] / jobs[APART, n]["predicted_iter_s"]
-                 for n in names if jobs.get((OURS, n), {}).get("predicted_iter_s")
-                 and jobs.get((APART, n), {}).get("predicted_iter_s")]
+    predicted = [
+        jobs[OURS, n]["predicted_iter_s"] / jobs[APART, n]["predicted_iter_s"]
+        for n in names
+        if jobs.get((OURS, n), {}).get("predicted_iter_s")
+        and jobs.get((APART, n), {}).get("predicted_iter_s")
+    ]
     out["predicted_ratio"] = geomean(predicted)
     out["measured_over_predicted"] = {
-        s: geomean([r["median_iter_s"] / r["predicted_iter_s"] for (who, _), r in jobs.items()
-                    if who == s and r.get("median_iter_s") and r.get("predicted_iter_s")])
-        for s in (OURS, APART)}
+        s: geomean(
+            [
+                r["median_iter_s"] / r["predicted_iter_s"]
+                for (who, _), r in jobs.items()
+                if who == s and r.get("median_iter_s") and r.get("predicted_iter_s")
+            ]
+        )
+        for s in (OURS, APART)
+    }
     out["same_placements"] = all(
-        (OURS, n) in jobs and (APART, n) in jobs and
-        sorted((jobs[OURS, n]["placement"] or {}).values()) ==
-        sorted((jobs[APART, n]["placement"] or {}).values()) for n in names)
+        (OURS, n) in jobs
+        and (APART, n) in jobs
+        and sorted((jobs[OURS, n]["placement"] or {}).values())
+        == sorted((jobs[APART, n]["placement"] or {}).values())
+        for n in names
+    )
     return out
 
 
@@ -118,27 +159,42 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 
 def summarize(records: list[dict]) -> dict:
     ran = [r for r in records if r["status"] == "ran" and r["mean_tta"]["ratio"]]
-    out: dict = {"draws": len(records), "ran": len(ran),
-                 "same_placements": sum(r["same_placements"] for r in ran)}
+    out: dict = {
+        "draws": len(records),
+        "ran": len(ran),
+        "same_placements": sum(r["same_placements"] for r in ran),
+    }
     differ = [r for r in ran if not r["same_placements"]]
     for key in ("mean_tta", "mean_jct"):
         x, y = ([r[key]["ratio"] for r in rs] for rs in (ran, differ))
-        out[key] = {"geomean": geomean(x), "wins": sum(v < 1 for v in x),
-                    "worst": max(x, default=None), "best": min(x, default=None)}
-        out[f"{key}_where_placements_differ"] = {"geomean": geomean(y), "draws": len(y),
-                                                 "wins": sum(v < 1 for v in y)}
+        out[key] = {
+            "geomean": geomean(x),
+            "wins": sum(v < 1 for v in x),
+            "worst": max(x, default=None),
+            "best": min(x, default=None),
+        }
+        out[f"{key}_where_placements_differ"] = {
+            "geomean": geomean(y),
+            "draws": len(y),
+            "wins": sum(v < 1 for v in y),
+        }
     out["same_placements_tta"] = [r["mean_tta"]["ratio"] for r in ran if r["same_placements"]]
     out["by_topology"] = {}
     for topo in dict.fromkeys(r["topology"] for r in ran):
         mine = [r for r in ran if r["topology"] == topo]
         out["by_topology"][topo] = {
-            "draws": len(mine), "same_placements": sum(r["same_placements"] for r in mine),
+            "draws": len(mine),
+            "same_placements": sum(r["same_placements"] for r in mine),
             "tta_wins": sum(r["mean_tta"]["ratio"] < 1 for r in mine),
             "mean_tta": geomean([r["mean_tta"]["ratio"] for r in mine]),
-            "mean_jct": geomean([r["mean_jct"]["ratio"] for r in mine])}
+            "mean_jct": geomean([r["mean_jct"]["ratio"] for r in mine]),
+        }
     out["measured_over_predicted"] = {
-        s: geomean([r["measured_over_predicted"][s] for r in ran
-                    if r["measured_over_predicted"].get(s)]) for s in (OURS, APART)}
+        s: geomean(
+            [r["measured_over_predicted"][s] for r in ran if r["measured_over_predicted"].get(s)]
+        )
+        for s in (OURS, APART)
+    }
     pairs = [(r["predicted_ratio"], r["mean_jct"]["ratio"]) for r in differ if r["predicted_ratio"]]
     out["predicted_ratio"] = geomean([p for p, _ in pairs])
     out["spearman_predicted_jct"] = spearman([p for p, _ in pairs], [m for _, m in pairs])
@@ -148,62 +204,89 @@ def summarize(records: list[dict]) -> dict:
 def markdown(records: list[dict], s: dict) -> str:
     def f(x, d=2):
         return "—" if x is None else f"{x:.{d}f}"
-    lines = ["# CES-PPO against network-aware (with CES's network) on loaded networks", "",
-             "| topology | draw | same placements | predicted (iteration) | mean TTA s: CES-PPO / "
-             "network-aware | ratio | mean JCT s: CES-PPO / network-aware | ratio |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    lines = [
+        "# CES-PPO against network-aware (with CES's network) on loaded networks",
+        "",
+        "| topology | draw | same placements | predicted (iteration) | mean TTA s: CES-PPO / "
+        "network-aware | ratio | mean JCT s: CES-PPO / network-aware | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in records:
         if r["status"] != "ran":
-            lines.append(f"| {r['topology']} | {r['draw']} | {r['status']}: {r['reason']} "
-                         "| | | | | |")
+            lines.append(
+                f"| {r['topology']} | {r['draw']} | {r['status']}: {r['reason']} | | | | | |"
+            )
             continue
         t, j = r["mean_tta"], r["mean_jct"]
-        lines.append(f"| {r['topology']} | {r['draw']} | {'yes' if r['same_placements'] else 'no'}"
-                     f" | {f(r['predicted_ratio'])} | {f(t[OURS], 1)} / {f(t[APART], 1)} | "
-                     f"{f(t['ratio'])} | {f(j[OURS], 1)} / {f(j[APART], 1)} | {f(j['ratio'])} |")
-    lines += ["", "| topology | draws run | same placements | CES-PPO faster (TTA) | mean TTA "
-                  "ratio (geomean) | mean JCT ratio (geomean) |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {t} | {b['draws']} | {b['same_placements']} | {b['tta_wins']} | "
-              f"{f(b['mean_tta'], 3)} | {f(b['mean_jct'], 3)} |"
-              for t, b in s["by_topology"].items()]
-    lines += ["", f"Draws run: {s['ran']} of {s['draws']}; the same placements in "
-                  f"{s['same_placements']} (their TTA ratios, what runs of the same decisions "
-                  f"differ by: {', '.join(f(x) for x in s['same_placements_tta']) or '—'})."]
+        lines.append(
+            f"| {r['topology']} | {r['draw']} | {'yes' if r['same_placements'] else 'no'}"
+            f" | {f(r['predicted_ratio'])} | {f(t[OURS], 1)} / {f(t[APART], 1)} | "
+            f"{f(t['ratio'])} | {f(j[OURS], 1)} / {f(j[APART], 1)} | {f(j['ratio'])} |"
+        )
+    lines += [
+        "",
+        "| topology | draws run | same placements | CES-PPO faster (TTA) | mean TTA "
+        "ratio (geomean) | mean JCT ratio (geomean) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {t} | {b['draws']} | {b['same_placements']} | {b['tta_wins']} | "
+        f"{f(b['mean_tta'], 3)} | {f(b['mean_jct'], 3)} |"
+        for t, b in s["by_topology"].items()
+    ]
+    lines += [
+        "",
+        f"Draws run: {s['ran']} of {s['draws']}; the same placements in "
+        f"{s['same_placements']} (their TTA ratios, what runs of the same decisions "
+        f"differ by: {', '.join(f(x) for x in s['same_placements_tta']) or '—'}).",
+    ]
     for key, label in (("mean_tta", "mean TTA"), ("mean_jct", "mean JCT")):
         a, d = s[key], s[f"{key}_where_placements_differ"]
-        lines.append(f"- CES-PPO / network-aware, {label}: geometric mean {f(a['geomean'], 3)} "
-                     f"over every draw (CES-PPO faster in {a['wins']}; best {f(a['best'])}, worst "
-                     f"{f(a['worst'])}); where the placements differ {f(d['geomean'], 3)} "
-                     f"({d['wins']} of {d['draws']}).")
-    lines.append(f"- Where they differ, the model predicted {f(s['predicted_ratio'], 3)} "
-                 f"(iteration time); rank correlation of predicted and measured (JCT) "
-                 f"{f(s['spearman_predicted_jct'])}.")
+        lines.append(
+            f"- CES-PPO / network-aware, {label}: geometric mean {f(a['geomean'], 3)} "
+            f"over every draw (CES-PPO faster in {a['wins']}; best {f(a['best'])}, worst "
+            f"{f(a['worst'])}); where the placements differ {f(d['geomean'], 3)} "
+            f"({d['wins']} of {d['draws']})."
+        )
+    lines.append(
+        f"- Where they differ, the model predicted {f(s['predicted_ratio'], 3)} "
+        f"(iteration time); rank correlation of predicted and measured (JCT) "
+        f"{f(s['spearman_predicted_jct'])}."
+    )
     m = s["measured_over_predicted"]
-    lines.append(f"- Measured median iteration over the Master's prediction (geometric mean over "
-                 f"jobs and draws): CES-PPO {f(m[OURS])}, network-aware {f(m[APART])} (the model "
-                 "counts a flow at its grant; the network gives it a share of the spare too).")
+    lines.append(
+        f"- Measured median iteration over the Master's prediction (geometric mean over "
+        f"jobs and draws): CES-PPO {f(m[OURS])}, network-aware {f(m[APART])} (the model "
+        "counts a flow at its grant; the network gives it a share of the spare too)."
+    )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--topologies", default=TOPOLOGIES,
-                    help=f"comma-separated (default {TOPOLOGIES})")
+    ap.add_argument(
+        "--topologies", default=TOPOLOGIES, help=f"comma-separated (default {TOPOLOGIES})"
+    )
     ap.add_argument("--draws", type=int, default=5, help="background-load draws per topology")
     ap.add_argument("--out", default=str(REPO / "results" / "e2e" / "loaded"))
-    ap.add_argument("--report", action="store_true",
-                    help="only summarize the draws DIR holds; run nothing")
+    ap.add_argument(
+        "--report", action="store_true", help="only summarize the draws DIR holds; run nothing"
+    )
     args = ap.parse_args(argv)
     if args.draws < 1:
         ap.error("--draws: expected an integer >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = [run_draw(out, topo, draw, run=not args.report)
-               for topo in args.topologies.split(",") for draw in range(args.draws)]
+    records = [
+        run_draw(out, topo, draw, run=not args.report)
+        for topo in args.topologies.split(",")
+        for draw in range(args.draws)
+    ]
     s = summarize(records)
-    (out / "summary.json").write_text(json.dumps({"command": " ".join(sys.argv), "summary": s,
-                                                  "draws": records}, indent=1) + "\n")
+    (out / "summary.json").write_text(
+        json.dumps({"command": " ".join(sys.argv), "summary": s, "draws": records}, indent=1) + "\n"
+    )
     (out / "summary.md").write_text(markdown(records, s))
     print(markdown(records, s))
     return 0 if all(r["status"] != "failed" for r in records) else 1

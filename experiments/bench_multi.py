@@ -32,9 +32,11 @@ seconds on a lightly loaded network from dominating), the best value is kept bef
 knob is swept. The priority weight b stays 0.5: J has no priority term, so the sweep would
 happily ignore priorities. The defaults in `MultiConfig` are the result (docs/multi.md).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -58,8 +60,17 @@ SWEEP: list[tuple[str, list]] = [
     ("min_bw_share", [0.0, 0.25, 0.5, 0.75, 0.9]),
     ("window", [8, 16, 32, 64, 128, 1000]),
     ("fit", ["align", "headroom"]),
-    ("weights", [(1.0, 0.5, 1.0), (0.0, 0.5, 1.0), (1.0, 0.5, 0.0), (2.0, 0.5, 1.0),
-                 (1.0, 0.5, 2.0), (0.5, 0.5, 1.0)]),
+    (
+        "weights",
+        [
+            (1.0, 0.5, 1.0),
+            (0.0, 0.5, 1.0),
+            (1.0, 0.5, 0.0),
+            (2.0, 0.5, 1.0),
+            (1.0, 0.5, 2.0),
+            (0.5, 0.5, 1.0),
+        ],
+    ),
     ("reserve_after_s", [1800.0, 3600.0, 7200.0, 14400.0, 28800.0]),
     ("age_every_s", [900.0, 3600.0, 14400.0]),
     ("max_reservations", [1, 2, 4]),
@@ -84,8 +95,9 @@ def knobs(settings: list[str]) -> MultiConfig:
     for item in settings:
         knob, sep, text = item.partition("=")
         if not sep or knob not in known:
-            raise ValueError(f"'{item}': expected KNOB=VALUE with KNOB one of "
-                             f"{', '.join(sorted(known))}")
+            raise ValueError(
+                f"'{item}': expected KNOB=VALUE with KNOB one of {', '.join(sorted(known))}"
+            )
         try:
             changes[knob] = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -101,13 +113,17 @@ def sweep(topos: list[str], arrivals: str, seeds: int, single: str) -> dict:
 
     def score(cfg: MultiConfig) -> tuple[float, dict]:
         runs = {c: run_policy("ces-multi", clusters[c[0]], spec, c[1], single, cfg) for c in cases}
-        js = [(r["avg_wait_s"] + WAIT_FLOOR_S) / (ref[c]["avg_wait_s"] + WAIT_FLOOR_S)
-              + (r["max_wait_s"] + WAIT_FLOOR_S) / (ref[c]["max_wait_s"] + WAIT_FLOOR_S)
-              + r["balance_std"] / max(ref[c]["balance_std"], 1e-9)
-              + ref[c]["bw_satisfaction"] / max(r["bw_satisfaction"], 1e-9)
-              for c, r in runs.items()]
+        js = [
+            (r["avg_wait_s"] + WAIT_FLOOR_S) / (ref[c]["avg_wait_s"] + WAIT_FLOOR_S)
+            + (r["max_wait_s"] + WAIT_FLOOR_S) / (ref[c]["max_wait_s"] + WAIT_FLOOR_S)
+            + r["balance_std"] / max(ref[c]["balance_std"], 1e-9)
+            + ref[c]["bw_satisfaction"] / max(r["bw_satisfaction"], 1e-9)
+            for c, r in runs.items()
+        ]
         keys = ("avg_wait_s", "max_wait_s", "balance_std", "bw_satisfaction")
-        return statistics.fmean(js), {k: statistics.fmean(r[k] for r in runs.values()) for k in keys}
+        return statistics.fmean(js), {
+            k: statistics.fmean(r[k] for r in runs.values()) for k in keys
+        }
 
     cfg, steps = MultiConfig(), []
     for knob, values in SWEEP:
@@ -116,26 +132,38 @@ def sweep(topos: list[str], arrivals: str, seeds: int, single: str) -> dict:
             start = time.perf_counter()
             j, means = score(with_knob(cfg, knob, value))
             rows.append({"value": value, "J": j, **means})
-            print(f"  {knob:<20} {str(value):<18} J={j:.3f}  avg wait {means['avg_wait_s']:8.0f} s"
-                  f"  max wait {means['max_wait_s']:8.0f} s  util std {means['balance_std']:.3f}"
-                  f"  bw sat {means['bw_satisfaction']:.3f}  ({time.perf_counter() - start:.0f} s)",
-                  flush=True)
+            print(
+                f"  {knob:<20} {value!s:<18} J={j:.3f}  avg wait {means['avg_wait_s']:8.0f} s"
+                f"  max wait {means['max_wait_s']:8.0f} s  util std {means['balance_std']:.3f}"
+                f"  bw sat {means['bw_satisfaction']:.3f}  ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
         best = min(rows, key=lambda r: r["J"])
         cfg = with_knob(cfg, knob, best["value"])
         steps.append({"knob": knob, "chosen": best["value"], "rows": rows})
         print(f"{knob}: {best['value']}", flush=True)
-    fb = {k: statistics.fmean(r[k] for r in ref.values())
-          for k in ("avg_wait_s", "max_wait_s", "balance_std", "bw_satisfaction")}
-    return {"topologies": topos, "arrivals": arrivals, "seeds": seeds, "single": single,
-            "fifo_backfill": fb, "steps": steps, "chosen": asdict(cfg)}
+    fb = {
+        k: statistics.fmean(r[k] for r in ref.values())
+        for k in ("avg_wait_s", "max_wait_s", "balance_std", "bw_satisfaction")
+    }
+    return {
+        "topologies": topos,
+        "arrivals": arrivals,
+        "seeds": seeds,
+        "single": single,
+        "fifo_backfill": fb,
+        "steps": steps,
+        "chosen": asdict(cfg),
+    }
 
 
 def versus_best(algos: dict, metric: str, better=min) -> dict:
     """CES-Multi's mean of `metric` against the best policy's; met: best or within 5 %."""
     best = better(m[metric]["mean"] for m in algos.values() if m[metric]["mean"] is not None)
     mine = algos["ces-multi"][metric]["mean"]
-    ok = mine is not None and (mine <= best * 1.05 + 1e-9 if better is min
-                               else mine >= best * 0.95 - 1e-9)
+    ok = mine is not None and (
+        mine <= best * 1.05 + 1e-9 if better is min else mine >= best * 0.95 - 1e-9
+    )
     return {"ces_multi": mine, "best": best, "met": ok}
 
 
@@ -143,7 +171,10 @@ def targets(result: dict) -> dict:
     """Issue 8's targets for one topology's evaluate_multi result."""
     algos = result["algorithms"]
     out = {metric: versus_best(algos, metric, better) for metric, better in TARGET_BETTER.items()}
-    mine, fb = algos["ces-multi"]["max_wait_s"]["mean"], algos["fifo-backfill"]["max_wait_s"]["mean"]
+    mine, fb = (
+        algos["ces-multi"]["max_wait_s"]["mean"],
+        algos["fifo-backfill"]["max_wait_s"]["mean"],
+    )
     out["max_wait_below_fifo_backfill"] = {"ces_multi": mine, "fifo_backfill": fb, "met": mine < fb}
     return out
 
@@ -163,23 +194,39 @@ def seed_systems(seeds: int, topos: list[str], single: str) -> dict:
     with RunProgress((1 + len(paper.BASELINES)) * seeds) as progress:
         jct = paper.compare(net, seeds, progress=progress.start)
     tf = statistics.fmean(jct["tapfinger"])
-    out = {"machine": machine_info(), "seeds": seeds, "tapfinger_paper_setting": {
-        "setting": asdict(paper.PaperSetting()), "avg_jct_slots": {
-            k: mean_std(v) | {"runs": v} for k, v in jct.items()},
-        "tapfinger_vs": {k: tf / statistics.fmean(v) - 1 for k, v in jct.items()
-                         if k != "tapfinger"},
-        "paper_claim_vs_tiresias": -0.549, "wall_s": time.perf_counter() - start}}
+    out = {
+        "machine": machine_info(),
+        "seeds": seeds,
+        "tapfinger_paper_setting": {
+            "setting": asdict(paper.PaperSetting()),
+            "avg_jct_slots": {k: mean_std(v) | {"runs": v} for k, v in jct.items()},
+            "tapfinger_vs": {
+                k: tf / statistics.fmean(v) - 1 for k, v in jct.items() if k != "tapfinger"
+            },
+            "paper_claim_vs_tiresias": -0.549,
+            "wall_s": time.perf_counter() - start,
+        },
+    }
     out["edgeflow"] = {}
     for topo in topos:
         start = time.perf_counter()
-        result = evaluate_multi(argparse.Namespace(topo=topo, arrivals=SEED_ARRIVALS,
-                                                   algos=SEED_POLICIES, seeds=seeds,
-                                                   single=single))
+        result = evaluate_multi(
+            argparse.Namespace(
+                topo=topo, arrivals=SEED_ARRIVALS, algos=SEED_POLICIES, seeds=seeds, single=single
+            )
+        )
         out["edgeflow"][topo] = {
-            "arrivals": SEED_ARRIVALS, "single": single, "wall_s": time.perf_counter() - start,
-            **{k: {m: result["algorithms"][k][m] for m in
-                   ("deadline_satisfaction", "migrations_per_job", "avg_wait_s", "jct_s")}
-               for k in SEED_POLICIES.split(",")}}
+            "arrivals": SEED_ARRIVALS,
+            "single": single,
+            "wall_s": time.perf_counter() - start,
+            **{
+                k: {
+                    m: result["algorithms"][k][m]
+                    for m in ("deadline_satisfaction", "migrations_per_job", "avg_wait_s", "jct_s")
+                }
+                for k in SEED_POLICIES.split(",")
+            },
+        }
     return out
 
 
@@ -190,16 +237,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topos", default=TOPOS)
     ap.add_argument("--arrivals", default=ARRIVALS, help="spec without n (set by --jobs)")
     ap.add_argument("--single", default=None, help="single-job algorithm of every policy")
-    ap.add_argument("--policies", default="all",
-                    help="comma-separated queue policies (default all; the targets need all)")
-    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                    help="evaluate CES-Multi with this MultiConfig knob changed (repeatable; "
-                         "VALUE in YAML: 4, 1.2, null, false, align)")
+    ap.add_argument(
+        "--policies",
+        default="all",
+        help="comma-separated queue policies (default all; the targets need all)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="evaluate CES-Multi with this MultiConfig knob changed (repeatable; "
+        "VALUE in YAML: 4, 1.2, null, false, align)",
+    )
     ap.add_argument("--out", default="results/multi")
     ap.add_argument("--sweep", action="store_true", help="run the sweep of CES-Multi's knobs")
     ap.add_argument("--sweep-topos", default="campus,topozoo/Abilene")
-    ap.add_argument("--seed-systems", action="store_true",
-                    help="TapFinger's and EdgeFlow's figures (results/multi/seeds.json)")
+    ap.add_argument(
+        "--seed-systems",
+        action="store_true",
+        help="TapFinger's and EdgeFlow's figures (results/multi/seeds.json)",
+    )
     ap.add_argument("--seed-topos", default="campus")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
@@ -218,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     single = args.single or default_algorithm()
-    arrivals = f"{args.arrivals.split(':')[0]}:n={args.jobs}" + \
-        (f",{args.arrivals.split(':', 1)[1]}" if ":" in args.arrivals else "")
+    arrivals = f"{args.arrivals.split(':')[0]}:n={args.jobs}" + (
+        f",{args.arrivals.split(':', 1)[1]}" if ":" in args.arrivals else ""
+    )
     try:
         parse_arrivals(arrivals)
         if args.seed_systems:
@@ -235,13 +294,25 @@ def main(argv: list[str] | None = None) -> int:
             (out / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
             print(f"chosen: {result['chosen']}\nwrote {out / 'sweep.json'}")
             return 0
-        summary = {"arrivals": arrivals, "seeds": args.seeds, "single": single,
-                   "machine": machine_info(), "topologies": {}}
+        summary = {
+            "arrivals": arrivals,
+            "seeds": args.seeds,
+            "single": single,
+            "machine": machine_info(),
+            "topologies": {},
+        }
         for topo in args.topos.split(","):
             start = time.perf_counter()
-            result = evaluate_multi(argparse.Namespace(topo=topo, arrivals=arrivals,
-                                                       algos=args.policies, seeds=args.seeds,
-                                                       single=single, config=config))
+            result = evaluate_multi(
+                argparse.Namespace(
+                    topo=topo,
+                    arrivals=arrivals,
+                    algos=args.policies,
+                    seeds=args.seeds,
+                    single=single,
+                    config=config,
+                )
+            )
             result["wall_s"] = time.perf_counter() - start
             name = topo.replace("/", "-")
             (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -253,18 +324,25 @@ def main(argv: list[str] | None = None) -> int:
             # (`SimResult.balance_std_arrivals`, `balance_std_queued`).
             arriving = versus_best(result["algorithms"], "balance_std_arrivals")
             queued = versus_best(result["algorithms"], "balance_std_queued")
-            summary["topologies"][topo] = {"file": f"{name}.json", "targets": checks,
-                                           "balance_std_arrivals": arriving,
-                                           "balance_std_queued": queued}
+            summary["topologies"][topo] = {
+                "file": f"{name}.json",
+                "targets": checks,
+                "balance_std_arrivals": arriving,
+                "balance_std_queued": queued,
+            }
             print(multi_table(result))
-            print("targets: " + ", ".join(f"{k} {'met' if v['met'] else 'MISSED'}"
-                                          for k, v in checks.items())
-                  + "; util std "
-                  + ", ".join(f"{what} {v['ces_multi'] / v['best']:.2f} × the best"
-                              for what, v in (("while jobs arrive", arriving),
-                                              ("while jobs wait", queued))
-                              if v["ces_multi"] is not None)
-                  + f"  ({result['wall_s']:.0f} s)\n", flush=True)
+            print(
+                "targets: "
+                + ", ".join(f"{k} {'met' if v['met'] else 'MISSED'}" for k, v in checks.items())
+                + "; util std "
+                + ", ".join(
+                    f"{what} {v['ces_multi'] / v['best']:.2f} × the best"
+                    for what, v in (("while jobs arrive", arriving), ("while jobs wait", queued))
+                    if v["ces_multi"] is not None
+                )
+                + f"  ({result['wall_s']:.0f} s)\n",
+                flush=True,
+            )
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {out}/")
     except (ArrivalError, TopologyError, ValueError, FileNotFoundError) as e:

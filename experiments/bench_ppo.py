@@ -31,9 +31,11 @@ unseen: our `campus` and the topohub networks `topozoo/Abilene`, `sndlib/polska`
    time and the process's CPU time (on a shared machine the wall time includes waiting).
 Reproducible with --seed; wall times are this machine's (the JSON records it and its load).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -42,8 +44,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -73,11 +75,14 @@ def variants() -> dict[str, Callable[[int], Algorithm]]:
     k8s-spread's when that predicts at most (1 + τ) × the iteration time and leaves a lower
     utilisation std (`multi.BalancedChoice`, what CES-Multi spreads with)."""
     out: dict[str, Callable[[int], Algorithm]] = {
-        "ces-ppo (policy alone)": lambda s: make_algorithm("ces-ppo", decode_budget=0,
-                                                             compare=False)}
+        "ces-ppo (policy alone)": lambda s: make_algorithm(
+            "ces-ppo", decode_budget=0, compare=False
+        )
+    }
     for tau in TRADEOFF:
         out[BALANCED.format(tau)] = lambda s, t=tau: BalancedChoice(
-            make_algorithm("ces-ppo"), make_algorithm("k8s-spread", seed=s), t)
+            make_algorithm("ces-ppo"), make_algorithm("k8s-spread", seed=s), t
+        )
     return out
 
 
@@ -93,45 +98,71 @@ def compare(topo: str, jobs: list, seeds: int) -> dict:
     times = job_times(topo, jobs, seeds, factories)
     for name in rows:
         rows[name]["iteration_time_s_common_jobs"] = mean_std(
-            [_mean_over(t[name], set.intersection(*(set(x) for x in t.values()))) for t in times])
+            [_mean_over(t[name], set.intersection(*(set(x) for x in t.values()))) for t in times]
+        )
         # CES-PPO / this algorithm on the jobs both placed, per seed.
         rows[name]["ces_ppo_ratio_pairwise"] = mean_std(
-            [_pairwise(t, "ces-ppo", name) for t in times])
+            [_pairwise(t, "ces-ppo", name) for t in times]
+        )
     heuristics = [n for n in rows if n in BASELINES]
     ours = rows["ces-ppo"]
     # Each τ: its iteration time over network-aware's on the jobs both placed (per seed, mean),
     # its balance std over k8s-spread's.
-    tradeoff = {f"{tau:g}": {
-        "iteration_vs_network_aware": statistics.fmean(
-            _pairwise(t, BALANCED.format(tau), "network-aware") for t in times),
-        "balance_vs_k8s_spread": _ratio(rows[BALANCED.format(tau)], rows["k8s-spread"],
-                                        "balance_std")} for tau in TRADEOFF}
+    tradeoff = {
+        f"{tau:g}": {
+            "iteration_vs_network_aware": statistics.fmean(
+                _pairwise(t, BALANCED.format(tau), "network-aware") for t in times
+            ),
+            "balance_vs_k8s_spread": _ratio(
+                rows[BALANCED.format(tau)], rows["k8s-spread"], "balance_std"
+            ),
+        }
+        for tau in TRADEOFF
+    }
     # Balance at equal work: CES-PPO placing only the jobs k8s-spread placed (a spreader that
     # rejects jobs leaves the cluster nearer its start).
-    equal = [run_sequence(make_instance(base, s, 0.5),
-                          [j for j in jobs if j.name in t["k8s-spread"]], make_algorithm("ces-ppo"))
-             for s, t in enumerate(times)]
-    return {"algorithms": rows,
-            "balance_tradeoff": tradeoff,
-            "balance_on_k8s_spread_jobs": {
-                "ces-ppo": statistics.fmean(r["balance_std"] for r in equal),
-                "ces_ppo_placed_fraction": statistics.fmean(r["placed_fraction"] for r in equal),
-                "k8s-spread": rows["k8s-spread"]["balance_std"]["mean"]},
-            "ces_ppo_vs_baselines_pairwise": {n: rows[n]["ces_ppo_ratio_pairwise"]["mean"]
-                                              for n in heuristics},
-            "ces_ppo_best_iteration": all((rows[n]["ces_ppo_ratio_pairwise"]["mean"] or 0) <= 1
-                                          for n in heuristics),
-            "ces_ppo_balance_vs_k8s_spread": _ratio(ours, rows["k8s-spread"], "balance_std"),
-            "dominated_by": dominated_by(rows)}
+    equal = [
+        run_sequence(
+            make_instance(base, s, 0.5),
+            [j for j in jobs if j.name in t["k8s-spread"]],
+            make_algorithm("ces-ppo"),
+        )
+        for s, t in enumerate(times)
+    ]
+    return {
+        "algorithms": rows,
+        "balance_tradeoff": tradeoff,
+        "balance_on_k8s_spread_jobs": {
+            "ces-ppo": statistics.fmean(r["balance_std"] for r in equal),
+            "ces_ppo_placed_fraction": statistics.fmean(r["placed_fraction"] for r in equal),
+            "k8s-spread": rows["k8s-spread"]["balance_std"]["mean"],
+        },
+        "ces_ppo_vs_baselines_pairwise": {
+            n: rows[n]["ces_ppo_ratio_pairwise"]["mean"] for n in heuristics
+        },
+        "ces_ppo_best_iteration": all(
+            (rows[n]["ces_ppo_ratio_pairwise"]["mean"] or 0) <= 1 for n in heuristics
+        ),
+        "ces_ppo_balance_vs_k8s_spread": _ratio(ours, rows["k8s-spread"], "balance_std"),
+        "dominated_by": dominated_by(rows),
+    }
 
 
 def dominated_by(rows: dict[str, dict]) -> dict[str, list[str]]:
     """Per algorithm, those with both a lower mean iteration time (jobs all placed) and a lower
     balance std: CES-PPO's list must be empty (non-dominance)."""
-    point = {n: (r["iteration_time_s_common_jobs"]["mean"], r["balance_std"]["mean"])
-             for n, r in rows.items()}
-    return {n: [m for m, q in point.items() if m != n and None not in p + q
-                and q[0] < p[0] and q[1] < p[1]] for n, p in point.items()}
+    point = {
+        n: (r["iteration_time_s_common_jobs"]["mean"], r["balance_std"]["mean"])
+        for n, r in rows.items()
+    }
+    return {
+        n: [
+            m
+            for m, q in point.items()
+            if m != n and None not in p + q and q[0] < p[0] and q[1] < p[1]
+        ]
+        for n, p in point.items()
+    }
 
 
 def job_times(topo: str, jobs: list, seeds: int, factories: dict) -> list[dict]:
@@ -174,12 +205,13 @@ def _ratio(a: dict, b: dict, key: str) -> float | None:
 def gap_to_exact(n: int, seed: int, budgets: list[int]) -> dict:
     rng = np.random.default_rng(seed)
     algos = {"ces-ppo": make_algorithm("ces-ppo"), "network-aware": make_algorithm("network-aware")}
-    algos |= {f"ces-ppo (decode budget {b})": make_algorithm("ces-ppo", decode_budget=b,
-                                                             compare=b > 0)
-              for b in budgets}
+    algos |= {
+        f"ces-ppo (decode budget {b})": make_algorithm("ces-ppo", decode_budget=b, compare=b > 0)
+        for b in budgets
+    }
     exact = make_algorithm("exact", max_paths=16, time_limit_s=30)
     ratios: dict[str, list[float]] = {name: [] for name in algos}
-    failed = {name: 0 for name in algos}
+    failed = dict.fromkeys(algos, 0)
     solved = tried = optimal = 0
     while solved < n and tried < 20 * n:
         tried += 1
@@ -192,16 +224,24 @@ def gap_to_exact(n: int, seed: int, budgets: list[int]) -> dict:
         optimal += exact.last_optimal
         for name, algo in algos.items():
             try:
-                ratios[name].append(predicted_iteration_s(cluster, job, algo.place(cluster, job))
-                                    / best)
+                ratios[name].append(
+                    predicted_iteration_s(cluster, job, algo.place(cluster, job)) / best
+                )
             except CannotPlace:
                 failed[name] += 1
     out: dict = {"instances": solved, "exact_proven_optimal": optimal}
     for name, r in ratios.items():
-        out[name] = {"cannot_place": failed[name]} | ({} if not r else {
-            "mean": statistics.fmean(r), "median": statistics.median(r),
-            "p90": float(np.percentile(r, 90)), "max": max(r),
-            "within_1.10": sum(x <= 1.10 + 1e-9 for x in r) / len(r)})
+        out[name] = {"cannot_place": failed[name]} | (
+            {}
+            if not r
+            else {
+                "mean": statistics.fmean(r),
+                "median": statistics.median(r),
+                "p90": float(np.percentile(r, 90)),
+                "max": max(r),
+                "within_1.10": sum(x <= 1.10 + 1e-9 for x in r) / len(r),
+            }
+        )
     return out
 
 
@@ -219,50 +259,74 @@ def latency(reps: int, seed: int, name: str = "ces-ppo") -> dict:
         for kind, c in (("warm", cluster), ("cold", cluster.copy())):
             w0, c0 = time.perf_counter(), time.process_time()
             algo.place(c, RING8)
-            runs[kind].append(((time.perf_counter() - w0) * 1000,
-                               (time.process_time() - c0) * 1000))
-    out: dict = {"topology": topo, "job": "ring, 8 tasks", "reps": reps,
-                 "loadavg_1m": os.getloadavg()[0]}
+            runs[kind].append(
+                ((time.perf_counter() - w0) * 1000, (time.process_time() - c0) * 1000)
+            )
+    out: dict = {
+        "topology": topo,
+        "job": "ring, 8 tasks",
+        "reps": reps,
+        "loadavg_1m": os.getloadavg()[0],
+    }
     for kind, r in runs.items():
         wall, cpu = [x for x, _ in r], [x for _, x in r]
         pre = "" if kind == "warm" else "cold_"
-        out |= {f"{pre}p50_ms": float(np.percentile(wall, 50)),
-                f"{pre}p99_ms": float(np.percentile(wall, 99)),
-                f"{pre}cpu_p50_ms": float(np.percentile(cpu, 50)),
-                f"{pre}cpu_p99_ms": float(np.percentile(cpu, 99))}
+        out |= {
+            f"{pre}p50_ms": float(np.percentile(wall, 50)),
+            f"{pre}p99_ms": float(np.percentile(wall, 99)),
+            f"{pre}cpu_p50_ms": float(np.percentile(cpu, 50)),
+            f"{pre}cpu_p99_ms": float(np.percentile(cpu, 99)),
+        }
     return out
 
 
 def plot(doc: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     topos = list(doc["comparison"])
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
-    for ax, key, label in zip(axes, ("iteration_time_s_common_jobs", "iteration_time_s",
-                                     "bw_satisfaction", "balance_std"),
-                              ("iteration time (s), jobs all placed", "iteration time (s), "
-                               "own placed jobs", "bandwidth satisfaction", "load-balance std")):
+    for ax, key, label in zip(
+        axes,
+        ("iteration_time_s_common_jobs", "iteration_time_s", "bw_satisfaction", "balance_std"),
+        (
+            "iteration time (s), jobs all placed",
+            "iteration time (s), own placed jobs",
+            "bandwidth satisfaction",
+            "load-balance std",
+        ),
+    ):
         trade = {BALANCED.format(tau) for tau in TRADEOFF}
         names = [n for n in doc["comparison"][topos[0]]["algorithms"] if n not in trade]
         width = 0.8 / len(names)
         for i, name in enumerate(names):
-            means = [doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("mean")
-                     for t in topos]
-            stds = [doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("std")
-                    for t in topos]
-            ax.bar([j + i * width for j in range(len(topos))],
-                   [m if m is not None else 0 for m in means], width,
-                   yerr=[s if s is not None else 0 for s in stds], label=name, capsize=2)
+            means = [
+                doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("mean")
+                for t in topos
+            ]
+            stds = [
+                doc["comparison"][t]["algorithms"].get(name, {}).get(key, {}).get("std")
+                for t in topos
+            ]
+            ax.bar(
+                [j + i * width for j in range(len(topos))],
+                [m if m is not None else 0 for m in means],
+                width,
+                yerr=[s if s is not None else 0 for s in stds],
+                label=name,
+                capsize=2,
+            )
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(topos))], topos, fontsize=8)
         ax.set_title(label, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"CES-PPO vs baselines on unseen topologies ({doc['seeds']} seeds, mean ± std)",
-                 fontsize=10)
+    fig.suptitle(
+        f"CES-PPO vs baselines on unseen topologies ({doc['seeds']} seeds, mean ± std)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -273,21 +337,46 @@ def plot_tradeoff(doc: dict, path: Path) -> None:
     network-aware's, balance std over k8s-spread's; network-aware itself: ×): what each unit of
     balance costs in iteration time."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     for topo, res in doc["comparison"].items():
-        points = [(0.0, res["ces_ppo_vs_baselines_pairwise"]["network-aware"],
-                   res["ces_ppo_balance_vs_k8s_spread"])]
-        points += [(float(tau), r["iteration_vs_network_aware"], r["balance_vs_k8s_spread"])
-                   for tau, r in res["balance_tradeoff"].items()]
-        line, = ax.plot([x for _, x, _ in points], [y for _, _, y in points], "o-", label=topo)
+        points = [
+            (
+                0.0,
+                res["ces_ppo_vs_baselines_pairwise"]["network-aware"],
+                res["ces_ppo_balance_vs_k8s_spread"],
+            )
+        ]
+        points += [
+            (float(tau), r["iteration_vs_network_aware"], r["balance_vs_k8s_spread"])
+            for tau, r in res["balance_tradeoff"].items()
+        ]
+        (line,) = ax.plot([x for _, x, _ in points], [y for _, _, y in points], "o-", label=topo)
         for tau, x, y in points:
-            ax.annotate(f"τ={tau:g}", (x, y), fontsize=6, color=line.get_color(),
-                        xytext=(3, 3), textcoords="offset points")
-        ax.plot([1.0], [_ratio(res["algorithms"]["network-aware"], res["algorithms"]["k8s-spread"],
-                               "balance_std")], "x", color=line.get_color(), ms=8)
+            ax.annotate(
+                f"τ={tau:g}",
+                (x, y),
+                fontsize=6,
+                color=line.get_color(),
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+        ax.plot(
+            [1.0],
+            [
+                _ratio(
+                    res["algorithms"]["network-aware"],
+                    res["algorithms"]["k8s-spread"],
+                    "balance_std",
+                )
+            ],
+            "x",
+            color=line.get_color(),
+            ms=8,
+        )
     xs = [x for line in ax.get_lines() for x in line.get_xdata()]
     ys = [y for line in ax.get_lines() for y in line.get_ydata()]
     ax.set_xlim(min(xs + [1]) - 0.05, max(xs + [1]) + 0.05)
@@ -296,8 +385,11 @@ def plot_tradeoff(doc: dict, path: Path) -> None:
     ax.axhline(1, color="grey", lw=0.8)
     ax.set_xlabel("mean iteration time / network-aware's (jobs both placed)")
     ax.set_ylabel("load-balance std / k8s-spread's")
-    ax.set_title(f"CES-PPO balanced by k8s-spread within (1 + τ) × its iteration time; "
-                 f"×: network-aware\n({doc['seeds']} seeds, background load 0.5)", fontsize=9)
+    ax.set_title(
+        f"CES-PPO balanced by k8s-spread within (1 + τ) × its iteration time; "
+        f"×: network-aware\n({doc['seeds']} seeds, background load 0.5)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -312,8 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-jobs", type=int, default=10)
     ap.add_argument("--instances", type=int, default=50, help="small instances for the gap")
     ap.add_argument("--reps", type=int, default=50, help="latency repetitions")
-    ap.add_argument("--budgets", type=_budgets, default=[0], help="comma-separated decode "
-                    "budgets of CES-PPO also measured in the gap to exact (0: plain greedy)")
+    ap.add_argument(
+        "--budgets",
+        type=_budgets,
+        default=[0],
+        help="comma-separated decode "
+        "budgets of CES-PPO also measured in the gap to exact (0: plain greedy)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "ppo" / "bench.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.instances < 1 or args.reps < 1 or args.random_jobs < 0:
@@ -322,16 +419,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {CHECKPOINT} missing (python -m scheduler.train_ppo)", file=sys.stderr)
         return 2
     import torch
+
     torch.set_num_threads(1)
     jobs = benchmark_jobs(args.seed, args.random_jobs)
     load_before = os.getloadavg()
     t0 = time.time()
-    doc = {"seeds": args.seeds, "seed": args.seed, "jobs": [j.name for j in jobs],
-           "comparison": {}, "machine": machine_info()}
+    doc = {
+        "seeds": args.seeds,
+        "seed": args.seed,
+        "jobs": [j.name for j in jobs],
+        "comparison": {},
+        "machine": machine_info(),
+    }
     for topo in TOPOLOGIES:
         doc["comparison"][topo] = compare(topo, jobs, args.seeds)
-        print(f"{topo}: " + json.dumps({k: v for k, v in doc["comparison"][topo].items()
-                                        if k != "algorithms"}), flush=True)
+        print(
+            f"{topo}: "
+            + json.dumps({k: v for k, v in doc["comparison"][topo].items() if k != "algorithms"}),
+            flush=True,
+        )
     doc["gap_to_exact"] = gap_to_exact(args.instances, args.seed, args.budgets)
     print("gap to exact: " + json.dumps(doc["gap_to_exact"]), flush=True)
     doc["latency"] = latency(args.reps, args.seed)
@@ -349,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
 def benchmark_jobs(seed: int, random_jobs: int) -> list:
     """The example jobs of workloads/jobs, then `random_jobs` `instances.random_job` jobs."""
     rng = np.random.default_rng(seed)
-    return load_jobs(ROOT / "workloads" / "jobs") + \
-        [random_job(rng, f"random{i}") for i in range(random_jobs)]
+    return load_jobs(ROOT / "workloads" / "jobs") + [
+        random_job(rng, f"random{i}") for i in range(random_jobs)
+    ]
 
 
 def _budgets(text: str) -> list[int]:
@@ -374,8 +481,13 @@ def _table(doc: dict) -> None:
         for k in TABLE:
             t.add_column(k, justify="right")
         for name, row in res["algorithms"].items():
-            t.add_row(name, *("—" if row[k]["mean"] is None else
-                              f"{row[k]['mean']:.4g} ± {row[k]['std']:.2g}" for k in TABLE))
+            t.add_row(
+                name,
+                *(
+                    "—" if row[k]["mean"] is None else f"{row[k]['mean']:.4g} ± {row[k]['std']:.2g}"
+                    for k in TABLE
+                ),
+            )
         console.print(t)
 
 

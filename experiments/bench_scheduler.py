@@ -14,9 +14,11 @@
    every loop-free path, proven optimal). A baseline that cannot place is counted, not averaged.
 Reproducible with --seed (placements and instances; wall times are this machine's).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -79,14 +81,25 @@ def latency(sizes: list[int], reps: int, seed: int, names: list[str]) -> dict:
                 except CannotPlace:
                     pass
                 times.append((time.perf_counter() - t0) * 1000)
-            row[name] = {"p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99),
-                         "mean_ms": statistics.fmean(times), "reps": runs,
-                         "placed": len(iters) / runs,
-                         "iteration_time_s": statistics.fmean(iters) if iters else None}
-            print(f"  {topo:>22} {name:>14}: p50 {row[name]['p50_ms']:9.2f} ms   "
-                  f"p99 {row[name]['p99_ms']:9.2f} ms", flush=True)
-        out[str(n)] = {"topology": topo, "nodes": len(cluster.compute_nodes()),
-                       "vertices": cluster.graph.number_of_nodes(), "algorithms": row}
+            row[name] = {
+                "p50_ms": percentile(times, 50),
+                "p99_ms": percentile(times, 99),
+                "mean_ms": statistics.fmean(times),
+                "reps": runs,
+                "placed": len(iters) / runs,
+                "iteration_time_s": statistics.fmean(iters) if iters else None,
+            }
+            print(
+                f"  {topo:>22} {name:>14}: p50 {row[name]['p50_ms']:9.2f} ms   "
+                f"p99 {row[name]['p99_ms']:9.2f} ms",
+                flush=True,
+            )
+        out[str(n)] = {
+            "topology": topo,
+            "nodes": len(cluster.compute_nodes()),
+            "vertices": cluster.graph.number_of_nodes(),
+            "algorithms": row,
+        }
     return out
 
 
@@ -94,7 +107,7 @@ def gap(instances: int, seed: int, names: list[str]) -> dict:
     rng = np.random.default_rng(seed)
     exact = make_algorithm("exact", max_paths=64, time_limit_s=300)
     ratios: dict[str, list[float]] = {n: [] for n in names}
-    failed = {n: 0 for n in names}
+    failed = dict.fromkeys(names, 0)
     tried = unplaceable = 0
     exact_ms: list[float] = []
     while len(exact_ms) < instances:
@@ -119,24 +132,34 @@ def gap(instances: int, seed: int, names: list[str]) -> dict:
     out = {}
     for name in names:
         r = ratios[name]
-        out[name] = {"instances": len(r) + failed[name], "cannot_place": failed[name],
-                     "mean_ratio": statistics.fmean(r) if r else None,
-                     "median_ratio": statistics.median(r) if r else None,
-                     "p90_ratio": percentile(r, 90) if r else None,
-                     "max_ratio": max(r) if r else None,
-                     "optimal_fraction": sum(x <= 1 + 1e-6 for x in r) / len(r) if r else None,
-                     "ratios": r}
-        print(f"  {name:>14}: mean {out[name]['mean_ratio']:.3f}  median "
-              f"{out[name]['median_ratio']:.3f}  p90 {out[name]['p90_ratio']:.3f}  max "
-              f"{out[name]['max_ratio']:.3f}  optimal {out[name]['optimal_fraction']:.0%}  "
-              f"cannot place {failed[name]}", flush=True)
-    return {"algorithms": out, "instances_generated": tried, "unplaceable": unplaceable,
-            "exact_decision_ms": {"p50": percentile(exact_ms, 50),
-                                  "p99": percentile(exact_ms, 99)}}
+        out[name] = {
+            "instances": len(r) + failed[name],
+            "cannot_place": failed[name],
+            "mean_ratio": statistics.fmean(r) if r else None,
+            "median_ratio": statistics.median(r) if r else None,
+            "p90_ratio": percentile(r, 90) if r else None,
+            "max_ratio": max(r) if r else None,
+            "optimal_fraction": sum(x <= 1 + 1e-6 for x in r) / len(r) if r else None,
+            "ratios": r,
+        }
+        print(
+            f"  {name:>14}: mean {out[name]['mean_ratio']:.3f}  median "
+            f"{out[name]['median_ratio']:.3f}  p90 {out[name]['p90_ratio']:.3f}  max "
+            f"{out[name]['max_ratio']:.3f}  optimal {out[name]['optimal_fraction']:.0%}  "
+            f"cannot place {failed[name]}",
+            flush=True,
+        )
+    return {
+        "algorithms": out,
+        "instances_generated": tried,
+        "unplaceable": unplaceable,
+        "exact_decision_ms": {"p50": percentile(exact_ms, 50), "p99": percentile(exact_ms, 99)},
+    }
 
 
 def plot(doc: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -146,12 +169,14 @@ def plot(doc: dict, path: Path) -> None:
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         xs = [j + i * width for j, s in enumerate(sizes) if name in doc["latency"][s]["algorithms"]]
-        rows = [doc["latency"][s]["algorithms"][name] for s in sizes
-                if name in doc["latency"][s]["algorithms"]]
+        rows = [
+            doc["latency"][s]["algorithms"][name]
+            for s in sizes
+            if name in doc["latency"][s]["algorithms"]
+        ]
         ax1.bar(xs, [r["p50_ms"] for r in rows], width, label=name)
         ax1.scatter(xs, [r["p99_ms"] for r in rows], marker="_", color="black", s=60)
-    ax1.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))],
-                   [f"{s} nodes" for s in sizes])
+    ax1.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [f"{s} nodes" for s in sizes])
     ax1.set_yscale("log")
     ax1.set_ylabel("decision time, ms (bar p50, tick p99)")
     ax1.set_title("8-task ring job, gen:internet topologies")
@@ -161,16 +186,18 @@ def plot(doc: dict, path: Path) -> None:
     ax2.axhline(1.0, color="grey", lw=0.8)
     ax2.set_yscale("log")
     ax2.set_ylabel("predicted iteration time / optimal")
-    ax2.set_title(f"gap to exact on {doc['gap']['algorithms'][next(iter(gaps))]['instances']} "
-                  "small instances")
+    ax2.set_title(
+        f"gap to exact on {doc['gap']['algorithms'][next(iter(gaps))]['instances']} small instances"
+    )
     ax2.tick_params(axis="x", labelsize=7, rotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=50, help="placements per algorithm and size")
     ap.add_argument("--sizes", default="16,100,1000", help="topology sizes (routers)")
@@ -182,16 +209,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.reps < 1 or args.instances < 1 or any(s < 2 for s in sizes):
             raise ValueError
     except ValueError:
-        print("error: --reps and --instances must be ≥ 1 and --sizes a comma-separated list of "
-              "integers ≥ 2", file=sys.stderr)
+        print(
+            "error: --reps and --instances must be ≥ 1 and --sizes a comma-separated list of "
+            "integers ≥ 2",
+            file=sys.stderr,
+        )
         return 2
     names, skipped = buildable([n for n in algorithm_names() if n != "exact"])
     print(f"decision latency ({args.reps} reps):", flush=True)
-    doc = {"machine": machine_info(), "seed": args.seed, "command": " ".join(sys.argv),
-           "skipped": skipped, "latency": latency(sizes, args.reps, args.seed, names)}
+    doc = {
+        "machine": machine_info(),
+        "seed": args.seed,
+        "command": " ".join(sys.argv),
+        "skipped": skipped,
+        "latency": latency(sizes, args.reps, args.seed, names),
+    }
     print(f"gap to exact ({args.instances} instances):", flush=True)
-    doc["gap"] = gap(args.instances, args.seed, [n for n in names if n in BASELINES]
-                     + [n for n in names if n not in BASELINES])
+    doc["gap"] = gap(
+        args.instances,
+        args.seed,
+        [n for n in names if n in BASELINES] + [n for n in names if n not in BASELINES],
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -14,9 +14,11 @@ event* is an arrival, a start, a completion, a failure or a re-queue. Two rates 
 The target (issue 5) is ≥ 1000 events/s. Reproducible with --seed (wall times are this
 machine's; the JSON states it).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -41,12 +43,19 @@ def bench(algo: str, cluster: Cluster, scenario, seed: int) -> dict:
     wall = time.perf_counter() - start
     decide = sum(sum(js.decision_s) for js in result.jobs)
     summary = result.summary()
-    return {"algorithm": algo, "job_events": result.job_events, "wall_s": wall,
-            "decision_s": decide, "placements": sum(len(js.decision_s) for js in result.jobs),
-            "end_to_end_events_per_s": result.job_events / wall,
-            "simulator_events_per_s": result.job_events / max(wall - decide, 1e-9),
-            "simulated_s": result.end_time, "finished": summary["finished"],
-            "avg_wait_s": summary["avg_wait_s"], "utilisation": summary["utilisation"]}
+    return {
+        "algorithm": algo,
+        "job_events": result.job_events,
+        "wall_s": wall,
+        "decision_s": decide,
+        "placements": sum(len(js.decision_s) for js in result.jobs),
+        "end_to_end_events_per_s": result.job_events / wall,
+        "simulator_events_per_s": result.job_events / max(wall - decide, 1e-9),
+        "simulated_s": result.end_time,
+        "finished": summary["finished"],
+        "avg_wait_s": summary["avg_wait_s"],
+        "utilisation": summary["utilisation"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,26 +68,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/bench_simulator.json")
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.nodes < 2 or args.load <= 0:
-        print("bench_simulator: --jobs ≥ 1, --nodes ≥ 2 and --load > 0 are required",
-              file=sys.stderr)
+        print(
+            "bench_simulator: --jobs ≥ 1, --nodes ≥ 2 and --load > 0 are required", file=sys.stderr
+        )
         return 2
     topo = load_topology(f"gen:internet:{args.nodes}:{args.seed}")
     cluster = Cluster.from_topology(topo)
     spec = parse_arrivals(f"poisson:n={args.jobs},load={args.load},tidal=1,background=60")
     scenario = make_scenario(spec, cluster, args.seed)
     rows = [bench(a.strip(), cluster, scenario, args.seed) for a in args.algos.split(",")]
-    out = {"topology": topo.source, "nodes": len(topo.nodes), "jobs": args.jobs,
-           "arrivals": f"poisson:n={args.jobs},load={args.load},tidal=1,background=60",
-           "scenario_events": len(scenario.events), "seed": args.seed, "target_events_per_s": TARGET,
-           "machine": machine_info(), "runs": rows}
-    print(f"{topo.source}: {len(topo.nodes)} nodes, {args.jobs} jobs, "
-          f"{len(scenario.events)} node/background events, seed {args.seed}")
-    print(f"{'algorithm':<15}{'events':>8}{'wall s':>9}{'decide s':>10}{'e2e ev/s':>10}"
-          f"{'sim ev/s':>10}{'finished':>10}")
+    out = {
+        "topology": topo.source,
+        "nodes": len(topo.nodes),
+        "jobs": args.jobs,
+        "arrivals": f"poisson:n={args.jobs},load={args.load},tidal=1,background=60",
+        "scenario_events": len(scenario.events),
+        "seed": args.seed,
+        "target_events_per_s": TARGET,
+        "machine": machine_info(),
+        "runs": rows,
+    }
+    print(
+        f"{topo.source}: {len(topo.nodes)} nodes, {args.jobs} jobs, "
+        f"{len(scenario.events)} node/background events, seed {args.seed}"
+    )
+    print(
+        f"{'algorithm':<15}{'events':>8}{'wall s':>9}{'decide s':>10}{'e2e ev/s':>10}"
+        f"{'sim ev/s':>10}{'finished':>10}"
+    )
     for r in rows:
-        print(f"{r['algorithm']:<15}{r['job_events']:>8}{r['wall_s']:>9.2f}{r['decision_s']:>10.2f}"
-              f"{r['end_to_end_events_per_s']:>10.0f}{r['simulator_events_per_s']:>10.0f}"
-              f"{r['finished']:>10.0f}")
+        print(
+            f"{r['algorithm']:<15}{r['job_events']:>8}{r['wall_s']:>9.2f}{r['decision_s']:>10.2f}"
+            f"{r['end_to_end_events_per_s']:>10.0f}{r['simulator_events_per_s']:>10.0f}"
+            f"{r['finished']:>10.0f}"
+        )
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")

@@ -32,9 +32,11 @@ candidates: what comparing with the heuristic adds); `network-aware/ces` is
 network-aware's placement with CES's paths and rates (what the placement alone contributes).
 The plot: per topology, CES-PPO's geometric-mean ratio to each other algorithm.
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -49,14 +51,14 @@ import numpy as np
 import torch
 
 from scheduler.baselines import make_algorithm
-from scheduler.compose import build
 from scheduler.bounds import iteration_lower_bound
+from scheduler.compose import build
+from scheduler.env import PlacementEpisode
 from scheduler.evaluate import machine_info
 from scheduler.instances import HELD_OUT, make_instance, spread_jobs
 from scheduler.jobs import load_jobs, ring_job
 from scheduler.metrics import load_balance, predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Job, Resources
-from scheduler.env import PlacementEpisode
 from scheduler.ppo import CHECKPOINT, Agent, CesPPO, Policy, greedy_from, network_aware_first
 from scheduler.trace import MACHINE_TABLE, load_machine_spec
 from topologies import load_topology
@@ -71,16 +73,18 @@ TAIL_FIRST_NODES = 64  # its highest-rated first nodes rolled out on such a job
 
 
 def algorithms(seed: int, checkpoint: Path) -> dict:
-    algos = {OURS: CesPPO(seed=seed, checkpoint=checkpoint),
-             f"{OURS}:greedy": CesPPO(seed=seed, checkpoint=checkpoint, decode_budget=0,
-                                      compare=False),
-             f"{OURS}:own": CesPPO(seed=seed, checkpoint=checkpoint, compare=False),
-             "network-aware/ces": build("network-aware/ces", seed=seed)}
+    algos = {
+        OURS: CesPPO(seed=seed, checkpoint=checkpoint),
+        f"{OURS}:greedy": CesPPO(seed=seed, checkpoint=checkpoint, decode_budget=0, compare=False),
+        f"{OURS}:own": CesPPO(seed=seed, checkpoint=checkpoint, compare=False),
+        "network-aware/ces": build("network-aware/ces", seed=seed),
+    }
     return algos | {name: make_algorithm(name, seed=seed) for name in BASELINES}
 
 
-def run_topology(topo: str, seeds: int, random_jobs: int, machines: list,
-                 checkpoint: Path) -> list[dict]:
+def run_topology(
+    topo: str, seeds: int, random_jobs: int, machines: list, checkpoint: Path
+) -> list[dict]:
     """One row per (seed, job, algorithm): placed, iteration time, balance after, decision ms,
     and the job's lower bound on the instance."""
     base = Cluster.from_topology(load_topology(topo))
@@ -97,17 +101,33 @@ def run_topology(topo: str, seeds: int, random_jobs: int, machines: list,
                 try:
                     d = algo.place(cluster, job)
                 except CannotPlace:
-                    rows.append({"seed": seed, "job": job.name, "algorithm": name,
-                                 "placed": False, "bound_s": bound})
+                    rows.append(
+                        {
+                            "seed": seed,
+                            "job": job.name,
+                            "algorithm": name,
+                            "placed": False,
+                            "bound_s": bound,
+                        }
+                    )
                     continue
                 ms = (time.perf_counter() - start) * 1000
                 after = cluster.copy(share_graph=True)
                 after.allocate(job, d)
-                rows.append({"seed": seed, "job": job.name, "algorithm": name, "placed": True,
-                             "iteration_s": predicted_iteration_s(cluster, job, d),
-                             "balance_std": load_balance(after)[0], "decision_ms": ms,
-                             "nodes": len(set(d.placement.values())), "bound_s": bound})
-            by = {r["algorithm"]: r for r in rows[-len(algos):] if r["placed"]}
+                rows.append(
+                    {
+                        "seed": seed,
+                        "job": job.name,
+                        "algorithm": name,
+                        "placed": True,
+                        "iteration_s": predicted_iteration_s(cluster, job, d),
+                        "balance_std": load_balance(after)[0],
+                        "decision_ms": ms,
+                        "nodes": len(set(d.placement.values())),
+                        "bound_s": bound,
+                    }
+                )
+            by = {r["algorithm"]: r for r in rows[-len(algos) :] if r["placed"]}
             greedy, na = by.get(f"{OURS}:greedy"), by.get("network-aware")
             if greedy and na and greedy["iteration_s"] > TAIL * na["iteration_s"]:
                 greedy |= first_nodes(algos[f"{OURS}:greedy"].agent, cluster, job)
@@ -121,65 +141,117 @@ def first_nodes(agent: Agent, cluster: Cluster, job: Job) -> dict:
     job, or network-aware's first node is masked for the policy)."""
     ep0 = PlacementEpisode(cluster, job)
     policy = Policy(agent, ep0.graph_input())
-    times = [greedy_from(policy, ep0, int(v))
-             for v in policy.ranked(ep0.observe())[:TAIL_FIRST_NODES]]
+    times = [
+        greedy_from(policy, ep0, int(v)) for v in policy.ranked(ep0.observe())[:TAIL_FIRST_NODES]
+    ]
     na_first = network_aware_first(ep0)
-    return {"from_na_first_s": None if na_first is None else greedy_from(policy, ep0, na_first),
-            "best_first_s": min((t for t in times if t is not None), default=None)}
+    return {
+        "from_na_first_s": None if na_first is None else greedy_from(policy, ep0, na_first),
+        "best_first_s": min((t for t in times if t is not None), default=None),
+    }
 
 
 def ratios(rows: list[dict], a: str, b: str) -> list[float]:
     """a's iteration time over b's, per (seed, job) both placed."""
     by = {(r["seed"], r["job"], r["algorithm"]): r for r in rows if r["placed"]}
-    return [by[k + (a,)]["iteration_s"] / by[k + (b,)]["iteration_s"]
-            for k in {(s, j) for s, j, _ in by} if k + (a,) in by and k + (b,) in by]
+    return [
+        by[k + (a,)]["iteration_s"] / by[k + (b,)]["iteration_s"]
+        for k in {(s, j) for s, j, _ in by}
+        if k + (a,) in by and k + (b,) in by
+    ]
 
 
 def summary(rows: list[dict]) -> dict:
     names = list(dict.fromkeys(r["algorithm"] for r in rows))
-    out: dict = {"placed": {n: sum(r["placed"] for r in rows if r["algorithm"] == n)
-                            for n in names},
-                 "jobs": len({(r["seed"], r["job"]) for r in rows})}
+    out: dict = {
+        "placed": {n: sum(r["placed"] for r in rows if r["algorithm"] == n) for n in names},
+        "jobs": len({(r["seed"], r["job"]) for r in rows}),
+    }
     for ours in (OURS, f"{OURS}:greedy", f"{OURS}:own"):
         out[ours] = {}
         for other in names:
             if other == ours:
                 continue
             x = ratios(rows, ours, other)
-            out[ours][other] = {"geomean": math.exp(statistics.fmean(map(math.log, x)))
-                                if x else None, "worst": max(x, default=None), "jobs": len(x)}
+            out[ours][other] = {
+                "geomean": math.exp(statistics.fmean(map(math.log, x))) if x else None,
+                "worst": max(x, default=None),
+                "jobs": len(x),
+            }
     # where the policy alone loses: its jobs more than TAIL slower than network-aware's
-    na = {(r["seed"], r["job"]): r["iteration_s"] for r in rows
-          if r["algorithm"] == "network-aware" and r["placed"]}
+    na = {
+        (r["seed"], r["job"]): r["iteration_s"]
+        for r in rows
+        if r["algorithm"] == "network-aware" and r["placed"]
+    }
     tail = [r for r in rows if "best_first_s" in r]
     out["tail"] = {
         "jobs": len(tail),
-        "from_na_first_within": sum(r["from_na_first_s"] is not None and r["from_na_first_s"]
-                                    <= TAIL * na[r["seed"], r["job"]] for r in tail),
-        "best_first_below_1": sum(r["best_first_s"] is not None and r["best_first_s"]
-                                  < na[r["seed"], r["job"]] for r in tail),
-        "best_first_worst": max((r["best_first_s"] / na[r["seed"], r["job"]] for r in tail
-                                 if r["best_first_s"] is not None), default=None)}
+        "from_na_first_within": sum(
+            r["from_na_first_s"] is not None
+            and r["from_na_first_s"] <= TAIL * na[r["seed"], r["job"]]
+            for r in tail
+        ),
+        "best_first_below_1": sum(
+            r["best_first_s"] is not None and r["best_first_s"] < na[r["seed"], r["job"]]
+            for r in tail
+        ),
+        "best_first_worst": max(
+            (
+                r["best_first_s"] / na[r["seed"], r["job"]]
+                for r in tail
+                if r["best_first_s"] is not None
+            ),
+            default=None,
+        ),
+    }
     out["over_bound"] = {}
     for n in names:
-        x = [r["iteration_s"] / r["bound_s"] for r in rows
-             if r["algorithm"] == n and r["placed"] and 0 < r["bound_s"] < math.inf]
-        out["over_bound"][n] = {"geomean": math.exp(statistics.fmean(map(math.log, x)))
-                                if x else None, "worst": max(x, default=None)}
+        x = [
+            r["iteration_s"] / r["bound_s"]
+            for r in rows
+            if r["algorithm"] == n and r["placed"] and 0 < r["bound_s"] < math.inf
+        ]
+        out["over_bound"][n] = {
+            "geomean": math.exp(statistics.fmean(map(math.log, x))) if x else None,
+            "worst": max(x, default=None),
+        }
     # non-dominance on (mean iteration time, mean balance std) over the jobs every one placed
     common = {(r["seed"], r["job"]) for r in rows}
     for n in names:
         common &= {(r["seed"], r["job"]) for r in rows if r["algorithm"] == n and r["placed"]}
-    point = {n: (statistics.fmean(r["iteration_s"] for r in rows if r["algorithm"] == n and
-                                  (r["seed"], r["job"]) in common),
-                 statistics.fmean(r["balance_std"] for r in rows if r["algorithm"] == n and
-                                  (r["seed"], r["job"]) in common)) if common else None
-             for n in names}
-    out["balance"] = {n: {"iteration_s": p[0], "balance_std": p[1]} if p else None
-                      for n, p in point.items()}
-    out["dominated_by"] = {n: [m for m in names if point[n] and point[m] and m != n and
-                               point[m][0] < point[n][0] and point[m][1] < point[n][1]]
-                           for n in names}
+    point = {
+        n: (
+            statistics.fmean(
+                r["iteration_s"]
+                for r in rows
+                if r["algorithm"] == n and (r["seed"], r["job"]) in common
+            ),
+            statistics.fmean(
+                r["balance_std"]
+                for r in rows
+                if r["algorithm"] == n and (r["seed"], r["job"]) in common
+            ),
+        )
+        if common
+        else None
+        for n in names
+    }
+    out["balance"] = {
+        n: {"iteration_s": p[0], "balance_std": p[1]} if p else None for n, p in point.items()
+    }
+    out["dominated_by"] = {
+        n: [
+            m
+            for m in names
+            if point[n]
+            and point[m]
+            and m != n
+            and point[m][0] < point[n][0]
+            and point[m][1] < point[n][1]
+        ]
+        for n in names
+    }
     return out
 
 
@@ -189,8 +261,10 @@ def latency(reps: int, machines: list, checkpoint: Path) -> dict:
     gen:internet:1000 (warm, torch on one thread)."""
     torch.set_num_threads(1)
     ring8 = ring_job("ring8", 8, Resources(0.5, 1024), 4e7, 1000.0, iterations=100)
-    cases = {"16 tasks, 100 nodes": ("gen:internet:100:7", load_jobs(JOBS)[0]),
-             "8 tasks, 1000 nodes": ("gen:internet:1000:7", ring8)}
+    cases = {
+        "16 tasks, 100 nodes": ("gen:internet:100:7", load_jobs(JOBS)[0]),
+        "8 tasks, 1000 nodes": ("gen:internet:1000:7", ring8),
+    }
     out = {}
     algo = CesPPO(checkpoint=checkpoint)
     for label, (topo, job) in cases.items():
@@ -202,10 +276,12 @@ def latency(reps: int, machines: list, checkpoint: Path) -> dict:
             algo.place(cluster, job)
             wall.append((time.perf_counter() - t) * 1000)
             cpu.append((time.process_time() - c) * 1000)
-        out[label] = {"p50_ms": float(np.percentile(wall, 50)),
-                      "p99_ms": float(np.percentile(wall, 99)),
-                      "cpu_p50_ms": float(np.percentile(cpu, 50)),
-                      "loadavg_1m": os.getloadavg()[0]}
+        out[label] = {
+            "p50_ms": float(np.percentile(wall, 50)),
+            "p99_ms": float(np.percentile(wall, 99)),
+            "cpu_p50_ms": float(np.percentile(cpu, 50)),
+            "loadavg_1m": os.getloadavg()[0],
+        }
     return out
 
 
@@ -214,10 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--random-jobs", type=int, default=5, help="random spread jobs per instance")
     ap.add_argument("--topologies", default=",".join(HELD_OUT + GENERATED))
-    ap.add_argument("--reps", type=int, default=30,
-                    help="decisions timed per latency case (0: no latency figure)")
-    ap.add_argument("--checkpoint", type=Path, default=CHECKPOINT,
-                    help="CES-PPO checkpoint (default: the committed one)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=30,
+        help="decisions timed per latency case (0: no latency figure)",
+    )
+    ap.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=CHECKPOINT,
+        help="CES-PPO checkpoint (default: the committed one)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "ppo" / "spread.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.random_jobs < 0 or args.reps < 0:
@@ -225,9 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.checkpoint.is_file():
         ap.error(f"--checkpoint: {args.checkpoint} is not a file")
     machines = load_machine_spec(MACHINE_TABLE)
-    doc: dict = {"command": " ".join(sys.argv), "seeds": args.seeds,
-                 "checkpoint": str(args.checkpoint),
-                 "random_jobs": args.random_jobs, "machine": machine_info(), "topologies": {}}
+    doc: dict = {
+        "command": " ".join(sys.argv),
+        "seeds": args.seeds,
+        "checkpoint": str(args.checkpoint),
+        "random_jobs": args.random_jobs,
+        "machine": machine_info(),
+        "topologies": {},
+    }
     t0 = time.perf_counter()
     everything = []
     for topo in args.topologies.split(","):
@@ -246,12 +335,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def plot(doc: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     where = [*doc["topologies"], "all"]
     summaries = [*doc["topologies"].values(), doc["all"]]
-    others = [n for n in summaries[-1][OURS]]
+    others = list(summaries[-1][OURS])
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(where)), 4))
     width = 0.8 / len(others)
     for i, other in enumerate(others):
@@ -273,17 +363,21 @@ def report(doc: dict) -> None:
         na = s[OURS]["network-aware"]
         greedy = s[f"{OURS}:greedy"]["network-aware"]
         own = s[f"{OURS}:own"]["network-aware"]
-        print(f"{where:>22}: ces-ppo/network-aware geomean {na['geomean']:.3f} worst "
-              f"{na['worst']:.2f} ({na['jobs']} jobs); policy alone {greedy['geomean']:.3f} / "
-              f"{greedy['worst']:.2f}; own decoding {own['geomean']:.3f} / {own['worst']:.2f}; "
-              f"placed {s['placed']}; dominated: "
-              f"{ {k: v for k, v in s['dominated_by'].items() if v} }")
+        print(
+            f"{where:>22}: ces-ppo/network-aware geomean {na['geomean']:.3f} worst "
+            f"{na['worst']:.2f} ({na['jobs']} jobs); policy alone {greedy['geomean']:.3f} / "
+            f"{greedy['worst']:.2f}; own decoding {own['geomean']:.3f} / {own['worst']:.2f}; "
+            f"placed {s['placed']}; dominated: "
+            f"{ {k: v for k, v in s['dominated_by'].items() if v} }"
+        )
     t = doc["all"]["tail"]
     worst = "–" if t["best_first_worst"] is None else f"{t['best_first_worst']:.2f}"
-    print(f"the policy alone > {TAIL} × network-aware on {t['jobs']} jobs: from network-aware's "
-          f"first node within {TAIL} on {t['from_na_first_within']}; the best of its "
-          f"{TAIL_FIRST_NODES} highest-rated first nodes faster than network-aware on "
-          f"{t['best_first_below_1']} (worst {worst})")
+    print(
+        f"the policy alone > {TAIL} × network-aware on {t['jobs']} jobs: from network-aware's "
+        f"first node within {TAIL} on {t['from_na_first_within']}; the best of its "
+        f"{TAIL_FIRST_NODES} highest-rated first nodes faster than network-aware on "
+        f"{t['best_first_below_1']} (worst {worst})"
+    )
     print("latency:", doc["latency"])
 
 

@@ -14,9 +14,11 @@
    ceiling is below B, the machine's CPU limits the figure, not the shaper.
 Prints a table and writes results/bench_testbed.json (with the machine it ran on).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv
 
 import argparse
 import json
@@ -27,11 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from topologies import TopologyError, load_topology
-
+from experiments.machine import machine
 from testbed import Emulation
-
-from machine import machine
+from topologies import TopologyError, load_topology
 
 RATES = (10.0, 50.0, 200.0)
 FAST_LINK_MBPS = 500.0
@@ -43,12 +43,20 @@ def bring_up_down(topo_spec: str, repeats: int) -> list[dict]:
         net = Emulation(load_topology(topo_spec))
         with net:
             loss = net.ping_all(timeout_s=1.0)
-        runs.append({"up_s": round(net.timings["converged_s"], 2),
-                     "built_s": round(net.timings["up_s"], 2),
-                     "down_s": round(net.timings["down_s"], 2), "ping_loss": loss})
-        print(f"  run {i + 1}: up {runs[-1]['up_s']:.1f} s (built {runs[-1]['built_s']:.1f} s, "
-              f"then RSTP), down {runs[-1]['down_s']:.1f} s, "
-              f"ping loss {loss:.0%}", flush=True)
+        runs.append(
+            {
+                "up_s": round(net.timings["converged_s"], 2),
+                "built_s": round(net.timings["up_s"], 2),
+                "down_s": round(net.timings["down_s"], 2),
+                "ping_loss": loss,
+            }
+        )
+        print(
+            f"  run {i + 1}: up {runs[-1]['up_s']:.1f} s (built {runs[-1]['built_s']:.1f} s, "
+            f"then RSTP), down {runs[-1]['down_s']:.1f} s, "
+            f"ping loss {loss:.0%}",
+            flush=True,
+        )
     return runs
 
 
@@ -60,7 +68,10 @@ def _candidates(net: Emulation, switches_on_path: int) -> list[tuple[str, str, l
         for b in names:
             if a != b:
                 path = net.forwarding_path(a, b)
-                if len(path) - 2 == switches_on_path and net.bottleneck_mbps(path) >= FAST_LINK_MBPS:
+                if (
+                    len(path) - 2 == switches_on_path
+                    and net.bottleneck_mbps(path) >= FAST_LINK_MBPS
+                ):
                     found.append((a, b, path))
     return found
 
@@ -74,8 +85,10 @@ def shaping(topo_spec: str, seed: int, repeats: int, seconds: float) -> dict:
         for name, switches in (("access link", 1), ("inter-switch link", 2)):
             candidates = _candidates(net, switches)
             if not candidates:
-                print(f"  {name}: no pair with a {switches}-switch path of links ≥ "
-                      f"{FAST_LINK_MBPS:g} Mbit/s in {topo_spec}; skipped")
+                print(
+                    f"  {name}: no pair with a {switches}-switch path of links ≥ "
+                    f"{FAST_LINK_MBPS:g} Mbit/s in {topo_spec}; skipped"
+                )
                 continue
             src, dst, path = rng.choice(candidates)
             u, v = (src, path[1]) if switches == 1 else (path[1], path[2])
@@ -86,24 +99,42 @@ def shaping(topo_spec: str, seed: int, repeats: int, seconds: float) -> dict:
             # machine (the userspace datapath's CPU), not the shaper, limits the figure.
             net.set_link(u, v, 1000.0)
             ceiling = [net.iperf(src, dst, seconds=seconds, omit_s=1) for _ in range(repeats)]
-            print("    ceiling (1 Gbit/s link): " + ", ".join(f"{g:.1f}" for g in ceiling),
-                  flush=True)
+            print(
+                "    ceiling (1 Gbit/s link): " + ", ".join(f"{g:.1f}" for g in ceiling), flush=True
+            )
             rows = []
             for rate in RATES:
                 net.set_link(u, v, rate)
                 goodputs = [net.iperf(src, dst, seconds=seconds, omit_s=1) for _ in range(repeats)]
-                rows.append({"bottleneck_mbps": rate,
-                             "goodput_mbps": [round(g, 2) for g in goodputs],
-                             "median_ratio": round(statistics.median(goodputs) / rate, 3),
-                             "min_ratio": round(min(goodputs) / rate, 3),
-                             "max_ratio": round(max(goodputs) / rate, 3)})
-                print(f"    B = {rate:>5g} Mbit/s: " + ", ".join(f"{g:.1f}" for g in goodputs),
-                      flush=True)
-            net.set_link(u, v, next(lk.bw_mbps for lk in load_topology(topo_spec).links
-                                    if {lk.a, lk.b} == {u, v}))
-            scenarios.append({"scenario": name, "src": src, "dst": dst, "path": path,
-                              "bottleneck_link": [u, v], "rows": rows,
-                              "ceiling_mbps": [round(g, 2) for g in ceiling]})
+                rows.append(
+                    {
+                        "bottleneck_mbps": rate,
+                        "goodput_mbps": [round(g, 2) for g in goodputs],
+                        "median_ratio": round(statistics.median(goodputs) / rate, 3),
+                        "min_ratio": round(min(goodputs) / rate, 3),
+                        "max_ratio": round(max(goodputs) / rate, 3),
+                    }
+                )
+                print(
+                    f"    B = {rate:>5g} Mbit/s: " + ", ".join(f"{g:.1f}" for g in goodputs),
+                    flush=True,
+                )
+            net.set_link(
+                u,
+                v,
+                next(lk.bw_mbps for lk in load_topology(topo_spec).links if {lk.a, lk.b} == {u, v}),
+            )
+            scenarios.append(
+                {
+                    "scenario": name,
+                    "src": src,
+                    "dst": dst,
+                    "path": path,
+                    "bottleneck_link": [u, v],
+                    "rows": rows,
+                    "ceiling_mbps": [round(g, 2) for g in ceiling],
+                }
+            )
         return {"seconds": seconds, "omit_s": 1, "scenarios": scenarios, "datapath": net.datapath}
 
 
@@ -113,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topo", default="campus")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="iperf3 duration")
-    parser.add_argument("--out", type=Path, default=Path(_venv.REPO) / "results" / "bench_testbed.json")
+    parser.add_argument(
+        "--out", type=Path, default=Path(_venv.REPO) / "results" / "bench_testbed.json"
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("error: run as root (sudo)", file=sys.stderr)
@@ -129,32 +162,50 @@ def main(argv: list[str] | None = None) -> int:
     runs = bring_up_down(args.topo, args.repeats)
     print("shaping fidelity (iperf3 TCP, receiver side)", flush=True)
     fidelity = shaping(args.topo, args.seed, args.repeats, args.seconds)
-    result = {"topology": args.topo, "seed": args.seed, "repeats": args.repeats,
-              "machine": machine(), "bring_up_teardown": runs,
-              "loadavg_before": load_before,
-              "shaping": fidelity, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
+    result = {
+        "topology": args.topo,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "machine": machine(),
+        "bring_up_teardown": runs,
+        "loadavg_before": load_before,
+        "shaping": fidelity,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
     up = [r["up_s"] for r in runs]
     down = [r["down_s"] for r in runs]
-    print(f"\n{args.topo} on {result['machine']['cores']} cores, kernel "
-          f"{result['machine']['kernel']}, {result['machine']['datapath']} datapath; load average "
-          f"{load_before[0]:.1f} before, {result['machine']['load_average_1m']:.1f} after")
+    print(
+        f"\n{args.topo} on {result['machine']['cores']} cores, kernel "
+        f"{result['machine']['kernel']}, {result['machine']['datapath']} datapath; load average "
+        f"{load_before[0]:.1f} before, {result['machine']['load_average_1m']:.1f} after"
+    )
     print(f"{'metric':<28}{'median':>10}{'max':>10}{'target':>12}")
     print(f"{'bring-up (s)':<28}{statistics.median(up):>10.1f}{max(up):>10.1f}{'≤ 30':>12}")
     print(f"{'teardown (s)':<28}{statistics.median(down):>10.1f}{max(down):>10.1f}{'≤ 10':>12}")
     for sc in fidelity["scenarios"]:
-        print(f"{'ceiling ' + sc['scenario'].split()[0] + ' (Mbit/s)':<28}"
-              f"{statistics.median(sc['ceiling_mbps']):>10.1f}{max(sc['ceiling_mbps']):>10.1f}")
+        print(
+            f"{'ceiling ' + sc['scenario'].split()[0] + ' (Mbit/s)':<28}"
+            f"{statistics.median(sc['ceiling_mbps']):>10.1f}{max(sc['ceiling_mbps']):>10.1f}"
+        )
         for row in sc["rows"]:
             label = f"goodput/B {sc['scenario'].split()[0]} {row['bottleneck_mbps']:g}"
-            print(f"{label:<28}{row['median_ratio']:>10.2f}{row['max_ratio']:>10.2f}"
-                  f"{'0.85–1.05':>12}  (min {row['min_ratio']:.2f})")
+            print(
+                f"{label:<28}{row['median_ratio']:>10.2f}{row['max_ratio']:>10.2f}"
+                f"{'0.85–1.05':>12}  (min {row['min_ratio']:.2f})"
+            )
     print(f"written {args.out}")
-    ok = max(up) <= 30 and max(down) <= 10 and all(
-        0.85 <= r["min_ratio"] and r["max_ratio"] <= 1.05
-        for sc in fidelity["scenarios"] for r in sc["rows"])
+    ok = (
+        max(up) <= 30
+        and max(down) <= 10
+        and all(
+            r["min_ratio"] >= 0.85 and r["max_ratio"] <= 1.05
+            for sc in fidelity["scenarios"]
+            for r in sc["rows"]
+        )
+    )
     return 0 if ok else 1
 
 

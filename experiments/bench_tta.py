@@ -11,9 +11,11 @@ converged: it has no time, and the cell reports how many seeds converged. Seeds 
 initialisation and the data order (the held-out split is fixed). Writes results/bench_tta.json
 (every run, mean ± std and min–max per cell, the machine and its load) and bench_tta.png.
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -25,18 +27,22 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from calibrate_perfmodel import (
+    bottleneck_topology,
+    mbps_list,
+    measured_run,
+    names_of,
+    set_bottleneck,
+)
 from rich.console import Console
 from rich.table import Table
 
-from calibrate_perfmodel import (bottleneck_topology, mbps_list, measured_run, names_of,
-                                 set_bottleneck)
+from experiments.machine import machine
 from testbed import Emulation, EmulationError
 from workloads.collectives import COLLECTIVES
 from workloads.data import DATASETS
 from workloads.job import TestbedJobError
 from workloads.models import MODELS
-
-from machine import machine
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,9 +69,13 @@ class Settings:
 def spread(values: list[float]) -> dict:
     if not values:
         return {"n": 0}
-    return {"n": len(values), "mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+    return {
+        "n": len(values),
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def cells(runs: list[dict], s: Settings) -> list[dict]:
@@ -74,21 +84,43 @@ def cells(runs: list[dict], s: Settings) -> list[dict]:
         for mbps in s.mbps:
             mine = [r for r in runs if r["model"] == model and r["mbps"] == mbps]
             done = [r for r in mine if r["reached_target"]]
-            out.append({"model": model, "mbps": mbps, "runs": len(mine),
-                        "converged": len(done), "tta_s": spread([r["tta_s"] for r in done]),
-                        "tta_iter": spread([r["tta_iter"] for r in done]),
-                        "iter_s": spread([r["iter_s"] for r in mine]),
-                        "jct_s": spread([r["jct_s"] for r in mine]),
-                        "container_startup_s": spread([r["container_startup_s"] for r in mine
-                                                       if r["container_startup_s"] is not None])})
+            out.append(
+                {
+                    "model": model,
+                    "mbps": mbps,
+                    "runs": len(mine),
+                    "converged": len(done),
+                    "tta_s": spread([r["tta_s"] for r in done]),
+                    "tta_iter": spread([r["tta_iter"] for r in done]),
+                    "iter_s": spread([r["iter_s"] for r in mine]),
+                    "jct_s": spread([r["jct_s"] for r in mine]),
+                    "container_startup_s": spread(
+                        [
+                            r["container_startup_s"]
+                            for r in mine
+                            if r["container_startup_s"] is not None
+                        ]
+                    ),
+                }
+            )
     return out
 
 
 def print_table(console: Console, rows: list[dict], s: Settings) -> None:
-    table = Table(title=f"time to {s.target:.0%} on {s.dataset}, k={s.workers} "
-                        f"({s.collective}), {s.cpu} cores/worker, seeds {s.seed}..{s.seed + s.seeds - 1}")
-    for col in ("model", "B Mbit/s", "converged", "TTA s (mean ± std)", "min–max s",
-                "iters", "iter s", "startup s"):
+    table = Table(
+        title=f"time to {s.target:.0%} on {s.dataset}, k={s.workers} "
+        f"({s.collective}), {s.cpu} cores/worker, seeds {s.seed}..{s.seed + s.seeds - 1}"
+    )
+    for col in (
+        "model",
+        "B Mbit/s",
+        "converged",
+        "TTA s (mean ± std)",
+        "min–max s",
+        "iters",
+        "iter s",
+        "startup s",
+    ):
         table.add_column(col, justify="right")
     for c in rows:
         t = c["tta_s"]
@@ -96,25 +128,43 @@ def print_table(console: Console, rows: list[dict], s: Settings) -> None:
         rng = f"{t['min']:.1f}–{t['max']:.1f}" if t["n"] else "-"
         iters = f"{c['tta_iter']['mean']:.0f}" if c["tta_iter"]["n"] else "-"
         start = c["container_startup_s"]
-        table.add_row(c["model"], f"{c['mbps']:g}", f"{c['converged']}/{c['runs']}", tta, rng,
-                      iters, f"{c['iter_s']['mean']:.3f}" if c["iter_s"]["n"] else "-",
-                      f"{start['mean']:.1f}" if start["n"] else "-")
+        table.add_row(
+            c["model"],
+            f"{c['mbps']:g}",
+            f"{c['converged']}/{c['runs']}",
+            tta,
+            rng,
+            iters,
+            f"{c['iter_s']['mean']:.3f}" if c["iter_s"]["n"] else "-",
+            f"{start['mean']:.1f}" if start["n"] else "-",
+        )
     console.print(table)
 
 
 def plot(rows: list[dict], s: Settings, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for model in s.models:
         mine = [c for c in rows if c["model"] == model and c["tta_s"]["n"]]
-        ax.errorbar([c["mbps"] for c in mine], [c["tta_s"]["mean"] for c in mine],
-                    yerr=[c["tta_s"]["std"] for c in mine], marker="o", capsize=3, label=model)
-    ax.set(xscale="log", yscale="log", xlabel="bottleneck bandwidth (Mbit/s)",
-           ylabel=f"time to {s.target:.0%} accuracy (s)",
-           title=f"{s.dataset}, {s.workers} workers, {s.collective}, {s.seeds} seeds (mean ± std)")
+        ax.errorbar(
+            [c["mbps"] for c in mine],
+            [c["tta_s"]["mean"] for c in mine],
+            yerr=[c["tta_s"]["std"] for c in mine],
+            marker="o",
+            capsize=3,
+            label=model,
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="bottleneck bandwidth (Mbit/s)",
+        ylabel=f"time to {s.target:.0%} accuracy (s)",
+        title=f"{s.dataset}, {s.workers} workers, {s.collective}, {s.seeds} seeds (mean ± std)",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -146,16 +196,28 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         p.error(f"--cpu must be in [0.05, {os.cpu_count()}], got {a.cpu}")
     if a.max_seconds <= 0 or a.lr <= 0:
         p.error("--max-seconds and --lr must be > 0")
-    return replace(d, models=a.models, mbps=a.mbps, seeds=a.seeds, seed=a.seed,
-                   dataset=a.dataset, target=a.target, collective=a.collective, cpu=a.cpu,
-                   lr=a.lr, max_seconds=a.max_seconds), a.out
+    return replace(
+        d,
+        models=a.models,
+        mbps=a.mbps,
+        seeds=a.seeds,
+        seed=a.seed,
+        dataset=a.dataset,
+        target=a.target,
+        collective=a.collective,
+        cpu=a.cpu,
+        lr=a.lr,
+        max_seconds=a.max_seconds,
+    ), a.out
 
 
 def main(argv: list[str] | None = None) -> int:
     s, out = parse_args(argv)
     if os.geteuid() != 0:
-        print("error: run as root (the testbed creates bridges, namespaces, containers)",
-              file=sys.stderr)
+        print(
+            "error: run as root (the testbed creates bridges, namespaces, containers)",
+            file=sys.stderr,
+        )
         return 2
     console = Console(width=None if sys.stdout.isatty() else 130)
     info = machine()
@@ -166,10 +228,19 @@ def main(argv: list[str] | None = None) -> int:
         """Written after every run, so an interrupted benchmark keeps what it measured."""
         rows = cells(runs, s)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"machine": info, "settings": asdict(s), "cells": rows,
-                                   "runs": runs, "complete": len(runs) == total,
-                                   "elapsed_min": round((time.monotonic() - t0) / 60, 1)},
-                                  indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "settings": asdict(s),
+                    "cells": rows,
+                    "runs": runs,
+                    "complete": len(runs) == total,
+                    "elapsed_min": round((time.monotonic() - t0) / 60, 1),
+                },
+                indent=1,
+            )
+        )
         return rows
 
     total = len(s.mbps) * len(s.models) * s.seeds
@@ -182,20 +253,45 @@ def main(argv: list[str] | None = None) -> int:
                     for seed in range(s.seed, s.seed + s.seeds):
                         name = f"{model}-{mbps:g}-{seed}".replace(".", "_")
                         summary, load = measured_run(
-                            net, Path(tmp), name, s.cpu, s.mem_mb,
-                            deadline_s=s.max_seconds + 600, model=model, dataset=s.dataset,
-                            collective=s.collective, target_acc=s.target,
-                            eval_every=s.eval_every, max_iters=s.max_iters,
-                            max_seconds=s.max_seconds, batch_size=s.batch_size, lr=s.lr,
-                            seed=seed, threads=1, timeout_s=300)
-                        runs.append({"model": model, "mbps": mbps, "seed": seed,
-                                     **summary.as_dict(), **load})
+                            net,
+                            Path(tmp),
+                            name,
+                            s.cpu,
+                            s.mem_mb,
+                            deadline_s=s.max_seconds + 600,
+                            model=model,
+                            dataset=s.dataset,
+                            collective=s.collective,
+                            target_acc=s.target,
+                            eval_every=s.eval_every,
+                            max_iters=s.max_iters,
+                            max_seconds=s.max_seconds,
+                            batch_size=s.batch_size,
+                            lr=s.lr,
+                            seed=seed,
+                            threads=1,
+                            timeout_s=300,
+                        )
+                        runs.append(
+                            {
+                                "model": model,
+                                "mbps": mbps,
+                                "seed": seed,
+                                **summary.as_dict(),
+                                **load,
+                            }
+                        )
                         save()
-                        tta = (f"{summary.tta_s:.1f} s ({summary.iters} iters)"
-                               if summary.reached_target else "not reached")
-                        console.print(f"B={mbps:g} {model} seed {seed}: TTA {tta}, iter "
-                                      f"{summary.iter_s:.3f} s; others' load "
-                                      f"{load['cpu_busy_background']:.0%}")
+                        tta = (
+                            f"{summary.tta_s:.1f} s ({summary.iters} iters)"
+                            if summary.reached_target
+                            else "not reached"
+                        )
+                        console.print(
+                            f"B={mbps:g} {model} seed {seed}: TTA {tta}, iter "
+                            f"{summary.iter_s:.3f} s; others' load "
+                            f"{load['cpu_busy_background']:.0%}"
+                        )
     except (EmulationError, TestbedJobError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

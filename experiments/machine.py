@@ -1,5 +1,6 @@
 """What a testbed run was measured on: `scheduler.evaluate.machine_info` (CPU, cores, Python,
 load) plus the testbed's side (host, kernel, memory, OVS datapath and versions, when)."""
+
 from __future__ import annotations
 
 import platform
@@ -14,17 +15,30 @@ from testbed import detect_datapath
 def machine() -> dict:
     def first_line(cmd: list[str]) -> str:
         try:
-            return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() \
-                .splitlines()[0]
+            return (
+                subprocess.run(cmd, capture_output=True, text=True).stdout.strip().splitlines()[0]
+            )
         except (OSError, IndexError):
             return ""
-    mem_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal")), 0)
-    return {**machine_info(), "host": platform.node(), "kernel": platform.release(),
-            "mem_gb": round(mem_kb / 2**20, 1), "datapath": detect_datapath(),
-            "docker": first_line(["docker", "--version"]),
-            "ovs": first_line(["ovs-vswitchd", "--version"]),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+
+    mem_kb = next(
+        (
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        ),
+        0,
+    )
+    return {
+        **machine_info(),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "mem_gb": round(mem_kb / 2**20, 1),
+        "datapath": detect_datapath(),
+        "docker": first_line(["docker", "--version"]),
+        "ovs": first_line(["ovs-vswitchd", "--version"]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
 
 
 def cpu_stall_us() -> int | None:

@@ -1,31 +1,33 @@
 #!/usr/bin/env python3
 """The figures of an end-to-end run, each re-made from its results.json.
 
-    python experiments/plots.py results/e2e/default-campus/results.json [--out DIR] [--only tta]
+  python experiments/plots.py results/e2e/default-campus/results.json [--out DIR] [--only tta]
 
-  tta.png      time-to-accuracy per scheduler and job: every seed as a point (hollow at the
-               timeout when the target was not reached), mean ± sd of the reached ones as a bar
-  curves.png   accuracy vs training time, per job, one colour per scheduler, one line per seed
-  links.png    link utilisation heat-map (measured / capacity) over time, one panel per
-               scheduler (its first seed), the links that carried traffic
-  rates.png    measured vs granted rate of every inter-node flow, with the 0.85…1.05 band
+tta.png      time-to-accuracy per scheduler and job: every seed as a point (hollow at the
+             timeout when the target was not reached), mean ± sd of the reached ones as a bar
+curves.png   accuracy vs training time, per job, one colour per scheduler, one line per seed
+links.png    link utilisation heat-map (measured / capacity) over time, one panel per
+             scheduler (its first seed), the links that carried traffic
+rates.png    measured vs granted rate of every inter-node flow, with the 0.85…1.05 band
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from report import RATE_BAND, mean_std, read_results, rows  # noqa: E402
+from experiments.report import RATE_BAND, mean_std, read_results, rows
 
 
 def _jobs(results: dict) -> list[str]:
@@ -44,8 +46,9 @@ def _colours(schedulers: list[str]) -> dict[str, tuple]:
 def tta(results: dict, path: Path) -> Path:
     jobs, schedulers = _jobs(results), results["schedulers"]
     timeout = results["scenario"]["timeout_s"]
-    fig, axes = plt.subplots(1, len(jobs), figsize=(1.2 + 1.1 * len(schedulers) * len(jobs), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(jobs), figsize=(1.2 + 1.1 * len(schedulers) * len(jobs), 4), squeeze=False
+    )
     rng = np.random.default_rng(0)  # jitter only
     for ax, job in zip(axes[0], jobs):
         for x, s in enumerate(schedulers):
@@ -64,8 +67,11 @@ def tta(results: dict, path: Path) -> Path:
         ax.set_title(f"{job}")
         ax.set_ylabel("time to accuracy (s)")
         ax.axhline(timeout, color="C3", lw=0.6, ls=":")
-    fig.suptitle(f"time to accuracy on {results['topology']} (hollow red: target not reached by "
-                 f"the {timeout:g} s timeout)", fontsize=9)
+    fig.suptitle(
+        f"time to accuracy on {results['topology']} (hollow red: target not reached by "
+        f"the {timeout:g} s timeout)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -79,12 +85,12 @@ def curves(results: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(jobs), figsize=(5 * len(jobs), 3.8), squeeze=False)
     for ax, job in zip(axes[0], jobs):
         for s in schedulers:
-            for i, r in enumerate(r for r in rows(results) if r["job"] == job
-                                  and r["scheduler"] == s):
+            for i, r in enumerate(
+                r for r in rows(results) if r["job"] == job and r["scheduler"] == s
+            ):
                 if r["curve"]:
                     t, acc = zip(*r["curve"])
-                    ax.plot(t, acc, color=colours[s], lw=1, alpha=0.8,
-                            label=s if i == 0 else None)
+                    ax.plot(t, acc, color=colours[s], lw=1, alpha=0.8, label=s if i == 0 else None)
         if targets.get(job):
             ax.axhline(targets[job], color="k", lw=0.7, ls="--")
         ax.set_title(job)
@@ -103,8 +109,13 @@ def links(results: dict, path: Path) -> Path:
         firsts.setdefault(run["scheduler"], run)
     names = sorted({k for run in firsts.values() for k in run["links"]["mbps"]})
     rows_ = max(len(names), 1)
-    fig, axes = plt.subplots(max(len(firsts), 1), 1, squeeze=False, sharex=True,
-                             figsize=(10, 0.8 + (0.35 + 0.16 * rows_) * max(len(firsts), 1)))
+    fig, axes = plt.subplots(
+        max(len(firsts), 1),
+        1,
+        squeeze=False,
+        sharex=True,
+        figsize=(10, 0.8 + (0.35 + 0.16 * rows_) * max(len(firsts), 1)),
+    )
     image = None
     for ax, (s, run) in zip(axes[:, 0], firsts.items()):
         t = run["links"]["t"] or [0.0]
@@ -114,8 +125,15 @@ def links(results: dict, path: Path) -> Path:
             if series:
                 cap = run["links"]["capacity_mbps"][name]
                 grid[i] = [np.nan if x is None else x / cap for x in series]
-        image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1,
-                          interpolation="nearest", extent=(t[0], t[-1], rows_ - 0.5, -0.5))
+        image = ax.imshow(
+            grid,
+            aspect="auto",
+            cmap="viridis",
+            vmin=0,
+            vmax=1,
+            interpolation="nearest",
+            extent=(t[0], t[-1], rows_ - 0.5, -0.5),
+        )
         ax.set_yticks(range(len(names)), [n.replace(">", "→") for n in names], fontsize=6)
         ax.set_title(f"{s} (seed {run['seed']})", fontsize=8, loc="left")
     axes[-1, 0].set_xlabel("time since the jobs were submitted (s)")
@@ -131,16 +149,26 @@ def rates(results: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     top = 1.0
     for s in results["schedulers"]:
-        pts = [(f["rate_mbps"], f["wire_mbps"]) for r in rows(results) if r["scheduler"] == s
-               for f in r["flows"] if f.get("wire_mbps") is not None and f["rate_mbps"]]
+        pts = [
+            (f["rate_mbps"], f["wire_mbps"])
+            for r in rows(results)
+            if r["scheduler"] == s
+            for f in r["flows"]
+            if f.get("wire_mbps") is not None and f["rate_mbps"]
+        ]
         if pts:
             x, y = zip(*pts)
             ax.plot(x, y, "o", color=colours[s], ms=4, alpha=0.8, label=s)
             top = max(top, *x, *y)
     line = np.array([0, top * 1.05])
     ax.plot(line, line, "k-", lw=0.7)
-    ax.fill_between(line, RATE_BAND[0] * line, RATE_BAND[1] * line, color="0.9",
-                    label=f"{RATE_BAND[0]}…{RATE_BAND[1]} × granted")
+    ax.fill_between(
+        line,
+        RATE_BAND[0] * line,
+        RATE_BAND[1] * line,
+        color="0.9",
+        label=f"{RATE_BAND[0]}…{RATE_BAND[1]} × granted",
+    )
     ax.set_xlabel("granted rate (Mbit/s)")
     ax.set_ylabel("sent on the wire while the sender was busy (Mbit/s)")
     ax.set_xlim(0, line[-1])
@@ -152,13 +180,18 @@ def rates(results: dict, path: Path) -> Path:
     return path
 
 
-FIGURES: dict[str, Callable[[dict, Path], Path]] = {"tta": tta, "curves": curves,
-                                                     "links": links, "rates": rates}
+FIGURES: dict[str, Callable[[dict, Path], Path]] = {
+    "tta": tta,
+    "curves": curves,
+    "links": links,
+    "rates": rates,
+}
 
 
 def make_all(results: dict, out: Path, only: list[str] | None = None) -> list[Path]:
-    return [fn(results, out / f"{name}.png") for name, fn in FIGURES.items()
-            if not only or name in only]
+    return [
+        fn(results, out / f"{name}.png") for name, fn in FIGURES.items() if not only or name in only
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

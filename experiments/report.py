@@ -8,27 +8,51 @@ evaluation at the target). A run that did not reach the target has no time-to-ac
 comparison of schedulers states how many runs reached it, and also gives the mean with each
 unreached run counted at the scenario's timeout (a lower bound of its real time).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import csv
 import json
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from e2e.rows import RING_PACE
+from experiments.e2e.rows import RING_PACE
 from scheduler import compose
 from scheduler.baselines import algorithm_factory
 
 RATE_BAND = (0.85, 1.05)  # measured / granted counted as faithful
-CSV_FIELDS = ("scheduler", "seed", "job", "collective", "model", "state", "reached_target",
-              "tta_s", "final_accuracy", "jct_s", "startup_s", "iterations", "median_iter_s",
-              "predicted_iter_s", "decision_ms", "attempts", "network", "placement", "flows",
-              "min_rate_mbps", "rate_ratio_median", "adjustments", "reason")
+CSV_FIELDS = (
+    "scheduler",
+    "seed",
+    "job",
+    "collective",
+    "model",
+    "state",
+    "reached_target",
+    "tta_s",
+    "final_accuracy",
+    "jct_s",
+    "startup_s",
+    "iterations",
+    "median_iter_s",
+    "predicted_iter_s",
+    "decision_ms",
+    "attempts",
+    "network",
+    "placement",
+    "flows",
+    "min_rate_mbps",
+    "rate_ratio_median",
+    "adjustments",
+    "reason",
+)
 
 
 def rows(results: dict) -> list[dict]:
@@ -57,8 +81,12 @@ def binds(flow: dict, ring_bottleneck_mbps: float | None) -> bool:
     grant, and one whose node pair carries another enforced flow (`rows.mark_shared_pairs`)
     shares the pair's class rather than being held to its own grant."""
     grant = flow["rate_mbps"]
-    return grant is not None and 0 < grant and not flow.get("pair_shared") and (
-        ring_bottleneck_mbps is None or grant <= RING_PACE * ring_bottleneck_mbps)
+    return (
+        grant is not None
+        and grant > 0
+        and not flow.get("pair_shared")
+        and (ring_bottleneck_mbps is None or grant <= RING_PACE * ring_bottleneck_mbps)
+    )
 
 
 def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
@@ -82,8 +110,13 @@ def rate_ratios(row: dict, measure: str = "wire_mbps") -> list[float]:
 
 def over_grant(row: dict) -> list[dict]:
     """Flows, binding or not, whose sender got more than the band's top × its grant."""
-    return [f for f in row["flows"] if f.get("wire_mbps") is not None and f["rate_mbps"]
-            and f["wire_mbps"] > RATE_BAND[1] * f["rate_mbps"]]
+    return [
+        f
+        for f in row["flows"]
+        if f.get("wire_mbps") is not None
+        and f["rate_mbps"]
+        and f["wire_mbps"] > RATE_BAND[1] * f["rate_mbps"]
+    ]
 
 
 def bottleneck_ratios(row: dict) -> list[float]:
@@ -101,8 +134,12 @@ def background_mbps(results: dict, bg: dict) -> float | None:
     if not bg.get("path"):
         return None
     key = f"{bg['src']}>{bg['path'][0]}"
-    xs = [x for run in results.get("runs", []) for x in run["links"]["mbps"].get(key, [])
-          if x is not None]
+    xs = [
+        x
+        for run in results.get("runs", [])
+        for x in run["links"]["mbps"].get(key, [])
+        if x is not None
+    ]
     return statistics.fmean(xs) if xs else None
 
 
@@ -130,12 +167,15 @@ def per_run(results: dict, timeout_s: float) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for run in results.get("runs", []):
         if run["jobs"]:
-            out.setdefault(run["scheduler"], []).append({
-                "mean_tta": statistics.fmean(tta_censored(r, timeout_s) for r in run["jobs"]),
-                "mean_jct": statistics.fmean(jct_censored(r, timeout_s) for r in run["jobs"]),
-                "makespan": max(jct_censored(r, timeout_s) for r in run["jobs"]),
-                "reached": sum(r["reached_target"] for r in run["jobs"]),
-                "jobs": len(run["jobs"])})
+            out.setdefault(run["scheduler"], []).append(
+                {
+                    "mean_tta": statistics.fmean(tta_censored(r, timeout_s) for r in run["jobs"]),
+                    "mean_jct": statistics.fmean(jct_censored(r, timeout_s) for r in run["jobs"]),
+                    "makespan": max(jct_censored(r, timeout_s) for r in run["jobs"]),
+                    "reached": sum(r["reached_target"] for r in run["jobs"]),
+                    "jobs": len(run["jobs"]),
+                }
+            )
     return out
 
 
@@ -158,8 +198,12 @@ def reaction_times(results: dict) -> dict[str, list[float]]:
         if not starts:
             continue
         first = min(starts)
-        after = [a["at"] - first for r in run["jobs"] for a in r.get("adjustments", [])
-                 if a["at"] >= first]
+        after = [
+            a["at"] - first
+            for r in run["jobs"]
+            for a in r.get("adjustments", [])
+            if a["at"] >= first
+        ]
         if after:
             out.setdefault(run["scheduler"], []).append(min(after))
     return out
@@ -178,69 +222,97 @@ def adjustment_effect(results: dict, timeout_s: float) -> list[str]:
         off = f"{s}/static"
         if off not in ran:
             continue
-        affected = sorted(along | {r["job"] for r in rows(results)
-                                   if r["scheduler"] == s and r.get("adjustments")})
+        affected = sorted(
+            along
+            | {r["job"] for r in rows(results) if r["scheduler"] == s and r.get("adjustments")}
+        )
         for job in affected:
             on_m, on_s = mean_std(tta.get((s, job), []))
             off_m, off_s = mean_std(tta.get((off, job), []))
             if on_m is not None and off_m is not None:
-                lines.append(f"`{job}`: {_f(on_m)} ± {_f(on_s)} s with `{s}`, {_f(off_m)} ± "
-                             f"{_f(off_s)} s with `{off}` ({100 * (1 - on_m / off_m):.0f}% lower)")
+                lines.append(
+                    f"`{job}`: {_f(on_m)} ± {_f(on_s)} s with `{s}`, {_f(off_m)} ± "
+                    f"{_f(off_s)} s with `{off}` ({100 * (1 - on_m / off_m):.0f}% lower)"
+                )
     if not lines:
         return []
-    return ["**Runtime adjustment on vs off** (time to accuracy of the affected jobs, unreached "
-            f"counted at {timeout_s:g} s): " + "; ".join(lines) + ".", ""]
+    return [
+        "**Runtime adjustment on vs off** (time to accuracy of the affected jobs, unreached "
+        f"counted at {timeout_s:g} s): " + "; ".join(lines) + ".",
+        "",
+    ]
 
 
-def comparison(results: dict, all_rows: list[dict], schedulers: list[str],
-               timeout: float) -> list[str]:
+def comparison(
+    results: dict, all_rows: list[dict], schedulers: list[str], timeout: float
+) -> list[str]:
     """The comparison of schedulers over runs, and CES-PPO against the best network-blind
     baseline run best-effort and against each scheduler composed from parts."""
     runs = per_run(results, timeout)
     if not runs:
         return []
-    lines = ["## The comparison", "",
-             "Per run: the mean time-to-accuracy over its jobs (from each job's first touch of "
-             "data), their mean completion time (from submission: the wait in the queue "
-             "included) and its makespan (the last job's completion), mean ± sd over seeds; an "
-             f"unreached target or an unfinished job counts at the timeout ({timeout:g} s).", "",
-             "| scheduler | network | mean TTA over jobs s | mean JCT over jobs s | makespan s "
-             "| targets reached |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    networks = {s: {r.get("network") for r in all_rows if r["scheduler"] == s} - {None}
-                for s in schedulers}
+    lines = [
+        "## The comparison",
+        "",
+        "Per run: the mean time-to-accuracy over its jobs (from each job's first touch of "
+        "data), their mean completion time (from submission: the wait in the queue "
+        "included) and its makespan (the last job's completion), mean ± sd over seeds; an "
+        f"unreached target or an unfinished job counts at the timeout ({timeout:g} s).",
+        "",
+        "| scheduler | network | mean TTA over jobs s | mean JCT over jobs s | makespan s "
+        "| targets reached |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    networks = {
+        s: {r.get("network") for r in all_rows if r["scheduler"] == s} - {None} for s in schedulers
+    }
     for s in schedulers:
         if s not in runs:
             continue
         tta_m, tta_s = mean_std(x["mean_tta"] for x in runs[s])
         jct_m, jct_s = mean_std(x["mean_jct"] for x in runs[s])
         mk_m, mk_s = mean_std(x["makespan"] for x in runs[s])
-        lines.append(f"| {s} | {', '.join(sorted(networks[s])) or '–'} | {_f(tta_m)} ± "
-                     f"{_f(tta_s)} | {_f(jct_m)} ± {_f(jct_s)} | {_f(mk_m)} ± {_f(mk_s)} | "
-                     f"{sum(x['reached'] for x in runs[s])}/{sum(x['jobs'] for x in runs[s])} |")
+        lines.append(
+            f"| {s} | {', '.join(sorted(networks[s])) or '–'} | {_f(tta_m)} ± "
+            f"{_f(tta_s)} | {_f(jct_m)} ± {_f(jct_s)} | {_f(mk_m)} ± {_f(mk_s)} | "
+            f"{sum(x['reached'] for x in runs[s])}/{sum(x['jobs'] for x in runs[s])} |"
+        )
     lines.append("")
     if "ces-ppo" in runs:
+
         def lower(other: str, key: str = "mean_tta") -> str:
-            ours, theirs = (mean_std(x[key] for x in runs[name])[0]
-                            for name in ("ces-ppo", other))
+            ours, theirs = (mean_std(x[key] for x in runs[name])[0] for name in ("ces-ppo", other))
             return f"{100 * (1 - ours / theirs):.0f}% lower ({ours:.1f} s vs {theirs:.1f} s)"
+
         blind = [s for s in runs if network_blind_best_effort(s)]
         if blind:
             best = min(blind, key=lambda s: mean_std(x["mean_tta"] for x in runs[s])[0])
-            lines += [f"**CES-PPO vs the best network-blind baseline run best-effort "
-                      f"(`{best}`)**: mean TTA over jobs {lower(best)}; target ≥ 25% lower. "
-                      f"Mean JCT over jobs {lower(best, 'mean_jct')}.", ""]
+            lines += [
+                f"**CES-PPO vs the best network-blind baseline run best-effort "
+                f"(`{best}`)**: mean TTA over jobs {lower(best)}; target ≥ 25% lower. "
+                f"Mean JCT over jobs {lower(best, 'mean_jct')}.",
+                "",
+            ]
         parts = [s for s in runs if "/" in s]
         if parts:
-            lines += ["**CES-PPO vs the schedulers composed from parts** (target ≥ 10% lower "
-                      "each): " + "; ".join(f"`{s}` {lower(s)}" for s in parts) + ". Mean JCT over "
-                      "jobs: " + "; ".join(f"`{s}` {lower(s, 'mean_jct')}" for s in parts) + ".",
-                      ""]
+            lines += [
+                "**CES-PPO vs the schedulers composed from parts** (target ≥ 10% lower "
+                "each): " + "; ".join(f"`{s}` {lower(s)}" for s in parts) + ". Mean JCT over "
+                "jobs: " + "; ".join(f"`{s}` {lower(s, 'mean_jct')}" for s in parts) + ".",
+                "",
+            ]
     reactions = reaction_times(results)
     if reactions:
-        lines += ["**Runtime adjustment**: from the background's start to the first re-routed "
-                  "job, " + "; ".join(f"`{s}` {_f(mean_std(v)[0])} s (max {max(v):.1f}, "
-                                      f"{len(v)} runs)" for s, v in reactions.items()) + ".", ""]
+        lines += [
+            "**Runtime adjustment**: from the background's start to the first re-routed "
+            "job, "
+            + "; ".join(
+                f"`{s}` {_f(mean_std(v)[0])} s (max {max(v):.1f}, {len(v)} runs)"
+                for s, v in reactions.items()
+            )
+            + ".",
+            "",
+        ]
     return lines + adjustment_effect(results, timeout)
 
 
@@ -250,14 +322,19 @@ def write_csv(results: dict, path: Path) -> Path:
         w.writeheader()
         for row in rows(results):
             ratios = rate_ratios(row)
-            w.writerow({**row,
-                        "placement": ";".join(f"{t}={n}" for t, n in row["placement"].items()),
-                        "flows": len(row["flows"]),
-                        "adjustments": len(row.get("adjustments", [])),
-                        "min_rate_mbps": min((f["rate_mbps"] for f in row["flows"]
-                                              if f["rate_mbps"] is not None), default=""),
-                        "rate_ratio_median": round(statistics.median(ratios), 3) if ratios
-                        else ""})
+            w.writerow(
+                {
+                    **row,
+                    "placement": ";".join(f"{t}={n}" for t, n in row["placement"].items()),
+                    "flows": len(row["flows"]),
+                    "adjustments": len(row.get("adjustments", [])),
+                    "min_rate_mbps": min(
+                        (f["rate_mbps"] for f in row["flows"] if f["rate_mbps"] is not None),
+                        default="",
+                    ),
+                    "rate_ratio_median": round(statistics.median(ratios), 3) if ratios else "",
+                }
+            )
     return path
 
 
@@ -265,9 +342,11 @@ def _band(ratios: list[float]) -> str:
     if not ratios:
         return "no flow to judge"
     inside = sum(RATE_BAND[0] <= x <= RATE_BAND[1] for x in ratios)
-    return (f"median {statistics.median(ratios):.2f} × granted (min {min(ratios):.2f}, max "
-            f"{max(ratios):.2f}); {inside} of {len(ratios)} ({100 * inside / len(ratios):.0f}%) "
-            f"within {RATE_BAND[0]}…{RATE_BAND[1]}")
+    return (
+        f"median {statistics.median(ratios):.2f} × granted (min {min(ratios):.2f}, max "
+        f"{max(ratios):.2f}); {inside} of {len(ratios)} ({100 * inside / len(ratios):.0f}%) "
+        f"within {RATE_BAND[0]}…{RATE_BAND[1]}"
+    )
 
 
 def _f(x: Any, digits: int = 1) -> str:
@@ -278,31 +357,51 @@ def summary(results: dict) -> str:
     timeout = results.get("scenario", {}).get("timeout_s", 0.0)
     all_rows = rows(results)
     m = results.get("machine", {})
-    lines = [f"# End-to-end run: scenario `{results['scenario']['name']}` on `{results['topology']}`",
-             "", results["scenario"].get("description", ""), "",
-             f"Machine: {m.get('cpu_model', '?')}, {m.get('cores', '?')} cores, "
-             f"{m.get('mem_gb', '?')} GB, kernel {m.get('kernel', '?')}, {m.get('datapath', '?')} "
-             f"OVS datapath; load average at start {m.get('loadavg', ['?'])[0]}. "
-             f"Wall time {_f(results.get('wall_s'), 0)} s (bring-up {_f(results.get('bringup_s'))} s,"
-             f" teardown {_f(results.get('teardown_s'))} s); {len(results.get('runs', []))} runs, "
-             f"per-run timeout {timeout:g} s.", ""]
+    lines = [
+        f"# End-to-end run: scenario `{results['scenario']['name']}` on `{results['topology']}`",
+        "",
+        results["scenario"].get("description", ""),
+        "",
+        f"Machine: {m.get('cpu_model', '?')}, {m.get('cores', '?')} cores, "
+        f"{m.get('mem_gb', '?')} GB, kernel {m.get('kernel', '?')}, {m.get('datapath', '?')} "
+        f"OVS datapath; load average at start {m.get('loadavg', ['?'])[0]}. "
+        f"Wall time {_f(results.get('wall_s'), 0)} s (bring-up {_f(results.get('bringup_s'))} s,"
+        f" teardown {_f(results.get('teardown_s'))} s); {len(results.get('runs', []))} runs, "
+        f"per-run timeout {timeout:g} s.",
+        "",
+    ]
     if results.get("background"):
-        lines.append("Background: " + "; ".join(
-            f"{b['src']}→{b['dst']} {b['mbps']:g} Mbit/s" + (f" via {'-'.join(b['path'])}"
-                                                            if b["path"] else "")
-            + (f" (measured {m:.1f} Mbit/s on average)" if (m := background_mbps(results, b))
-               is not None else "")
-            + (f" from {b['start_s']:g} s into each run" if b.get("start_s") is not None
-               else "") + ("" if b.get("cordon", True) else ", endpoints shared with jobs")
-            for b in results["background"]) + "; paced iperf3 TCP.")
+        lines.append(
+            "Background: "
+            + "; ".join(
+                f"{b['src']}→{b['dst']} {b['mbps']:g} Mbit/s"
+                + (f" via {'-'.join(b['path'])}" if b["path"] else "")
+                + (
+                    f" (measured {m:.1f} Mbit/s on average)"
+                    if (m := background_mbps(results, b)) is not None
+                    else ""
+                )
+                + (
+                    f" from {b['start_s']:g} s into each run"
+                    if b.get("start_s") is not None
+                    else ""
+                )
+                + ("" if b.get("cordon", True) else ", endpoints shared with jobs")
+                for b in results["background"]
+            )
+            + "; paced iperf3 TCP."
+        )
         lines.append("")
     jobs = sorted({r["job"] for r in all_rows}, key=[r["job"] for r in all_rows].index)
     schedulers = results.get("schedulers", [])
     for job in jobs:
-        lines += [f"## Job `{job}`", "",
-                  "| scheduler | reached | TTA s (mean ± sd, reached) | TTA s (unreached = "
-                  "timeout) | JCT s | final accuracy | iteration s (measured / predicted) |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"## Job `{job}`",
+            "",
+            "| scheduler | reached | TTA s (mean ± sd, reached) | TTA s (unreached = "
+            "timeout) | JCT s | final accuracy | iteration s (measured / predicted) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for s in schedulers:
             rs = [r for r in all_rows if r["job"] == job and r["scheduler"] == s]
             if not rs:
@@ -313,81 +412,115 @@ def summary(results: dict) -> str:
             jct_m, jct_s = mean_std(r["jct_s"] for r in rs if r["jct_s"] is not None)
             acc_m, _ = mean_std(r["final_accuracy"] for r in rs if r["final_accuracy"] is not None)
             it_m, _ = mean_std(r["median_iter_s"] for r in rs if r["median_iter_s"] is not None)
-            pr_m, _ = mean_std(r["predicted_iter_s"] for r in rs
-                               if r["predicted_iter_s"] is not None)
-            lines.append(f"| {s} | {len(reached)}/{len(rs)} | {_f(tta_m)} ± {_f(tta_s)} | "
-                         f"{_f(cen_m)} ± {_f(cen_s)} | {_f(jct_m)} ± {_f(jct_s)} | "
-                         f"{_f(acc_m, 3)} | {_f(it_m, 3)} / {_f(pr_m, 3)} |")
+            pr_m, _ = mean_std(
+                r["predicted_iter_s"] for r in rs if r["predicted_iter_s"] is not None
+            )
+            lines.append(
+                f"| {s} | {len(reached)}/{len(rs)} | {_f(tta_m)} ± {_f(tta_s)} | "
+                f"{_f(cen_m)} ± {_f(cen_s)} | {_f(jct_m)} ± {_f(jct_s)} | "
+                f"{_f(acc_m, 3)} | {_f(it_m, 3)} / {_f(pr_m, 3)} |"
+            )
         lines.append("")
     lines += comparison(results, all_rows, schedulers, timeout)
     wire = [x for r in all_rows for x in rate_ratios(r)]
     goodput = [x for r in all_rows for x in rate_ratios(r, "tcp_mbps")]
     ring = [x for r in all_rows for x in bottleneck_ratios(r)]
     if wire or ring:
-        lines += ["## Measured vs granted rate per flow", "",
-                  "Granted: what the flow's meter and tc class let through (`rate_mbps`), the "
-                  "time-weighted mean over its job of its grant and its share of the spare "
-                  "capacity (docs/e2e.md, work-conserving rates).", ""]
+        lines += [
+            "## Measured vs granted rate per flow",
+            "",
+            "Granted: what the flow's meter and tc class let through (`rate_mbps`), the "
+            "time-weighted mean over its job of its grant and its share of the spare "
+            "capacity (docs/e2e.md, work-conserving rates).",
+            "",
+        ]
     if wire:
         measured = sum(f.get("wire_mbps") is not None for r in all_rows for f in r["flows"])
         over = [(r, f) for r in all_rows for f in over_grant(r)]
         over_binding = sum(binds(f, ring_bottleneck(r)) for r, f in over)
-        lines += [f"What the network carried on the {len(wire)} flows their grant holds back (a "
-                  "ring's flows granted more than its smallest grant wait for data instead), "
-                  "from the kernel's tcp_info of the sender's connection, over the time its "
-                  "socket had data to send. On the wire (`wire_mbps`: bytes sent, "
-                  "retransmissions and headers included — what the shaper and the meter count — "
-                  "against the rate installed during the same seconds, between each two of the "
-                  "sender's evaluations, weighted by busy time, leaving out the intervals in "
-                  "which another flow of its ring was installed lower, so that it waited for "
-                  "data: `wire_ratio`): "
-                  f"{_band(wire)}. Goodput (`tcp_mbps`: bytes acknowledged, ≈ 0.96 × the wire "
-                  f"rate at full-size frames): {_band(goodput)}. Above {RATE_BAND[1]} × their "
-                  f"grant on the wire: {len(over)} of {measured} measured flows, "
-                  f"{over_binding} of them binding" + (
-                      "" if not over else
-                      " (a flow that idles between small sends goes out in bursts the shaper's "
-                      "and the meter's token buckets let through at line rate; one that shares "
-                      "its node pair may use what the pair's other flows leave idle: "
-                      + ", ".join(f"{r['scheduler']} seed {r['seed']} `{r['job']}` "
-                                  f"{f['src']}→{f['dst']} {f['wire_mbps']:.1f} on "
-                                  f"{f['rate_mbps']:g}"
-                                  + (" (shared pair)" if f.get("pair_shared") else "")
-                                  for r, f in over) + ")") + ".", ""]
+        lines += [
+            f"What the network carried on the {len(wire)} flows their grant holds back (a "
+            "ring's flows granted more than its smallest grant wait for data instead), "
+            "from the kernel's tcp_info of the sender's connection, over the time its "
+            "socket had data to send. On the wire (`wire_mbps`: bytes sent, "
+            "retransmissions and headers included — what the shaper and the meter count — "
+            "against the rate installed during the same seconds, between each two of the "
+            "sender's evaluations, weighted by busy time, leaving out the intervals in "
+            "which another flow of its ring was installed lower, so that it waited for "
+            "data: `wire_ratio`): "
+            f"{_band(wire)}. Goodput (`tcp_mbps`: bytes acknowledged, ≈ 0.96 × the wire "
+            f"rate at full-size frames): {_band(goodput)}. Above {RATE_BAND[1]} × their "
+            f"grant on the wire: {len(over)} of {measured} measured flows, "
+            f"{over_binding} of them binding"
+            + (
+                ""
+                if not over
+                else " (a flow that idles between small sends goes out in bursts the shaper's "
+                "and the meter's token buckets let through at line rate; one that shares "
+                "its node pair may use what the pair's other flows leave idle: "
+                + ", ".join(
+                    f"{r['scheduler']} seed {r['seed']} `{r['job']}` "
+                    f"{f['src']}→{f['dst']} {f['wire_mbps']:.1f} on "
+                    f"{f['rate_mbps']:g}" + (" (shared pair)" if f.get("pair_shared") else "")
+                    for r, f in over
+                )
+                + ")"
+            )
+            + ".",
+            "",
+        ]
     shared = sum(bool(f.get("pair_shared")) for r in all_rows for f in r["flows"])
     if shared:
-        lines += [f"{shared} enforced flows shared their node pair with another enforced "
-                  "flow of the run (`pair_shared`): the network enforces per node pair, one "
-                  "meter and one tc class at the sum of the pair's grants, so such a flow is "
-                  "not held to its own grant and is not counted above.", ""]
+        lines += [
+            f"{shared} enforced flows shared their node pair with another enforced "
+            "flow of the run (`pair_shared`): the network enforces per node pair, one "
+            "meter and one tc class at the sum of the pair's grants, so such a flow is "
+            "not held to its own grant and is not counted above.",
+            "",
+        ]
     contended = [f for r in all_rows for f in binding_flows(r) if f.get("contended_s")]
     if contended:
-        lines += [f"{len(contended)} of the binding flows crossed a contended link for a "
-                  f"while ({_f(min(f['contended_s'] for f in contended))}–"
-                  f"{_f(max(f['contended_s'] for f in contended))} s, `contended_s`: the "
-                  "Master found another tenant's traffic or a link's loss leaving the grants "
-                  "more than the link holds): the intervals that overlap those seconds are "
-                  "not judged against the grant — there the link held the flow back.", ""]
-    stalls = [run["cpu_stalled_share"] for run in results.get("runs", [])
-              if run.get("cpu_stalled_share") is not None]
+        lines += [
+            f"{len(contended)} of the binding flows crossed a contended link for a "
+            f"while ({_f(min(f['contended_s'] for f in contended))}–"
+            f"{_f(max(f['contended_s'] for f in contended))} s, `contended_s`: the "
+            "Master found another tenant's traffic or a link's loss leaving the grants "
+            "more than the link holds): the intervals that overlap those seconds are "
+            "not judged against the grant — there the link held the flow back.",
+            "",
+        ]
+    stalls = [
+        run["cpu_stalled_share"]
+        for run in results.get("runs", [])
+        if run.get("cpu_stalled_share") is not None
+    ]
     if wire and stalls:
-        lines += [f"CPU during the runs: some runnable task waited for a core "
-                  f"{_f(100 * min(stalls), 0)}–{_f(100 * max(stalls), 0)} % of the time (median "
-                  f"{_f(100 * statistics.median(stalls), 0)} %; the kernel's pressure stall "
-                  "information, `cpu_stalled_share` per run): switching, shaping and training "
-                  "share this machine's cores, and a flow's sender or its switch waiting for one "
-                  "sends less than it was let through.", ""]
+        lines += [
+            f"CPU during the runs: some runnable task waited for a core "
+            f"{_f(100 * min(stalls), 0)}–{_f(100 * max(stalls), 0)} % of the time (median "
+            f"{_f(100 * statistics.median(stalls), 0)} %; the kernel's pressure stall "
+            "information, `cpu_stalled_share` per run): switching, shaping and training "
+            "share this machine's cores, and a flow's sender or its switch waiting for one "
+            "sends less than it was let through.",
+            "",
+        ]
     if ring:
-        lines += ["The application's view (`measured_mbps`: payload / collective time, median "
-                  "over iterations, against the ring's bottleneck grant, as a ring's flows "
-                  "advance together; it also counts the waits for the slowest rank's compute and "
-                  f"CPU): {_band(ring)}.", ""]
+        lines += [
+            "The application's view (`measured_mbps`: payload / collective time, median "
+            "over iterations, against the ring's bottleneck grant, as a ring's flows "
+            "advance together; it also counts the waits for the slowest rank's compute and "
+            f"CPU): {_band(ring)}.",
+            "",
+        ]
     failed = [r for r in all_rows if not r["reached_target"]]
     if failed:
         lines += ["## Runs that did not reach the target", ""]
-        lines += [f"- {r['scheduler']} seed {r['seed']} `{r['job']}`: {r['state']}"
-                  f"{': ' + r['reason'] if r['reason'] else ''} (final accuracy "
-                  f"{_f(r['final_accuracy'], 3)})" for r in failed]
+        lines += [
+            f"- {r['scheduler']} seed {r['seed']} `{r['job']}`: {r['state']}"
+            f"{': ' + r['reason'] if r['reason'] else ''} (final accuracy "
+            f"{_f(r['final_accuracy'], 3)})"
+            for r in failed
+        ]
         lines.append("")
     return "\n".join(lines)
 

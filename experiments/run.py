@@ -25,9 +25,11 @@ the JSON). Logs of every process are in DIR/logs/, the workers' metric lines in 
 Exit codes: 0 done, 1 the testbed failed, 2 bad input (topology, jobs, scenario, schedulers,
 inventory, token, a host refused; nothing is left), 130 interrupted (torn down).
 """
+
 from __future__ import annotations
 
-import _venv  # noqa: F401  (re-exec under .venv)
+if __name__ == "__main__" and not __package__:  # python experiments/X.py
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -35,13 +37,29 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from docker.errors import DockerException
 from rich.console import Console
 
+from experiments import plots, report
+from experiments.e2e.display import Display, fmt
+from experiments.e2e.lab_stack import HostsRefused, LabStack
+from experiments.e2e.rows import job_row, mark_shared_pairs
+from experiments.e2e.scenario import (
+    Plan,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    plan,
+    scenario_path,
+    tenant_path,
+)
+from experiments.e2e.stack import RunError, Stack, StackBase
+from experiments.machine import cpu_stall_us, machine
 from lab import deploy
 from lab.inventory import Inventory, InventoryError, load_inventory
 from master.client import MasterClient
@@ -55,22 +73,19 @@ from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import TopologyError, load_topology
 
-import plots
-import report
-from machine import cpu_stall_us, machine
-from e2e.display import Display, fmt
-from e2e.rows import job_row, mark_shared_pairs
-from e2e.scenario import Plan, Scenario, ScenarioError, load_scenario, plan, scenario_path, \
-    tenant_path
-from e2e.lab_stack import HostsRefused, LabStack
-from e2e.stack import RunError, Stack, StackBase
-
 log = logging.getLogger("run")
 TERMINAL = ("finished", "failed", "cancelled")
 
 
-def run_once(stack: StackBase, scenario: Scenario, scheduler: str, seed: int, index: int,
-             title: str, display: Display) -> dict:
+def run_once(
+    stack: StackBase,
+    scenario: Scenario,
+    scheduler: str,
+    seed: int,
+    index: int,
+    title: str,
+    display: Display,
+) -> dict:
     """Submit the scenario's jobs under `scheduler`/`seed`, follow them, collect the results."""
     master = stack.master
     if scheduler in QUEUES:  # a queue policy (CES-Multi, ...) over its default single-job one
@@ -96,13 +111,21 @@ def run_once(stack: StackBase, scenario: Scenario, scheduler: str, seed: int, in
                 job = next((v for v in views if names[v["name"]] == b.along), None)
                 if job is None or job["state"] in ("queued", "scheduled") or not job["attempts"]:
                     continue  # not placed yet: the tenant follows it when it is
-                crossing = tenant_path(stack.topo, b, job["attempts"][-1]["flows"]) \
-                    if job["state"] == "running" else None
+                crossing = (
+                    tenant_path(stack.topo, b, job["attempts"][-1]["flows"])
+                    if job["state"] == "running"
+                    else None
+                )
                 if crossing is None:
                     del traffic[i]
-                    log.warning("background %s not started: job %s %s", b.label(), b.along,
-                                "crosses no switch-to-switch link the tenant can reach"
-                                if job["state"] == "running" else f"is {job['state']}")
+                    log.warning(
+                        "background %s not started: job %s %s",
+                        b.label(),
+                        b.along,
+                        "crosses no switch-to-switch link the tenant can reach"
+                        if job["state"] == "running"
+                        else f"is {job['state']}",
+                    )
                     continue
                 stack.pin_traffic(i, b, crossing[0])
                 pinned[b.label()] = {"path": crossing[0], "link": list(crossing[1])}
@@ -121,7 +144,8 @@ def run_once(stack: StackBase, scenario: Scenario, scheduler: str, seed: int, in
             samples["t"].append(round(now - t0, 2))
             for lk in links:
                 samples["links"].setdefault(f"{lk['src']}>{lk['dst']}", []).append(
-                    lk["measured_mbps"])
+                    lk["measured_mbps"]
+                )
             display.update(title, now - t0, views, links)
         if not pending and views and all(v["state"] in TERMINAL for v in views):
             break
@@ -137,8 +161,10 @@ def run_once(stack: StackBase, scenario: Scenario, scheduler: str, seed: int, in
                 master.cancel(v["name"])
             except ApiError as e:
                 log.warning("cancel %s: %s", v["name"], e.message)
-    rows = [job_row(scheduler, seed, names[n], master.job(n, records=True), n in timed_out)
-            for n in names]
+    rows = [
+        job_row(scheduler, seed, names[n], master.job(n, records=True), n in timed_out)
+        for n in names
+    ]
     mark_shared_pairs(rows)
     wall = time.monotonic() - t0
     stall1 = cpu_stall_us()
@@ -150,14 +176,18 @@ def run_once(stack: StackBase, scenario: Scenario, scheduler: str, seed: int, in
     _wait_idle(master)
     capacity = {f"{lk['src']}>{lk['dst']}": lk["capacity_mbps"] for lk in master.links()}
     busy = {k: v for k, v in samples["links"].items() if max((x or 0) for x in v) >= 1.0}
-    stalled = None if stall0 is None or stall1 is None else \
-        round((stall1 - stall0) / 1e6 / wall, 3)
-    return {"scheduler": scheduler, "seed": seed, "wall_s": round(wall, 2), "jobs": rows,
-            "cpu_stalled_share": stalled,
-            "started_at": started_at, "background_started_at": started,
-            "background_paths": pinned,
-            "links": {"t": samples["t"], "mbps": busy,
-                      "capacity_mbps": {k: capacity[k] for k in busy}}}
+    stalled = None if stall0 is None or stall1 is None else round((stall1 - stall0) / 1e6 / wall, 3)
+    return {
+        "scheduler": scheduler,
+        "seed": seed,
+        "wall_s": round(wall, 2),
+        "jobs": rows,
+        "cpu_stalled_share": stalled,
+        "started_at": started_at,
+        "background_started_at": started,
+        "background_paths": pinned,
+        "links": {"t": samples["t"], "mbps": busy, "capacity_mbps": {k: capacity[k] for k in busy}},
+    }
 
 
 def _wait_idle(master: MasterClient, timeout_s: float = 120.0) -> None:
@@ -168,38 +198,60 @@ def _wait_idle(master: MasterClient, timeout_s: float = 120.0) -> None:
         if all(not n.get("workers") and n["allocated"]["cpu"] == 0 for n in nodes):
             return
         time.sleep(0.5)
-    raise RunError("the testbed did not become idle after a run: "
-                   f"{[n['node'] for n in master.nodes() if n.get('workers')]} still run workers")
+    raise RunError(
+        "the testbed did not become idle after a run: "
+        f"{[n['node'] for n in master.nodes() if n.get('workers')]} still run workers"
+    )
 
 
 # --- main --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--topo", help="topology name or file (default: the scenario's, campus)")
-    p.add_argument("--schedulers", help="comma-separated single-job algorithms or queue "
-                                        "policies (ces-multi, ...) (default: the scenario's)")
+    p.add_argument(
+        "--schedulers",
+        help="comma-separated single-job algorithms or queue "
+        "policies (ces-multi, ...) (default: the scenario's)",
+    )
     p.add_argument("--jobs", help="a job YAML file or folder instead of the scenario's jobs")
     p.add_argument("--seeds", type=int, help="runs per scheduler, seeds 0..N-1")
-    p.add_argument("--background-seed", type=int,
-                   help="the seed of the scenario's background_load draw (default: the "
-                        "scenario's)")
+    p.add_argument(
+        "--background-seed",
+        type=int,
+        help="the seed of the scenario's background_load draw (default: the scenario's)",
+    )
     p.add_argument("--quick", action="store_true", help="the small scenario (a few minutes)")
     p.add_argument("--scenario", help="a scenario YAML (default: scenarios/contention.yaml)")
-    p.add_argument("--out", help="results folder (default: a new results/runs/SCENARIO-TOPO-TIME;"
-                                 " results/e2e/... holds the committed ones)")
-    p.add_argument("--cleanup", action="store_true",
-                   help="remove what killed runs left (all runs, or --prefix; with --hosts, "
-                        "the run --prefix on every host)")
+    p.add_argument(
+        "--out",
+        help="results folder (default: a new results/runs/SCENARIO-TOPO-TIME;"
+        " results/e2e/... holds the committed ones)",
+    )
+    p.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="remove what killed runs left (all runs, or --prefix; with --hosts, "
+        "the run --prefix on every host)",
+    )
     p.add_argument("--prefix", help="run prefix: 'ces' + 4 hex digits")
-    p.add_argument("--hosts", help="an inventory (docs/lab.md): run on its real hosts and "
-                                   "OpenFlow switches instead of the emulation")
-    p.add_argument("--token-file", default=default_token_file(),
-                   help="with --hosts: the shared secret of the Master and the agents "
-                        "(default $CES_TOKEN_FILE)")
-    p.add_argument("--accept-new-host-keys", action="store_true",
-                   help="with --hosts: add unknown host keys to known_hosts (a changed key is "
-                        "always refused)")
+    p.add_argument(
+        "--hosts",
+        help="an inventory (docs/lab.md): run on its real hosts and "
+        "OpenFlow switches instead of the emulation",
+    )
+    p.add_argument(
+        "--token-file",
+        default=default_token_file(),
+        help="with --hosts: the shared secret of the Master and the agents "
+        "(default $CES_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="with --hosts: add unknown host keys to known_hosts (a changed key is always refused)",
+    )
     return p
 
 
@@ -215,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.hosts:
         return hosts_main(args, console)
     if os.geteuid() != 0:
-        print("error: run as root (sudo): the testbed creates bridges, veths and containers",
-              file=sys.stderr)
+        print(
+            "error: run as root (sudo): the testbed creates bridges, veths and containers",
+            file=sys.stderr,
+        )
         return 2
     if args.cleanup:
         removed = cleanup(args.prefix)
@@ -239,14 +293,17 @@ def hosts_main(args: argparse.Namespace, console: Console) -> int:
     try:
         if args.cleanup:
             if not args.prefix:
-                raise ValueError("--cleanup --hosts: give the run's --prefix (run.py printed it "
-                                 "at bring-up)")
+                raise ValueError(
+                    "--cleanup --hosts: give the run's --prefix (run.py printed it at bring-up)"
+                )
             topo = args.topo or load_scenario(scenario_path(args)).topology
             inv = load_inventory(args.hosts, load_topology(topo))  # the hosts it names
             return cleanup_hosts(inv, args.prefix, args.accept_new_host_keys)
         if not args.token_file:
-            raise ValueError("--hosts: the Master and the agents need the shared secret: give "
-                             "--token-file or set $CES_TOKEN_FILE (docs/lab.md)")
+            raise ValueError(
+                "--hosts: the Master and the agents need the shared secret: give "
+                "--token-file or set $CES_TOKEN_FILE (docs/lab.md)"
+            )
         token = read_token(args.token_file)
         p = plan(args)
     except (ScenarioError, TopologyError, JobError, InventoryError, TokenError, ValueError) as e:
@@ -255,9 +312,22 @@ def hosts_main(args: argparse.Namespace, console: Console) -> int:
     for w in p.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     prefix = args.prefix or new_prefix()
-    return execute(p, prefix, console, lambda: LabStack(
-        p.topo, prefix, p.out, console, p.inventory, args.token_file, token, worker_image_tag(),
-        args.accept_new_host_keys))
+    return execute(
+        p,
+        prefix,
+        console,
+        lambda: LabStack(
+            p.topo,
+            prefix,
+            p.out,
+            console,
+            p.inventory,
+            args.token_file,
+            token,
+            worker_image_tag(),
+            args.accept_new_host_keys,
+        ),
+    )
 
 
 def cleanup_hosts(inv: Inventory, prefix: str, accept_new: bool) -> int:
@@ -276,17 +346,25 @@ def cleanup_hosts(inv: Inventory, prefix: str, accept_new: bool) -> int:
 def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], StackBase]) -> int:
     p.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
-        "version": 1, "scenario": {"name": p.scenario.name, "source": p.scenario.source,
-                                   "description": p.scenario.description,
-                                   "jobs": [d.mapping for d in p.scenario.jobs],
-                                   "timeout_s": p.scenario.timeout_s,
-                                   "link_scale": p.scenario.link_scale,
-                                   "background_load": p.scenario.background_load and
-                                   p.scenario.background_load._asdict()},
-        "topology": p.topo.name, "schedulers": p.schedulers, "seeds": p.seeds,
+        "version": 1,
+        "scenario": {
+            "name": p.scenario.name,
+            "source": p.scenario.source,
+            "description": p.scenario.description,
+            "jobs": [d.mapping for d in p.scenario.jobs],
+            "timeout_s": p.scenario.timeout_s,
+            "link_scale": p.scenario.link_scale,
+            "background_load": p.scenario.background_load and p.scenario.background_load._asdict(),
+        },
+        "topology": p.topo.name,
+        "schedulers": p.schedulers,
+        "seeds": p.seeds,
         "mode": "hosts" if p.inventory else "emulation",
         **({"inventory": str(p.inventory.path)} if p.inventory else {}),
-        "machine": machine(), "started_at": time.time(), "runs": []}
+        "machine": machine(),
+        "started_at": time.time(),
+        "runs": [],
+    }
     t0 = time.monotonic()
     total = len(p.schedulers) * p.seeds
     try:
@@ -295,24 +373,28 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
             for i, b in enumerate(p.scenario.background):
                 if b.start_s is None:  # the whole session long
                     stack.start_traffic(i, b)
-            results["background"] = [{**asdict(b), "path": list(b.path)}
-                                     for b in p.scenario.background]
+            results["background"] = [
+                {**asdict(b), "path": list(b.path)} for b in p.scenario.background
+            ]
             results["bringup_s"] = round(stack.timings["up_s"], 2)
             if "deploy_s" in stack.timings:  # hosts: the agents deployed over SSH
                 results["deploy_s"] = round(stack.timings["deploy_s"], 2)
             with Display(console, total) as display:
                 for i, (scheduler, seed) in enumerate(
-                        (s, seed) for s in p.schedulers for seed in range(p.seeds)):
+                    (s, seed) for s in p.schedulers for seed in range(p.seeds)
+                ):
                     title = f"run {i + 1}/{total}: {scheduler}, seed {seed}"
                     console.print(f"[bold]{title}[/]")
                     run = run_once(stack, p.scenario, scheduler, seed, i, title, display)
                     results["runs"].append(run)
                     for row in run["jobs"]:
-                        console.print(f"  {row['job']}: {row['state']}, tta "
-                                      f"{fmt(row['tta_s'])} s, accuracy "
-                                      f"{fmt(row['final_accuracy'])}, on "
-                                      f"{' '.join(sorted(row['placement'].values()))} "
-                                      f"({row['network']})")
+                        console.print(
+                            f"  {row['job']}: {row['state']}, tta "
+                            f"{fmt(row['tta_s'])} s, accuracy "
+                            f"{fmt(row['final_accuracy'])}, on "
+                            f"{' '.join(sorted(row['placement'].values()))} "
+                            f"({row['network']})"
+                        )
                     _write(p.out, results, t0)
                     display.run_done(i + 1)
         results["teardown_s"] = round(stack.timings["down_s"], 2)
@@ -331,8 +413,10 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
     _write(p.out, results, t0)
     figures = plots.make_all(results, p.out)
     report.write(results, p.out)
-    console.print(f"[bold]done[/] in {results['wall_s']:.0f} s: {p.out}/results.json, "
-                  f"results.csv, summary.md, {', '.join(f.name for f in figures)}")
+    console.print(
+        f"[bold]done[/] in {results['wall_s']:.0f} s: {p.out}/results.json, "
+        f"results.csv, summary.md, {', '.join(f.name for f in figures)}"
+    )
     return 0
 
 

@@ -16,6 +16,7 @@ the run on every host. `experiments/run.py --hosts` does all of this around a sc
 A problem with the inventory or a host is one line naming the host and the problem, exit code 2;
 `start` then removes what it started on every host.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,12 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["check", "install", "start", "stop", "cleanup"])
     p.add_argument("--hosts", required=True, help="the inventory (YAML)")
     p.add_argument("--topo", required=True, help="the topology the hosts are nodes of")
-    p.add_argument("--accept-new-host-keys", action="store_true",
-                   help="add unknown host keys to known_hosts (a changed key is always refused)")
+    p.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="add unknown host keys to known_hosts (a changed key is always refused)",
+    )
     p.add_argument("--force-copy", action="store_true", help="copy the image even if present")
     p.add_argument("--master", default="", help="start: the Master's URL the agents register at")
-    p.add_argument("--token-file", default=default_token_file(),
-                   help="start: the deployment's shared secret (default $CES_TOKEN_FILE)")
+    p.add_argument(
+        "--token-file",
+        default=default_token_file(),
+        help="start: the deployment's shared secret (default $CES_TOKEN_FILE)",
+    )
     p.add_argument("--prefix", default="", help="the run's prefix (start: default a new one)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s lab %(message)s")
@@ -64,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{a.action}: give the run's --prefix")
         if a.action == "start":
             if not a.master or not a.token_file:
-                raise ValueError("start: give --master URL and --token-file (or "
-                                 "$CES_TOKEN_FILE)")
+                raise ValueError("start: give --master URL and --token-file (or $CES_TOKEN_FILE)")
             token = read_token(a.token_file)
     except (TopologyError, InventoryError, TokenError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -74,41 +80,57 @@ def main(argv: list[str] | None = None) -> int:
     if a.action == "check":
         facts, errors = check_hosts(inv, topo, a.accept_new_host_keys)
         for node, f in facts.items():
-            print(f"{inv.host(node).label()}: ok (docker {f.docker}, {f.cpu:g} CPUs, "
-                  f"{f.mem_mb:.0f} MB, clock {f.clock_offset_s * 1000:+.0f} ms)")
+            print(
+                f"{inv.host(node).label()}: ok (docker {f.docker}, {f.cpu:g} CPUs, "
+                f"{f.mem_mb:.0f} MB, clock {f.clock_offset_s * 1000:+.0f} ms)"
+            )
         return _report(errors)
     if a.action in ("stop", "cleanup"):
-        fn = ((lambda r: stop_agent(r, prefix, r.host.node)) if a.action == "stop"
-              else (lambda r: cleanup(r, prefix)))
+        fn = (
+            (lambda r: stop_agent(r, prefix, r.host.node))
+            if a.action == "stop"
+            else (lambda r: cleanup(r, prefix))
+        )
         done, errors = each_host(inv, a.accept_new_host_keys, fn)
         for node, names in done.items():
-            print(f"{inv.host(node).label()}: {a.action} done"
-                  + (f" ({len(names)} containers removed)" if isinstance(names, list) else ""))
+            print(
+                f"{inv.host(node).label()}: {a.action} done"
+                + (f" ({len(names)} containers removed)" if isinstance(names, list) else "")
+            )
         return _report(errors)
     try:
         client, tag = docker.from_env(), worker_image_tag()
         client.images.get(tag)
     except docker.errors.DockerException as e:
-        print(f"error: the worker image {worker_image_tag()} is not on this machine ({e}); "
-              f"run `python -m testbed.image ensure`", file=sys.stderr)
+        print(
+            f"error: the worker image {worker_image_tag()} is not on this machine ({e}); "
+            f"run `python -m testbed.image ensure`",
+            file=sys.stderr,
+        )
         return 2
     if a.action == "install":
-        copied, errors = each_host(inv, a.accept_new_host_keys,
-                                   lambda r: install(r, client, tag, a.force_copy))
+        copied, errors = each_host(
+            inv, a.accept_new_host_keys, lambda r: install(r, client, tag, a.force_copy)
+        )
         for node, n in copied.items():
-            print(f"{inv.host(node).label()}: {tag} "
-                  + (f"copied ({n / 2**20:.0f} MB)" if n else "already there"))
+            print(
+                f"{inv.host(node).label()}: {tag} "
+                + (f"copied ({n / 2**20:.0f} MB)" if n else "already there")
+            )
         print(f"{time.monotonic() - t0:.1f} s")
         return _report(errors)
     prefix = prefix or new_prefix()
-    names, errors = deploy_agents(inv, topo, a.accept_new_host_keys, client, tag, prefix,
-                                  a.master, token)
+    names, errors = deploy_agents(
+        inv, topo, a.accept_new_host_keys, client, tag, prefix, a.master, token
+    )
     if errors:
         return _report(errors)
     for node, name in names.items():
         print(f"{inv.host(node).label()}: agent {name}")
-    print(f"run prefix {prefix}; {time.monotonic() - t0:.1f} s "
-          f"(stop: python -m lab stop --hosts {a.hosts} --topo {a.topo} --prefix {prefix})")
+    print(
+        f"run prefix {prefix}; {time.monotonic() - t0:.1f} s "
+        f"(stop: python -m lab stop --hosts {a.hosts} --topo {a.topo} --prefix {prefix})"
+    )
     return 0
 
 

@@ -11,15 +11,16 @@ its workers, its tools — is a container named `<prefix>-...`, which is what `c
 The shared secret reaches the agent as a file copied into its container before it starts (a tar
 stream over SSH to `docker cp -`): it is never on a command line nor on the host's disk.
 """
+
 from __future__ import annotations
 
 import io
 import shlex
 import tarfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import docker
 
@@ -35,6 +36,7 @@ TOKEN_PATH = "/run/ces-token"
 @dataclass(frozen=True)
 class Facts:
     """What `check` found on a host."""
+
     docker: str  # the engine's version
     netns: str  # "host", or the container whose namespace is the host's
     cpu: float
@@ -46,37 +48,47 @@ def probe(remote: Remote, topo: Topology) -> Facts:
     """Check `remote`'s host against its inventory entry and its topology node; a HostError names
     the first problem."""
     h = remote.host
-    version = remote.ok("docker version --format '{{.Server.Version}}'",
-                        "no Docker engine answers to `docker version`").strip()
+    version = remote.ok(
+        "docker version --format '{{.Server.Version}}'",
+        "no Docker engine answers to `docker version`",
+    ).strip()
     status, out, _ = remote.run(f"ip -4 -o addr show dev {shlex.quote(h.iface)}")
     if status != 0:
         raise HostError(h, f"data interface {h.iface} does not exist")
-    addresses = [w.split("/")[0] for prev, w in zip(out.split(), out.split()[1:])
-                 if prev == "inet"]
+    addresses = [w.split("/")[0] for prev, w in zip(out.split(), out.split()[1:]) if prev == "inet"]
     if h.ip not in addresses:
-        raise HostError(h, f"data interface {h.iface} has {', '.join(addresses) or 'no IPv4'}, "
-                           f"not {h.ip}")
+        raise HostError(
+            h, f"data interface {h.iface} has {', '.join(addresses) or 'no IPv4'}, not {h.ip}"
+        )
     t0 = time.time()
     remote_t = float(remote.ok("date +%s.%N", "cannot read the clock"))
     offset = remote_t - (t0 + time.time()) / 2
     if abs(offset) > MAX_CLOCK_OFFSET_S:
-        raise HostError(h, f"clock is {offset:+.2f} s off this machine's (more than "
-                           f"{MAX_CLOCK_OFFSET_S} s: sync it with NTP)")
+        raise HostError(
+            h,
+            f"clock is {offset:+.2f} s off this machine's (more than "
+            f"{MAX_CLOCK_OFFSET_S} s: sync it with NTP)",
+        )
     cpu, mem = _capacity(remote)
     node = topo.node(h.node)
     if cpu + 1e-9 < node.cpu or mem + 1e-9 < node.mem_mb:
-        raise HostError(h, f"too small for node {h.node}: {cpu:g} CPUs and {mem:.0f} MB free, "
-                           f"the topology gives it {node.cpu:g} CPUs and {node.mem_mb} MB")
+        raise HostError(
+            h,
+            f"too small for node {h.node}: {cpu:g} CPUs and {mem:.0f} MB free, "
+            f"the topology gives it {node.cpu:g} CPUs and {node.mem_mb} MB",
+        )
     return Facts(version, _netns(remote), cpu, mem, offset)
 
 
 def _capacity(remote: Remote) -> tuple[float, float]:
     """(CPUs, MB of available memory), within the cgroup limits the host's shell lives under."""
-    out = remote.ok("echo cpus=$(nproc); "
-                    "echo quota=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo max); "
-                    "echo avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo); "
-                    "echo mem_max=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || echo max)",
-                    "cannot read CPU and memory")
+    out = remote.ok(
+        "echo cpus=$(nproc); "
+        "echo quota=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo max); "
+        "echo avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo); "
+        "echo mem_max=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || echo max)",
+        "cannot read CPU and memory",
+    )
     facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     cpu, mem = float(facts["cpus"]), float(facts["avail_kb"]) / 1024
     quota = facts["quota"].split()
@@ -91,10 +103,12 @@ def _netns(remote: Remote) -> str:
     """The network namespace of the host's own shell, as `docker run --network` names it: a
     container whose engine is the one the host's CLI talks to (Docker mounts its hostname file
     from /var/lib/docker/containers/<id>/) is named by its id; anything else is "host"."""
-    out = remote.ok("id=$(grep -o 'containers/[0-9a-f]\\{64\\}/hostname' /proc/self/mountinfo "
-                    "| head -1 | cut -d/ -f2); if [ -n \"$id\" ] && docker inspect --format "
-                    "'{{.Id}}' \"$id\" 2>/dev/null; then :; else echo host; fi",
-                    "cannot tell the host's network namespace")
+    out = remote.ok(
+        "id=$(grep -o 'containers/[0-9a-f]\\{64\\}/hostname' /proc/self/mountinfo "
+        '| head -1 | cut -d/ -f2); if [ -n "$id" ] && docker inspect --format '
+        "'{{.Id}}' \"$id\" 2>/dev/null; then :; else echo host; fi",
+        "cannot tell the host's network namespace",
+    )
     return out.strip()
 
 
@@ -103,8 +117,7 @@ def image_id(remote: Remote, tag: str) -> str:
     return out.strip() if status == 0 else ""
 
 
-def install(remote: Remote, client: docker.DockerClient, tag: str,
-            force: bool = False) -> int:
+def install(remote: Remote, client: docker.DockerClient, tag: str, force: bool = False) -> int:
     """Make the host's engine hold the worker image `tag` as this machine has it: `docker save |
     docker load` over SSH, only when the host lacks it or its id differs. Bytes copied."""
     local = client.images.get(tag)
@@ -133,23 +146,65 @@ def _network(facts: Facts) -> str:
     return "host" if facts.netns == "host" else f"container:{facts.netns}"
 
 
-def start_agent(remote: Remote, inv: Inventory, topo: Topology, facts: Facts, prefix: str,
-                tag: str, master_url: str, token: str) -> str:
+def start_agent(
+    remote: Remote,
+    inv: Inventory,
+    topo: Topology,
+    facts: Facts,
+    prefix: str,
+    tag: str,
+    master_url: str,
+    token: str,
+) -> str:
     """Start the host's agent (its container name is returned); it registers with the Master."""
     h = remote.host
     name = agent_name(prefix, h.node)
-    agent = ["python3", "-m", "edge", "--node", h.node, "--master", master_url,
-             "--listen", f"{h.address}:{inv.agent_port}",
-             "--iface", h.iface, "--ip", h.ip, "--name-prefix", f"{prefix}-{h.node}-",
-             "--line-mbps", f"{topo.access_link(h.node).bw_mbps:g}",
-             "--token-file", TOKEN_PATH, "--workdir", "/var/lib/ces-agent"]
+    agent = [
+        "python3",
+        "-m",
+        "edge",
+        "--node",
+        h.node,
+        "--master",
+        master_url,
+        "--listen",
+        f"{h.address}:{inv.agent_port}",
+        "--iface",
+        h.iface,
+        "--ip",
+        h.ip,
+        "--name-prefix",
+        f"{prefix}-{h.node}-",
+        "--line-mbps",
+        f"{topo.access_link(h.node).bw_mbps:g}",
+        "--token-file",
+        TOKEN_PATH,
+        "--workdir",
+        "/var/lib/ces-agent",
+    ]
     if facts.netns != "host":
         agent += ["--node-container", facts.netns]
-    create = ["docker", "create", "--name", name, "--label", f"ces.run={prefix}",
-              # tc (NET_ADMIN) in the host's namespace, entered with nsenter (SYS_ADMIN)
-              "--cap-add", "NET_ADMIN", "--cap-add", "SYS_ADMIN", "--pid", "host",
-              "--network", _network(facts),
-              "-v", "/var/run/docker.sock:/var/run/docker.sock", tag, *agent]
+    create = [
+        "docker",
+        "create",
+        "--name",
+        name,
+        "--label",
+        f"ces.run={prefix}",
+        # tc (NET_ADMIN) in the host's namespace, entered with nsenter (SYS_ADMIN)
+        "--cap-add",
+        "NET_ADMIN",
+        "--cap-add",
+        "SYS_ADMIN",
+        "--pid",
+        "host",
+        "--network",
+        _network(facts),
+        "-v",
+        "/var/run/docker.sock:/var/run/docker.sock",
+        tag,
+        *agent,
+    ]
     remote.ok(shlex.join(create), f"cannot create the agent container {name}")
     status, _, err = remote.run(f"docker cp - {name}:/run", stdin=[_token_tar(token)])
     if status != 0:
@@ -173,16 +228,43 @@ def agent_logs(remote: Remote, prefix: str, node: str, lines: int = 20) -> str:
     return out + err
 
 
-def start_tool(remote: Remote, facts: Facts, prefix: str, name: str, tag: str,
-               argv: list[str], cpu: float, mem_mb: int) -> str:
+def start_tool(
+    remote: Remote,
+    facts: Facts,
+    prefix: str,
+    name: str,
+    tag: str,
+    argv: list[str],
+    cpu: float,
+    mem_mb: int,
+) -> str:
     """Run `argv` in a container `<prefix>-<name>` of image `tag` in the host's network
     namespace, within `cpu` and `mem_mb` (not named like the agent's workers, whom it would take
     for its own); the container's name."""
     container = f"{prefix}-{name}"
-    remote.ok(shlex.join(["docker", "run", "-d", "--init", "--name", container, "--label",
-                          f"ces.run={prefix}", "--network", _network(facts), "--cpus", f"{cpu:g}",
-                          "--memory", f"{mem_mb}m", tag, *argv]),
-              f"cannot start {container}")
+    remote.ok(
+        shlex.join(
+            [
+                "docker",
+                "run",
+                "-d",
+                "--init",
+                "--name",
+                container,
+                "--label",
+                f"ces.run={prefix}",
+                "--network",
+                _network(facts),
+                "--cpus",
+                f"{cpu:g}",
+                "--memory",
+                f"{mem_mb}m",
+                tag,
+                *argv,
+            ]
+        ),
+        f"cannot start {container}",
+    )
     return container
 
 
@@ -199,8 +281,9 @@ def stop_agent(remote: Remote, prefix: str, node: str) -> None:
 
 def run_containers(remote: Remote, prefix: str) -> list[str]:
     """The names of run `prefix`'s containers on the host."""
-    out = remote.ok(f"docker ps -a --filter name=^{prefix}- --format '{{{{.Names}}}}'",
-                    "cannot list containers")
+    out = remote.ok(
+        f"docker ps -a --filter name=^{prefix}- --format '{{{{.Names}}}}'", "cannot list containers"
+    )
     return [n for n in out.split() if n.startswith(f"{prefix}-")]
 
 
@@ -215,17 +298,18 @@ def cleanup(remote: Remote, prefix: str, timeout_s: float = 30.0) -> list[str]:
         remote.run("docker rm -f " + " ".join(map(shlex.quote, left)), timeout_s=timeout_s)
         left = run_containers(remote, prefix)
         if left and time.monotonic() > deadline:
-            raise HostError(remote.host, f"cannot remove the run's containers "
-                                         f"{', '.join(left)}")
+            raise HostError(remote.host, f"cannot remove the run's containers {', '.join(left)}")
         if left:
             time.sleep(0.5)
     return names
 
 
-def each_host(inv: Inventory, accept_new: bool,
-              fn: Callable[[Remote], object]) -> tuple[dict[str, object], list[HostError]]:
+def each_host(
+    inv: Inventory, accept_new: bool, fn: Callable[[Remote], object]
+) -> tuple[dict[str, object], list[HostError]]:
     """`fn` over an SSH connection to every host, all at once: (results by node, the hosts'
     errors in inventory order)."""
+
     def one(h: Host) -> object:
         with Remote(h, inv.known_hosts, accept_new) as remote:
             return fn(remote)
@@ -242,16 +326,25 @@ def each_host(inv: Inventory, accept_new: bool,
     return results, errors
 
 
-def check_hosts(inv: Inventory, topo: Topology,
-                accept_new: bool) -> tuple[dict[str, Facts], list[HostError]]:
+def check_hosts(
+    inv: Inventory, topo: Topology, accept_new: bool
+) -> tuple[dict[str, Facts], list[HostError]]:
     """`probe` every host: (facts by node, the hosts' errors)."""
     return each_host(inv, accept_new, lambda r: probe(r, topo))  # type: ignore[return-value]
 
 
-def deploy_agents(inv: Inventory, topo: Topology, accept_new: bool,
-                  client: docker.DockerClient, tag: str, prefix: str, master_url: str,
-                  token: str, facts: dict[str, Facts] | None = None,
-                  force_copy: bool = False) -> tuple[dict[str, object], list[HostError]]:
+def deploy_agents(
+    inv: Inventory,
+    topo: Topology,
+    accept_new: bool,
+    client: docker.DockerClient,
+    tag: str,
+    prefix: str,
+    master_url: str,
+    token: str,
+    facts: dict[str, Facts] | None = None,
+    force_copy: bool = False,
+) -> tuple[dict[str, object], list[HostError]]:
     """Check every host (unless its `facts` are given: checked already), then install the image
     and start the agents; on any host's problem, remove what was started everywhere. (agent
     container by node, the hosts' errors)."""

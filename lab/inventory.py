@@ -17,6 +17,7 @@ channel), `port`, `user`, `key_file`, `iface` (the data interface) and `ip` (its
 topology's, which the SDN app's flows match on, unless given — and then it must agree). Every
 compute node of the topology needs a host: the Master schedules on all of them.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -34,8 +35,15 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_AGENT_PORT = 7071
 DEFAULT_MASTER_PORT = 7070
 DEFAULT_OPENFLOW_PORT = 6653
-TOP_FIELDS = ("master", "known_hosts", "agent_port", "master_port", "openflow_port", "defaults",
-              "hosts")
+TOP_FIELDS = (
+    "master",
+    "known_hosts",
+    "agent_port",
+    "master_port",
+    "openflow_port",
+    "defaults",
+    "hosts",
+)
 
 
 class InventoryError(ValueError):
@@ -89,13 +97,18 @@ def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) 
         raise fail("(top)", "expected a mapping with 'master' and 'hosts'")
     unknown = set(doc) - set(TOP_FIELDS)
     if unknown:
-        raise fail(sorted(map(str, unknown))[0], f"unknown field (allowed: "
-                                                 f"{', '.join(TOP_FIELDS)})")
+        raise fail(
+            sorted(map(str, unknown))[0], f"unknown field (allowed: {', '.join(TOP_FIELDS)})"
+        )
     master = _address(doc.get("master"), lambda m: fail("master", m))
-    ports = {key: _port(doc.get(key, default), lambda m, key=key: fail(key, m))
-             for key, default in (("agent_port", DEFAULT_AGENT_PORT),
-                                  ("master_port", DEFAULT_MASTER_PORT),
-                                  ("openflow_port", DEFAULT_OPENFLOW_PORT))}
+    ports = {
+        key: _port(doc.get(key, default), lambda m, key=key: fail(key, m))
+        for key, default in (
+            ("agent_port", DEFAULT_AGENT_PORT),
+            ("master_port", DEFAULT_MASTER_PORT),
+            ("openflow_port", DEFAULT_OPENFLOW_PORT),
+        )
+    }
     known = doc.get("known_hosts", DEFAULT_KNOWN_HOSTS)
     if not isinstance(known, str) or not known:
         raise fail("known_hosts", "expected a file path")
@@ -104,8 +117,10 @@ def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) 
         raise fail("defaults", "expected a mapping of host fields")
     for key in defaults:
         if key not in SHARED_FIELDS:
-            raise fail(f"defaults.{key}", f"not a field every host can share (allowed: "
-                                          f"{', '.join(SHARED_FIELDS)})")
+            raise fail(
+                f"defaults.{key}",
+                f"not a field every host can share (allowed: {', '.join(SHARED_FIELDS)})",
+            )
     entries = doc.get("hosts")
     if not isinstance(entries, list) or not entries:
         raise fail("hosts", "expected a list of hosts")
@@ -124,17 +139,30 @@ def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) 
                 raise fail(f"{where}.{key}", "missing (a non-empty string)")
         node = h["node"]
         if node not in compute:
-            raise fail(f"{where}.node", f"'{node}' is not a compute node of topology "
-                                        f"'{topo.name}' ({', '.join(sorted(compute))})")
+            raise fail(
+                f"{where}.node",
+                f"'{node}' is not a compute node of topology "
+                f"'{topo.name}' ({', '.join(sorted(compute))})",
+            )
         if any(o.node == node for o in hosts):
             raise fail(f"{where}.node", f"'{node}' is given twice")
         ip = h.get("ip", compute[node].ip)
-        _address(ip, lambda m: fail(f"{where}.ip", m))
+        _address(ip, lambda m, where=where: fail(f"{where}.ip", m))
         if ip != compute[node].ip:
-            raise fail(f"{where}.ip", f"{ip} differs from node {node}'s address in the topology "
-                                      f"({compute[node].ip}), which the SDN app's flows match")
-        host = Host(node, h["address"], _port(h["port"], lambda m: fail(f"{where}.port", m)),
-                    h["user"], Path(h["key_file"]).expanduser(), h["iface"], ip)
+            raise fail(
+                f"{where}.ip",
+                f"{ip} differs from node {node}'s address in the topology "
+                f"({compute[node].ip}), which the SDN app's flows match",
+            )
+        host = Host(
+            node,
+            h["address"],
+            _port(h["port"], lambda m, where=where: fail(f"{where}.port", m)),
+            h["user"],
+            Path(h["key_file"]).expanduser(),
+            h["iface"],
+            ip,
+        )
         if any((o.address, o.port) == (host.address, host.port) for o in hosts):
             raise fail(f"{where}.address", f"{host.address}:{host.port} is another host's too")
         if not host.key_file.is_file():
@@ -142,10 +170,18 @@ def parse_inventory(doc: Any, topo: Topology, path: Path = Path("<inventory>")) 
         hosts.append(host)
     missing = sorted(set(compute) - {h.node for h in hosts})
     if missing:
-        raise fail("hosts", f"no host for compute node(s) {', '.join(missing)} of topology "
-                            f"'{topo.name}'")
-    return Inventory(path, master, Path(known).expanduser(), ports["agent_port"],
-                     ports["master_port"], ports["openflow_port"], tuple(hosts))
+        raise fail(
+            "hosts", f"no host for compute node(s) {', '.join(missing)} of topology '{topo.name}'"
+        )
+    return Inventory(
+        path,
+        master,
+        Path(known).expanduser(),
+        ports["agent_port"],
+        ports["master_port"],
+        ports["openflow_port"],
+        tuple(hosts),
+    )
 
 
 def _address(value: Any, fail) -> str:

@@ -4,15 +4,15 @@ An unknown host key is refused unless the caller accepts new keys (then it is sa
 known_hosts file, as OpenSSH's `accept-new`); a changed key is always refused. Every failure is a
 `HostError` whose message names the host and the problem in one line.
 """
+
 from __future__ import annotations
 
 import base64
 import hashlib
 import logging
-import socket
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import paramiko
 
@@ -51,6 +51,7 @@ class _Refuse(paramiko.MissingHostKeyPolicy):
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
     """OpenSSH's accept-new: an unknown key is added to the file (a changed one never reaches a
     policy). Read-merge-write under a lock, since several hosts are connected at once."""
+
     lock = threading.Lock()
 
     def __init__(self, path: Path):
@@ -85,36 +86,50 @@ class Remote:
         if self.known_hosts.exists():
             self.client.get_host_keys().load(str(self.known_hosts))
         self.client.set_missing_host_key_policy(
-            _AcceptNew(self.known_hosts) if self.accept_new else _Refuse())
+            _AcceptNew(self.known_hosts) if self.accept_new else _Refuse()
+        )
         try:
             key = paramiko.PKey.from_path(h.key_file)
         except (OSError, paramiko.SSHException, ValueError) as e:
             raise HostError(h, f"cannot load the key {h.key_file} ({e})") from None
         try:
-            self.client.connect(h.address, h.port, h.user, pkey=key,
-                                timeout=CONNECT_TIMEOUT_S, banner_timeout=CONNECT_TIMEOUT_S,
-                                auth_timeout=CONNECT_TIMEOUT_S, look_for_keys=False,
-                                allow_agent=False)
+            self.client.connect(
+                h.address,
+                h.port,
+                h.user,
+                pkey=key,
+                timeout=CONNECT_TIMEOUT_S,
+                banner_timeout=CONNECT_TIMEOUT_S,
+                auth_timeout=CONNECT_TIMEOUT_S,
+                look_for_keys=False,
+                allow_agent=False,
+            )
         except _UnknownHostKey as e:
-            raise HostError(h, f"unknown host key {fingerprint(e.key)}: not in "
-                               f"{self.known_hosts}; check it with the host's administrator, "
-                               f"then rerun with --accept-new-host-keys") from None
+            raise HostError(
+                h,
+                f"unknown host key {fingerprint(e.key)}: not in "
+                f"{self.known_hosts}; check it with the host's administrator, "
+                f"then rerun with --accept-new-host-keys",
+            ) from None
         except paramiko.BadHostKeyException as e:
-            raise HostError(h, f"host key CHANGED: the host offers {fingerprint(e.key)}, "
-                               f"{self.known_hosts} has {fingerprint(e.expected_key)}; refusing "
-                               f"(if the host was reinstalled: ssh-keygen -R "
-                               f"'[{h.address}]:{h.port}' -f {self.known_hosts})") from None
+            raise HostError(
+                h,
+                f"host key CHANGED: the host offers {fingerprint(e.key)}, "
+                f"{self.known_hosts} has {fingerprint(e.expected_key)}; refusing "
+                f"(if the host was reinstalled: ssh-keygen -R "
+                f"'[{h.address}]:{h.port}' -f {self.known_hosts})",
+            ) from None
         except paramiko.AuthenticationException:
             raise HostError(h, f"the key {h.key_file} is refused for user {h.user}") from None
-        except (paramiko.ssh_exception.NoValidConnectionsError, socket.timeout,
-                TimeoutError, OSError) as e:
+        except (paramiko.ssh_exception.NoValidConnectionsError, TimeoutError, OSError) as e:
             raise HostError(h, f"unreachable over SSH ({e})") from None
         except paramiko.SSHException as e:  # a key file paramiko cannot read, a protocol error
             raise HostError(h, f"SSH failed: {e}") from None
         return self
 
-    def run(self, command: str, timeout_s: float = 60.0,
-            stdin: Iterable[bytes] = ()) -> tuple[int, str, str]:
+    def run(
+        self, command: str, timeout_s: float = 60.0, stdin: Iterable[bytes] = ()
+    ) -> tuple[int, str, str]:
         """(exit status, stdout, stderr) of `command`; `stdin` chunks are streamed to it."""
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
@@ -127,11 +142,15 @@ class Remote:
                 chan.sendall(chunk)
             chan.shutdown_write()
             out, err = chan.makefile("rb").read(), chan.makefile_stderr("rb").read()
-            return chan.recv_exit_status(), out.decode(errors="replace"), \
-                err.decode(errors="replace")
-        except socket.timeout:
-            raise HostError(self.host, f"no answer within {timeout_s:g} s to: "
-                                       f"{command.split()[0]} ...") from None
+            return (
+                chan.recv_exit_status(),
+                out.decode(errors="replace"),
+                err.decode(errors="replace"),
+            )
+        except TimeoutError:
+            raise HostError(
+                self.host, f"no answer within {timeout_s:g} s to: {command.split()[0]} ..."
+            ) from None
         finally:
             chan.close()
 

@@ -15,6 +15,7 @@ Master killed and started again on the same file takes its jobs over. Bad input 
 file, an unknown topology or scheduler, an unusable state file — is one line on stderr and exit
 code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ import threading
 from rich.console import Console
 from rich.table import Table
 
-from protocol.http import ApiError, TokenError, Unreachable, default_token_file, listen_token, \
-    read_token
+from protocol.http import (
+    ApiError,
+    TokenError,
+    Unreachable,
+    default_token_file,
+    listen_token,
+    read_token,
+)
 from scheduler.jobs import JobError
 from sdn_app.client import SdnClient
 from topologies import TopologyError, load_topology
@@ -43,18 +50,25 @@ def _serve(a: argparse.Namespace) -> int:
     topo = load_topology(a.topo)
     token = listen_token(a.host, a.token_file)
     sdn = SdnClient(a.sdn, token=token) if a.sdn else None
-    cfg = MasterConfig(algorithm=a.algorithm, queue=a.queue, seed=a.seed, image=a.image,
-                       heartbeat_timeout_s=a.heartbeat_timeout, max_attempts=a.max_attempts,
-                       adjust=a.adjust, spare=a.spare)
-    master = Master(topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token,
-                    state=a.state or None).start(a.host, a.port)
+    cfg = MasterConfig(
+        algorithm=a.algorithm,
+        queue=a.queue,
+        seed=a.seed,
+        image=a.image,
+        heartbeat_timeout_s=a.heartbeat_timeout,
+        max_attempts=a.max_attempts,
+        adjust=a.adjust,
+        spare=a.spare,
+    )
+    master = Master(
+        topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token, state=a.state or None
+    ).start(a.host, a.port)
     # What was loaded to start (modules, torch, the topology, the policy: ~190k objects) is
     # never garbage. Kept out of the collector, a full collection scans only what came later:
     # measured after start-up, 66 ms → under 0.1 ms of every thread stopped, which heartbeats
     # waiting behind it would feel (experiments/bench_load.py).
     gc.freeze()
-    print(f"master: {topo.name}, scheduler {cfg.algorithm}, listening on {master.url}",
-          flush=True)
+    print(f"master: {topo.name}, scheduler {cfg.algorithm}, listening on {master.url}", flush=True)
     done = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: done.set())
@@ -80,11 +94,13 @@ def _status(a: argparse.Namespace) -> int:
         view = client.job(a.job)
         console.print(f"[bold]{view['name']}[/]: {view['state']} {view['reason']}")
         for att in view["attempts"]:
-            console.print(f"  attempt {att['number']}: {att['placement']} -> "
-                          f"{att['outcome'] or 'running'}")
+            console.print(
+                f"  attempt {att['number']}: {att['placement']} -> {att['outcome'] or 'running'}"
+            )
             for f in att["flows"]:
-                console.print(f"    {f['src']}->{f['dst']} {' '.join(f['path'])} "
-                              f"{f['rate_mbps']:.1f} Mbit/s")
+                console.print(
+                    f"    {f['src']}->{f['dst']} {' '.join(f['path'])} {f['rate_mbps']:.1f} Mbit/s"
+                )
         for ev in view["events"]:
             console.print(f"  {ev['t']:8.1f} s  {ev['event']}")
         if view["result"]:
@@ -93,10 +109,15 @@ def _status(a: argparse.Namespace) -> int:
     table = Table("job", "state", "scheduler", "accuracy", "iter", "jct s", "reason")
     for v in client.jobs():
         p = v["progress"]
-        table.add_row(v["name"], v["state"], v["algorithm"],
-                      "" if p["accuracy"] is None else f"{p['accuracy']:.3f}",
-                      "" if p["iteration"] is None else str(p["iteration"]),
-                      "" if v["jct_s"] is None else f"{v['jct_s']:.1f}", v["reason"])
+        table.add_row(
+            v["name"],
+            v["state"],
+            v["algorithm"],
+            "" if p["accuracy"] is None else f"{p['accuracy']:.3f}",
+            "" if p["iteration"] is None else str(p["iteration"]),
+            "" if v["jct_s"] is None else f"{v['jct_s']:.1f}",
+            v["reason"],
+        )
     console.print(table)
     return 0
 
@@ -108,25 +129,35 @@ def _cancel(a: argparse.Namespace) -> int:
 
 
 def _nodes(a: argparse.Namespace) -> int:
-    table = Table("node", "online", "cpu alloc/cap", "cpu used", "mem MB", "tx Mbit/s",
-                  "rx Mbit/s", "workers")
+    table = Table(
+        "node", "online", "cpu alloc/cap", "cpu used", "mem MB", "tx Mbit/s", "rx Mbit/s", "workers"
+    )
     for n in _client(a).nodes():
         u = n.get("usage", {})
-        table.add_row(n["node"], "cordoned" if n["cordoned"] else str(n["online"]),
-                      f"{n['allocated']['cpu']}/{n['capacity']['cpu']}",
-                      str(u.get("cpu_cores", "")), str(u.get("mem_mb", "")),
-                      str(u.get("tx_mbps", "")), str(u.get("rx_mbps", "")),
-                      " ".join(n.get("workers", [])))
+        table.add_row(
+            n["node"],
+            "cordoned" if n["cordoned"] else str(n["online"]),
+            f"{n['allocated']['cpu']}/{n['capacity']['cpu']}",
+            str(u.get("cpu_cores", "")),
+            str(u.get("mem_mb", "")),
+            str(u.get("tx_mbps", "")),
+            str(u.get("rx_mbps", "")),
+            " ".join(n.get("workers", [])),
+        )
     Console().print(table)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m master",
-                                description="The CES Master (control plane) and its client.")
+    p = argparse.ArgumentParser(
+        prog="python -m master", description="The CES Master (control plane) and its client."
+    )
     secret = argparse.ArgumentParser(add_help=False)
-    secret.add_argument("--token-file", default=default_token_file(),
-                        help="the deployment's shared secret (default $CES_TOKEN_FILE)")
+    secret.add_argument(
+        "--token-file",
+        default=default_token_file(),
+        help="the deployment's shared secret (default $CES_TOKEN_FILE)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the Master", parents=[secret])
     s.add_argument("--topo", default="campus", help="topology name or file")
@@ -134,27 +165,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=7070)
     s.add_argument("--sdn", default="", help="the SDN app's REST URL (none: tc shaping only)")
     s.add_argument("--sdn-job-id", default="ces", help="the SDN job that holds our flows")
-    s.add_argument("--state", default="",
-                   help="SQLite file keeping every job: a Master restarted on it takes its jobs "
-                        "over (default: none, jobs live in memory)")
-    s.add_argument("--algorithm", default=MasterConfig.algorithm,
-                   help="default scheduler (a name of the scheduler registry)")
-    s.add_argument("--queue", default=MasterConfig.queue,
-                   help="queue policy: fifo-backfill, ces-multi, sjf, edf, fifo")
+    s.add_argument(
+        "--state",
+        default="",
+        help="SQLite file keeping every job: a Master restarted on it takes its jobs "
+        "over (default: none, jobs live in memory)",
+    )
+    s.add_argument(
+        "--algorithm",
+        default=MasterConfig.algorithm,
+        help="default scheduler (a name of the scheduler registry)",
+    )
+    s.add_argument(
+        "--queue",
+        default=MasterConfig.queue,
+        help="queue policy: fifo-backfill, ces-multi, sjf, edf, fifo",
+    )
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--image", default="", help="worker image for jobs that name none")
     s.add_argument("--heartbeat-timeout", type=float, default=MasterConfig.heartbeat_timeout_s)
     s.add_argument("--max-attempts", type=int, default=MasterConfig.max_attempts)
-    s.add_argument("--no-adjust", dest="adjust", action="store_false",
-                   help="no runtime adjustment: enforced jobs keep their paths and rates")
-    s.add_argument("--no-spare", dest="spare", action="store_false",
-                   help="rates capped at the grants: the capacity nobody is granted stays idle "
-                        "(default: enforced pairs share it, weighted by their grants)")
+    s.add_argument(
+        "--no-adjust",
+        dest="adjust",
+        action="store_false",
+        help="no runtime adjustment: enforced jobs keep their paths and rates",
+    )
+    s.add_argument(
+        "--no-spare",
+        dest="spare",
+        action="store_false",
+        help="rates capped at the grants: the capacity nobody is granted stays idle "
+        "(default: enforced pairs share it, weighted by their grants)",
+    )
     s.set_defaults(run=_serve)
-    for name, fn, helptext in (("submit", _submit, "submit a job file or folder"),
-                               ("status", _status, "jobs, or one job in detail"),
-                               ("cancel", _cancel, "cancel a job"),
-                               ("nodes", _nodes, "the nodes as the Master sees them")):
+    for name, fn, helptext in (
+        ("submit", _submit, "submit a job file or folder"),
+        ("status", _status, "jobs, or one job in detail"),
+        ("cancel", _cancel, "cancel a job"),
+        ("nodes", _nodes, "the nodes as the Master sees them"),
+    ):
         c = sub.add_parser(name, help=helptext, parents=[secret])
         c.add_argument("--master", default=DEFAULT_URL, help="the Master's URL")
         if name == "submit":

@@ -17,10 +17,12 @@ Handlers validate, read or record under the Master's lock and wake its control l
 talk to an agent or the SDN app. A refused request is a 4xx with {"error": ...} and changes
 nothing.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from protocol.http import ApiError, JsonApp, Request
 from protocol.messages import Heartbeat, Registration, from_json
@@ -47,10 +49,20 @@ class MasterApi:
         app.route("GET", "/scheduler", lambda req: self._scheduler_view())
         app.route("PUT", "/scheduler", self._put_scheduler)
         app.route("POST", "/jobs", self._post_job)
-        app.route("GET", "/jobs", lambda req: self._locked(
-            lambda: [self.job_view(r) for r in self.m.manager.jobs.values()]))
-        app.route("GET", "/jobs/(?P<name>[^/]+)", lambda req, name: self._locked(
-            lambda: self.job_view(self._job(name), records=req.query.get("records") == "1")))
+        app.route(
+            "GET",
+            "/jobs",
+            lambda req: self._locked(
+                lambda: [self.job_view(r) for r in self.m.manager.jobs.values()]
+            ),
+        )
+        app.route(
+            "GET",
+            "/jobs/(?P<name>[^/]+)",
+            lambda req, name: self._locked(
+                lambda: self.job_view(self._job(name), records=req.query.get("records") == "1")
+            ),
+        )
         app.route("DELETE", "/jobs/(?P<name>[^/]+)", self._delete_job)
 
     def _locked(self, fn: Callable[[], Any]) -> Any:
@@ -61,11 +73,15 @@ class MasterApi:
     def _post_agent(self, req: Request) -> dict:
         reg = _msg(Registration, req)
         if not reg.url.startswith(("http://", "https://")):  # the Master will call it
-            raise ApiError(400, f"Registration: field 'url' is {reg.url!r}, expected "
-                                "http://HOST:PORT", "url")
+            raise ApiError(
+                400, f"Registration: field 'url' is {reg.url!r}, expected http://HOST:PORT", "url"
+            )
         if reg.node not in self.m.cluster.compute_nodes():
-            raise ApiError(400, f"node '{reg.node}' is not a compute node of topology "
-                                f"'{self.m.topo.name}'", "node")
+            raise ApiError(
+                400,
+                f"node '{reg.node}' is not a compute node of topology '{self.m.topo.name}'",
+                "node",
+            )
         held = self.m.register(reg)
         return {"expected_workers": list(held), "lines": held}
 
@@ -73,8 +89,12 @@ class MasterApi:
         hb = _msg(Heartbeat, req, node=node)
         for i, line in enumerate(hb.records):  # the Master files each line under its worker
             if not isinstance(line.get("worker", ""), str):
-                raise ApiError(400, f"Heartbeat: records[{i}].worker: expected a worker name "
-                                    f"(a string), got {line['worker']!r}", f"records[{i}].worker")
+                raise ApiError(
+                    400,
+                    f"Heartbeat: records[{i}].worker: expected a worker name "
+                    f"(a string), got {line['worker']!r}",
+                    f"records[{i}].worker",
+                )
         try:
             return {"stop": self.m.heartbeat(hb)}
         except NotRegistered:
@@ -87,30 +107,59 @@ class MasterApi:
             jobs: dict[str, int] = {}
             for rec in self.m.manager.jobs.values():
                 jobs[rec.state.value] = jobs.get(rec.state.value, 0) + 1
-        return {"ok": True, "topology": self.m.topo.name, "scheduler": s.default,
-                "queue": s.queue, "seed": s.seed, "nodes_online": len(self.m.compute.online()),
-                "jobs": jobs}
+        return {
+            "ok": True,
+            "topology": self.m.topo.name,
+            "scheduler": s.default,
+            "queue": s.queue,
+            "seed": s.seed,
+            "nodes_online": len(self.m.compute.online()),
+            "jobs": jobs,
+        }
 
     def job_view(self, rec: JobRecord, records: bool = False) -> dict:
         job = rec.job
         end = rec.finished_at if rec.finished_at is not None else time.time()
         out: dict[str, Any] = {
-            "name": rec.name, "state": rec.state.value, "reason": rec.reason,
-            "algorithm": rec.algorithm, "collective": job.collective,
-            "tasks": [t.name for t in job.tasks], "workload": job.workload,
-            "submitted_at": rec.submitted_at, "finished_at": rec.finished_at,
+            "name": rec.name,
+            "state": rec.state.value,
+            "reason": rec.reason,
+            "algorithm": rec.algorithm,
+            "collective": job.collective,
+            "tasks": [t.name for t in job.tasks],
+            "workload": job.workload,
+            "submitted_at": rec.submitted_at,
+            "finished_at": rec.finished_at,
             "jct_s": round(end - rec.submitted_at, 3) if rec.state in TERMINAL else None,
             "progress": rec.progress(),
             "events": [{"t": round(t - rec.submitted_at, 3), "event": e} for t, e in rec.events],
-            "attempts": [], "result": _result(rec)}
+            "attempts": [],
+            "result": _result(rec),
+        }
         for a in rec.attempts:
-            out["attempts"].append({
-                "number": a.number, "placement": dict(a.decision.placement),
-                "workers": dict(a.workers), "master_port": a.master_port, "outcome": a.outcome,
-                "started_at": a.started_at, "ended_at": a.ended_at, **a.info,
-                "flows": [{"src": f.src, "dst": f.dst, "src_node": f.path[0],
-                           "dst_node": f.path[-1], "path": list(f.path),
-                           "rate_mbps": f.rate_mbps} for f in a.decision.flows]})
+            out["attempts"].append(
+                {
+                    "number": a.number,
+                    "placement": dict(a.decision.placement),
+                    "workers": dict(a.workers),
+                    "master_port": a.master_port,
+                    "outcome": a.outcome,
+                    "started_at": a.started_at,
+                    "ended_at": a.ended_at,
+                    **a.info,
+                    "flows": [
+                        {
+                            "src": f.src,
+                            "dst": f.dst,
+                            "src_node": f.path[0],
+                            "dst_node": f.path[-1],
+                            "path": list(f.path),
+                            "rate_mbps": f.rate_mbps,
+                        }
+                        for f in a.decision.flows
+                    ],
+                }
+            )
         if records:
             out["records"] = {w: list(lines) for w, lines in rec.records.items()}
         return out
@@ -121,9 +170,15 @@ class MasterApi:
             out = []
             for n in m.cluster.compute_nodes():
                 cap, used = m.cluster.capacity(n), m.cluster.used[n]
-                out.append({"node": n, "capacity": {"cpu": cap.cpu, "mem_mb": cap.mem_mb},
-                            "allocated": {"cpu": round(used.cpu, 3), "mem_mb": used.mem_mb},
-                            "cordoned": n in m.cordoned, **m.compute.node_view(n)})
+                out.append(
+                    {
+                        "node": n,
+                        "capacity": {"cpu": cap.cpu, "mem_mb": cap.mem_mb},
+                        "allocated": {"cpu": round(used.cpu, 3), "mem_mb": used.mem_mb},
+                        "cordoned": n in m.cordoned,
+                        **m.compute.node_view(n),
+                    }
+                )
             return out
 
     def _scheduler_view(self) -> dict:
@@ -157,22 +212,28 @@ class MasterApi:
             raise ApiError(404, f"no link between '{u}' and '{v}'")
         bw = body.get("bw_mbps") if isinstance(body, dict) else None
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < 1e7:
-            raise ApiError(400, f"expected {{\"bw_mbps\": a number > 0}}, got {body!r}",
-                           "bw_mbps")
+            raise ApiError(400, f'expected {{"bw_mbps": a number > 0}}, got {body!r}', "bw_mbps")
         self.m.set_link_capacity(u, v, float(bw))
         return {"src": u, "dst": v, "bw_mbps": float(bw)}
 
     def _put_scheduler(self, req: Request) -> dict:
         body = req.json()
         _no_unknown(body, {"algorithm", "seed", "queue"})
-        if not isinstance(body, dict) or not isinstance(body.get("algorithm"), str) \
-                or not isinstance(body.get("seed", 0), int) or body.get("seed", 0) < 0 \
-                or not isinstance(body.get("queue", ""), str):
-            raise ApiError(400, 'expected {"algorithm": name, "seed": integer >= 0, '
-                                '"queue": policy (optional)}')
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("algorithm"), str)
+            or not isinstance(body.get("seed", 0), int)
+            or body.get("seed", 0) < 0
+            or not isinstance(body.get("queue", ""), str)
+        ):
+            raise ApiError(
+                400,
+                'expected {"algorithm": name, "seed": integer >= 0, "queue": policy (optional)}',
+            )
         try:  # not under the Master's lock: the scheduler's process may be in a round
-            self.m.scheduler.configure(body["algorithm"], body.get("seed", 0),
-                                       body.get("queue") or "fifo-backfill")
+            self.m.scheduler.configure(
+                body["algorithm"], body.get("seed", 0), body.get("queue") or "fifo-backfill"
+            )
         except UnknownAlgorithm as e:
             raise ApiError(400, str(e), e.field) from None
         self.m.keep_settings()
@@ -195,12 +256,17 @@ class MasterApi:
             raise ApiError(400, str(e), e.field) from None
         with m.lock:
             for t in job.tasks:  # waiting would never end: no node, online or not, holds it
-                if not any(t.demand.fits_in(m.cluster.capacity(n))
-                           for n in m.cluster.compute_nodes()):
+                if not any(
+                    t.demand.fits_in(m.cluster.capacity(n)) for n in m.cluster.compute_nodes()
+                ):
                     d = t.demand
-                    raise ApiError(422, f"job '{job.name}': task {t.name} (cpu {d.cpu:g}, "
-                                        f"mem {d.mem_mb:g} MB, gpu {d.gpu:g}) fits on no node of "
-                                        f"topology '{m.topo.name}'", "task")
+                    raise ApiError(
+                        422,
+                        f"job '{job.name}': task {t.name} (cpu {d.cpu:g}, "
+                        f"mem {d.mem_mb:g} MB, gpu {d.gpu:g}) fits on no node of "
+                        f"topology '{m.topo.name}'",
+                        "task",
+                    )
             try:
                 rec = m.manager.submit(job, algorithm, body["job"], source)
                 m.scheduler.submitted(job, rec.submitted_at)
@@ -223,16 +289,32 @@ class MasterApi:
 def _result(rec: JobRecord) -> dict | None:
     """Rank 0's end-of-training line of the last attempt (the workload's own figures)."""
     end = rec.last_of("end", rec.job.tasks[0].name)
-    return {k: end.get(k) for k in ("reached_target", "tta_s", "tta_iter", "stop_reason",
-                                    "iters", "train_s", "startup_s", "jct_s")} if end else None
+    return (
+        {
+            k: end.get(k)
+            for k in (
+                "reached_target",
+                "tta_s",
+                "tta_iter",
+                "stop_reason",
+                "iters",
+                "train_s",
+                "startup_s",
+                "jct_s",
+            )
+        }
+        if end
+        else None
+    )
 
 
 def _no_unknown(body: Any, allowed: set[str]) -> None:
     """A 400 naming a field the handler does not read: a typo ("algoritm") is not ignored."""
     unknown = sorted(set(body) - allowed) if isinstance(body, dict) else []
     if unknown:
-        raise ApiError(400, f"unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})",
-                       unknown[0])
+        raise ApiError(
+            400, f"unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})", unknown[0]
+        )
 
 
 def _msg(cls: type, req: Request, **must: str):
@@ -243,6 +325,7 @@ def _msg(cls: type, req: Request, **must: str):
         raise ApiError(400, str(e)) from None
     for k, v in must.items():
         if getattr(msg, k) != v:
-            raise ApiError(400, f"{cls.__name__}: field '{k}' is '{getattr(msg, k)}', the URL "
-                                f"says '{v}'", k)
+            raise ApiError(
+                400, f"{cls.__name__}: field '{k}' is '{getattr(msg, k)}', the URL says '{v}'", k
+            )
     return msg

@@ -1,4 +1,5 @@
 """A typed client of the Master's API (used by the CLI and experiments/run.py)."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,7 @@ DEFAULT_URL = os.environ.get("CES_MASTER", "http://127.0.0.1:7070")
 
 
 class MasterClient:
-    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 30.0,
-                 token: str | None = None):
+    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 30.0, token: str | None = None):
         self.url, self.timeout_s, self.token = url.rstrip("/"), timeout_s, token
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
@@ -34,9 +34,11 @@ class MasterClient:
             except (ConnectionError, OSError):
                 h = None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the Master at {self.url} has "
-                                   f"{h['nodes_online'] if h else 'no answer and no'} online "
-                                   f"agents after {timeout_s:.0f} s (wanted {nodes})")
+                raise TimeoutError(
+                    f"the Master at {self.url} has "
+                    f"{h['nodes_online'] if h else 'no answer and no'} online "
+                    f"agents after {timeout_s:.0f} s (wanted {nodes})"
+                )
             time.sleep(0.2)
 
     def submit(self, job: dict, algorithm: str | None = None, source: str = "") -> dict:
@@ -71,5 +73,6 @@ class MasterClient:
         return self._call("PUT", f"/links/{u}/{v}", {"bw_mbps": bw_mbps})
 
     def set_scheduler(self, algorithm: str, seed: int = 0, queue: str = "fifo-backfill") -> dict:
-        return self._call("PUT", "/scheduler", {"algorithm": algorithm, "seed": seed,
-                                               "queue": queue})
+        return self._call(
+            "PUT", "/scheduler", {"algorithm": algorithm, "seed": seed, "queue": queue}
+        )

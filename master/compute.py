@@ -5,17 +5,26 @@ that end, and starts/stops workers through each agent's command channel. A worke
 stopped now (its agent does not answer) is stopped when the agent answers again: every heartbeat
 reply names the agent's workers the Master no longer wants.
 """
+
 from __future__ import annotations
 
 import math
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from protocol.http import ApiError, Unreachable, call
-from protocol.messages import Heartbeat, Registration, ShapingRule, Usage, WorkerSpec, \
-    WorkerState, from_json, to_json
+from protocol.messages import (
+    Heartbeat,
+    Registration,
+    ShapingRule,
+    Usage,
+    WorkerSpec,
+    WorkerState,
+    from_json,
+    to_json,
+)
 from protocol.worker import METRICS_OUT, option_flags
 from scheduler.jobs import WORKLOAD_COLLECTIVE
 from scheduler.model import Job
@@ -37,8 +46,9 @@ class AgentClient:
 
     def _call(self, method: str, path: str, body: object = None, timeout_s: float | None = None):
         try:
-            return call(method, self.url + path, body, timeout=timeout_s or self.timeout_s,
-                        token=self.token)
+            return call(
+                method, self.url + path, body, timeout=timeout_s or self.timeout_s, token=self.token
+            )
         except (ApiError, Unreachable) as e:
             raise AgentError(f"agent {self.url}: {e}") from None
 
@@ -63,8 +73,13 @@ class Agent:
 
 
 class ComputeController:
-    def __init__(self, heartbeat_timeout_s: float = 6.0, missing_grace_s: float = 5.0,
-                 clock: Callable[[], float] = time.time, token: str | None = None):
+    def __init__(
+        self,
+        heartbeat_timeout_s: float = 6.0,
+        missing_grace_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        token: str | None = None,
+    ):
         self._token = token  # the agents' command channels require it
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.missing_grace_s = missing_grace_s  # a just-started worker may miss one heartbeat
@@ -91,21 +106,32 @@ class ComputeController:
         agent.usage = hb.usage
         before = agent.workers
         agent.workers = {w.name: w for w in hb.workers}
-        ended = [w for w in hb.workers if w.name in expected and w.state != "running"
-                 and (before.get(w.name) is None or before[w.name].state == "running")]
+        ended = [
+            w
+            for w in hb.workers
+            if w.name in expected
+            and w.state != "running"
+            and (before.get(w.name) is None or before[w.name].state == "running")
+        ]
         now = self.clock()
         for name in sorted(expected - set(agent.workers)):
             if now - self.started.get(name, now) > self.missing_grace_s:
-                ended.append(WorkerState(name, "", "", "missing", None,
-                                         f"the agent on {hb.node} no longer runs it"))
+                ended.append(
+                    WorkerState(
+                        name, "", "", "missing", None, f"the agent on {hb.node} no longer runs it"
+                    )
+                )
                 self.started.pop(name, None)
         return came_back, ended
 
     def stale(self) -> list[tuple[str, float]]:
         """Online nodes whose last heartbeat is older than the timeout: (node, seconds silent)."""
         now = self.clock()
-        return [(n, now - a.last_seen) for n, a in sorted(self.agents.items())
-                if a.online and now - a.last_seen > self.heartbeat_timeout_s]
+        return [
+            (n, now - a.last_seen)
+            for n, a in sorted(self.agents.items())
+            if a.online and now - a.last_seen > self.heartbeat_timeout_s
+        ]
 
     def mark_offline(self, node: str) -> None:
         self.agents[node].online = False
@@ -142,13 +168,20 @@ class ComputeController:
         a = self.agents.get(node)
         if a is None:
             return {"registered": False, "online": False}
-        return {"registered": True, "online": a.online, "url": a.reg.url, "ip": a.reg.ip,
-                "last_seen_s": round(self.clock() - a.last_seen, 2), "usage": to_json(a.usage),
-                "workers": sorted(a.workers)}
+        return {
+            "registered": True,
+            "online": a.online,
+            "url": a.reg.url,
+            "ip": a.reg.ip,
+            "last_seen_s": round(self.clock() - a.last_seen, 2),
+            "usage": to_json(a.usage),
+            "workers": sorted(a.workers),
+        }
 
 
-def worker_command(job: Job, rank: int, master_addr: str, master_port: int, iface: str,
-                   seed: int) -> list[str]:
+def worker_command(
+    job: Job, rank: int, master_addr: str, master_port: int, iface: str, seed: int
+) -> list[str]:
     """The command of one task's worker.
 
     A job's `command` with placeholders ({rank} {world_size} {master_addr} {master_port} {iface}
@@ -158,17 +191,28 @@ def worker_command(job: Job, rank: int, master_addr: str, master_port: int, ifac
     list as several values), completed from the job's `target_accuracy`, `iterations` and
     collective.
     """
-    fill = dict(rank=rank, world_size=len(job.tasks), master_addr=master_addr,
-                master_port=master_port, iface=iface, seed=seed, out=METRICS_OUT)
+    fill = dict(
+        rank=rank,
+        world_size=len(job.tasks),
+        master_addr=master_addr,
+        master_port=master_port,
+        iface=iface,
+        seed=seed,
+        out=METRICS_OUT,
+    )
     if "{" in job.command:
         try:
             return shlex.split(job.command.format(**fill))
         except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(f"job '{job.name}': field 'command': bad template ({e}); "
-                             f"placeholders: {', '.join('{' + k + '}' for k in fill)}") from None
+            raise ValueError(
+                f"job '{job.name}': field 'command': bad template ({e}); "
+                f"placeholders: {', '.join('{' + k + '}' for k in fill)}"
+            ) from None
     if job.collective not in WORKLOAD_COLLECTIVE:
-        raise ValueError(f"job '{job.name}': the built-in workload runs ring and star jobs only; "
-                         f"a {job.collective} job needs a `command`")
+        raise ValueError(
+            f"job '{job.name}': the built-in workload runs ring and star jobs only; "
+            f"a {job.collective} job needs a `command`"
+        )
     options = {"collective": WORKLOAD_COLLECTIVE[job.collective]}
     if job.target_accuracy is not None:
         options["target_acc"] = job.target_accuracy
@@ -176,17 +220,29 @@ def worker_command(job: Job, rank: int, master_addr: str, master_port: int, ifac
         options["max_iters"] = job.iterations
     options.update(job.workload)
     program = shlex.split(job.command) if job.command else ["python3", "-m", "workloads.train"]
-    return [*program, *option_flags(
-        {"rank": rank, "world_size": len(job.tasks), "master_addr": master_addr,
-         "master_port": master_port, "iface": iface, "seed": seed, "out": METRICS_OUT}),
-        *option_flags(options)]
+    return [
+        *program,
+        *option_flags(
+            {
+                "rank": rank,
+                "world_size": len(job.tasks),
+                "master_addr": master_addr,
+                "master_port": master_port,
+                "iface": iface,
+                "seed": seed,
+                "out": METRICS_OUT,
+            }
+        ),
+        *option_flags(options),
+    ]
 
 
 def worker_image(job_image: str, default: str) -> str:
     """The image a job's workers run: the Master's worker image when the job names none or names
     its repository without a tag (job files say `ces-worker`; the built tag is a content hash),
     else exactly what the job names."""
-    if not job_image or (":" not in job_image.rsplit("/", 1)[-1]
-                         and default.rsplit(":", 1)[0] == job_image):
+    if not job_image or (
+        ":" not in job_image.rsplit("/", 1)[-1] and default.rsplit(":", 1)[0] == job_image
+    ):
         return default
     return job_image

@@ -10,14 +10,15 @@ dies or a node that stops heartbeating ends the attempt; the job is queued again
 remain and the failure is retryable (bad parameters, exit code 2, are not), else it fails with the
 reason. Pure bookkeeping: the Master does the talking to agents and the SDN app.
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Callable
+from enum import StrEnum
 
 from scheduler.model import Decision, Job
 
@@ -26,7 +27,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")  # fullmatch; a contain
 EXIT_BAD_PARAMETERS = 2  # workloads.train's exit code for a job that can never run
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     QUEUED = "queued"
     SCHEDULED = "scheduled"
     RUNNING = "running"
@@ -101,9 +102,11 @@ class JobRecord:
         """What the live display shows: rank 0's latest evaluation and iteration."""
         first = self.job.tasks[0].name
         ev, it = self.last_of("eval", first), self.last_of("iter", first)
-        return {"accuracy": ev["accuracy"] if ev else None,
-                "elapsed_s": ev["elapsed_s"] if ev else None,
-                "iteration": it["iter"] if it else None}
+        return {
+            "accuracy": ev["accuracy"] if ev else None,
+            "elapsed_s": ev["elapsed_s"] if ev else None,
+            "iteration": it["iter"] if it else None,
+        }
 
 
 class Manager:
@@ -123,8 +126,9 @@ class Manager:
         return self.jobs[name]
 
     def queued(self) -> list[JobRecord]:
-        return sorted((r for r in self.jobs.values() if r.state == Phase.QUEUED),
-                      key=lambda r: r.submitted_at)
+        return sorted(
+            (r for r in self.jobs.values() if r.state == Phase.QUEUED), key=lambda r: r.submitted_at
+        )
 
     def active(self) -> list[JobRecord]:
         return [r for r in self.jobs.values() if r.state in ACTIVE]
@@ -160,15 +164,22 @@ class Manager:
         self._owners = None
 
     # --- transitions ---------------------------------------------------------------------------
-    def submit(self, job: Job, algorithm: str, document: dict | None = None,
-               source: str = "") -> JobRecord:
+    def submit(
+        self, job: Job, algorithm: str, document: dict | None = None, source: str = ""
+    ) -> JobRecord:
         if not NAME_RE.fullmatch(job.name):
-            raise ManagerError(400, f"job name '{job.name}': expected letters, digits, '_', '.', "
-                                    "'-' (at most 40, starting with a letter or digit)")
+            raise ManagerError(
+                400,
+                f"job name '{job.name}': expected letters, digits, '_', '.', "
+                "'-' (at most 40, starting with a letter or digit)",
+            )
         for t in job.tasks:
             if not NAME_RE.fullmatch(t.name):
-                raise ManagerError(400, f"job '{job.name}': task name '{t.name}': expected "
-                                        "letters, digits, '_', '.', '-'")
+                raise ManagerError(
+                    400,
+                    f"job '{job.name}': task name '{t.name}': expected "
+                    "letters, digits, '_', '.', '-'",
+                )
         old = self.jobs.get(job.name)
         if old is not None and old.state not in TERMINAL:
             raise ManagerError(409, f"job '{job.name}' already exists and is {old.state.value}")
@@ -183,8 +194,9 @@ class Manager:
             rec.reason = reason
             rec.log(self.clock(), f"waiting: {reason}")
 
-    def start_attempt(self, rec: JobRecord, decision: Decision, workers: dict[str, str],
-                      master_port: int) -> Attempt:
+    def start_attempt(
+        self, rec: JobRecord, decision: Decision, workers: dict[str, str], master_port: int
+    ) -> Attempt:
         now = self.clock()
         attempt = Attempt(len(rec.attempts) + 1, decision, workers, master_port, now)
         rec.attempts.append(attempt)
@@ -219,8 +231,11 @@ class Manager:
             self._enter(rec, Phase.FAILED)
             rec.finished_at = now
             left = "" if retryable else " (not retryable)"
-            rec.reason = f"{reason}{left}" if len(rec.attempts) == 1 or not retryable else \
-                f"{reason} (after {len(rec.attempts)} attempts)"
+            rec.reason = (
+                f"{reason}{left}"
+                if len(rec.attempts) == 1 or not retryable
+                else f"{reason} (after {len(rec.attempts)} attempts)"
+            )
             rec.log(now, f"failed: {rec.reason}")
         return rec.state
 

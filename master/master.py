@@ -29,6 +29,7 @@ app adds the new entries before it removes the old ones. Work-conserving rates
 change and when unscheduled traffic moves the shares (`NetworkController`); each attempt's info
 notes its flows' installed rates as they change (`installed`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -59,7 +60,7 @@ from .store import Changes, StateError, Store, take_changes, take_lines
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MasterConfig:
     algorithm: str = "network-aware"  # the default single-job scheduler
     queue: str = "fifo-backfill"  # the queue policy (scheduler.multi)
@@ -75,9 +76,15 @@ class MasterConfig:
 
 
 class Master:
-    def __init__(self, topo: Topology, config: MasterConfig = MasterConfig(),
-                 sdn: SdnApi | None = None, sdn_job_id: str = "ces", token: str | None = None,
-                 state: str | None = None):
+    def __init__(
+        self,
+        topo: Topology,
+        config: MasterConfig = MasterConfig(),
+        sdn: SdnApi | None = None,
+        sdn_job_id: str = "ces",
+        token: str | None = None,
+        state: str | None = None,
+    ):
         """`token`: the deployment's shared secret, required of the API's callers and sent to
         the agents (kept out of `config`, which results record). `state`: a file (SQLite) that
         keeps every job; a Master started on an existing one takes its jobs over."""
@@ -86,8 +93,9 @@ class Master:
         self.cluster = Cluster.from_topology(topo)
         self.manager = Manager(config.max_attempts)
         self.compute = ComputeController(config.heartbeat_timeout_s, token=token)
-        self.network = NetworkController(topo, self.cluster, self.compute, sdn, sdn_job_id,
-                                         spare=config.spare)
+        self.network = NetworkController(
+            topo, self.cluster, self.compute, sdn, sdn_job_id, spare=config.spare
+        )
         self.scheduler = SchedulerProcess(config.algorithm, config.seed, config.queue)
         self.cordoned: set[str] = set()
         self.capacities: dict[tuple[str, str], float] = {}  # links whose capacity was set
@@ -129,10 +137,13 @@ class Master:
                 try:
                     self.scheduler.configure(sch["algorithm"], sch["seed"], sch["queue"])
                 except UnknownAlgorithm as e:  # e.g. its checkpoint is gone: say so, keep ours
-                    log.warning("state %s: the stored scheduler cannot be used (%s); using %s",
-                                self.store.path, e, self.scheduler.default)
-            self.cordoned = set(settings.get("cordoned", [])) & \
-                set(self.cluster.compute_nodes())
+                    log.warning(
+                        "state %s: the stored scheduler cannot be used (%s); using %s",
+                        self.store.path,
+                        e,
+                        self.scheduler.default,
+                    )
+            self.cordoned = set(settings.get("cordoned", [])) & set(self.cluster.compute_nodes())
             for u, v, bw in settings.get("capacities", []):
                 if self.cluster.graph.has_edge(u, v):
                     self.capacities[(u, v)] = float(bw)
@@ -142,7 +153,7 @@ class Master:
         for rec in self.store.load():
             self.manager.adopt(rec)
             for attempt in rec.attempts:
-                self.worker_job.update({w: rec.name for w in attempt.workers.values()})
+                self.worker_job.update(dict.fromkeys(attempt.workers.values(), rec.name))
                 last_port = max(last_port, attempt.master_port)
             if rec.state in TERMINAL:
                 continue
@@ -157,8 +168,12 @@ class Master:
                 self._adopting = now
             rec.log(now, "taken over by a restarted Master")
         self._ports = itertools.count(last_port + 1)
-        log.info("state %s: %d jobs (%d active)", self.store.path, len(self.manager.jobs),
-                 len(self.manager.active()))
+        log.info(
+            "state %s: %d jobs (%d active)",
+            self.store.path,
+            len(self.manager.jobs),
+            len(self.manager.active()),
+        )
 
     def persist(self) -> None:
         """Write the job records that changed and the metric lines that arrived (no-op without a
@@ -194,8 +209,11 @@ class Master:
             nonlocal taken
             with self.lock:
                 taken = self._lines_seen
-                return take_changes(self.manager.jobs.values(), self._unsaved_lines) if docs \
+                return (
+                    take_changes(self.manager.jobs.values(), self._unsaved_lines)
+                    if docs
                     else take_lines(self._unsaved_lines)
+                )
 
         self.store.write(take)
         with self._lines_written:
@@ -206,13 +224,21 @@ class Master:
         """Write what an operator set through the API — the scheduler, the cordoned nodes, link
         capacities — before the API answers (no-op without a state file): a restarted Master
         schedules as it was told to."""
+
         def take() -> Changes:
             with self.lock:
                 s = self.scheduler
-                return Changes([], [], {
-                    "scheduler": {"algorithm": s.default, "seed": s.seed, "queue": s.queue},
-                    "cordoned": sorted(self.cordoned),
-                    "capacities": [[u, v, bw] for (u, v), bw in sorted(self.capacities.items())]})
+                return Changes(
+                    [],
+                    [],
+                    {
+                        "scheduler": {"algorithm": s.default, "seed": s.seed, "queue": s.queue},
+                        "cordoned": sorted(self.cordoned),
+                        "capacities": [
+                            [u, v, bw] for (u, v), bw in sorted(self.capacities.items())
+                        ],
+                    },
+                )
 
         if self.store is not None:
             self.store.write(take)
@@ -303,8 +329,9 @@ class Master:
                 self.cluster.offline.add(node)
             now = time.time()
             if self._adopting is not None and now - self._adopting > self.cfg.heartbeat_timeout_s:
-                placed = {n for r in self.manager.active()
-                          for n in r.current.decision.placement.values()}
+                placed = {
+                    n for r in self.manager.active() for n in r.current.decision.placement.values()
+                }
                 for node in sorted(placed - set(self.compute.agents)):  # never came back
                     self.cluster.offline.add(node)
                     stale.append((node, now - self._adopting))
@@ -314,8 +341,11 @@ class Master:
             with self.lock:
                 affected = self.manager.on_node(node)
             for rec in affected:
-                self._fail_attempt(rec, f"node {node} stopped heartbeating "
-                                        f"(silent for {silent:.1f} s)", retryable=True)
+                self._fail_attempt(
+                    rec,
+                    f"node {node} stopped heartbeating (silent for {silent:.1f} s)",
+                    retryable=True,
+                )
             self._dirty = True
 
     def _poll_links(self) -> None:
@@ -385,19 +415,29 @@ class Master:
             recs = {r.name: r for r in queued if r.algorithm == algorithm}
             with self.lock:
                 view = self.network.view(self.unschedulable())
-                running = [(r.job, r.current.decision,
-                            expected_end(r.current.started_at, r.job,
-                                         r.current.info.get("predicted_iteration_s", math.inf)))
-                           for r in self.manager.active()]
+                running = [
+                    (
+                        r.job,
+                        r.current.decision,
+                        expected_end(
+                            r.current.started_at,
+                            r.job,
+                            r.current.info.get("predicted_iteration_s", math.inf),
+                        ),
+                    )
+                    for r in self.manager.active()
+                ]
             try:
-                placed, reasons = self.scheduler.round(view, algorithm, list(recs), running,
-                                                       time.time())
+                placed, reasons = self.scheduler.round(
+                    view, algorithm, list(recs), running, time.time()
+                )
             except Exception as e:  # the algorithm itself broke: say so, do not retry forever
                 log.exception("scheduler %s failed", algorithm)
                 with self.lock:
                     for rec in recs.values():
-                        self.manager.reject(rec, f"scheduler {algorithm} failed: "
-                                                 f"{type(e).__name__}: {e}")
+                        self.manager.reject(
+                            rec, f"scheduler {algorithm} failed: {type(e).__name__}: {e}"
+                        )
                         self.scheduler.finished(rec.name)
                 continue
             self._launch([(recs[p.job], p.decision) for p in placed])
@@ -424,8 +464,9 @@ class Master:
             if rec.name in refused:
                 with self.lock:
                     self._release(rec.name)
-                    self.manager.end_attempt(rec, f"the network refused the flows: "
-                                                  f"{refused[rec.name]}", retryable=False)
+                    self.manager.end_attempt(
+                        rec, f"the network refused the flows: {refused[rec.name]}", retryable=False
+                    )
                     self.scheduler.finished(rec.name)
                 self._network_changed = True
             else:
@@ -448,11 +489,14 @@ class Master:
             names = {t.name: f"{job.name}-{t.name}-a{len(rec.attempts) + 1}" for t in job.tasks}
             port = next(self._ports)
             attempt = self.manager.start_attempt(rec, decision, names, port)
-            attempt.info.update(predicted_iteration_s=predicted_iteration_s(view, job, decision),
-                                decision_s=decision.decision_s, network=decision.network,
-                                adjustable=enforced and compose.adjustable(rec.algorithm),
-                                adjustments=[])
-            self.worker_job.update({n: job.name for n in names.values()})
+            attempt.info.update(
+                predicted_iteration_s=predicted_iteration_s(view, job, decision),
+                decision_s=decision.decision_s,
+                network=decision.network,
+                adjustable=enforced and compose.adjustable(rec.algorithm),
+                adjustments=[],
+            )
+            self.worker_job.update(dict.fromkeys(names.values(), job.name))
             self.cluster.allocate(job, decision)
             if enforced:
                 self.network.add(job, decision)
@@ -481,26 +525,36 @@ class Master:
         job = rec.job
         with self.lock:
             attempt = rec.current
-            agents = {t.name: self.compute.agents[attempt.decision.placement[t.name]].reg
-                      for t in job.tasks}
+            agents = {
+                t.name: self.compute.agents[attempt.decision.placement[t.name]].reg
+                for t in job.tasks
+            }
         names, port = attempt.workers, attempt.master_port
         rank0 = agents[job.tasks[0].name]
         for rank, task in enumerate(job.tasks):
             agent = agents[task.name]
             try:
-                command = worker_command(job, rank, rank0.ip, port, agent.iface,
-                                         self.scheduler.seed)
+                command = worker_command(
+                    job, rank, rank0.ip, port, agent.iface, self.scheduler.seed
+                )
             except ValueError as e:
                 self._fail_attempt(rec, str(e), retryable=False)
                 return
-            spec = WorkerSpec(names[task.name], job.name, task.name,
-                              worker_image(job.image, self.cfg.image), command, task.demand.cpu,
-                              task.demand.mem_mb)
+            spec = WorkerSpec(
+                names[task.name],
+                job.name,
+                task.name,
+                worker_image(job.image, self.cfg.image),
+                command,
+                task.demand.cpu,
+                task.demand.mem_mb,
+            )
             try:
                 self.compute.start_worker(agent.node, spec)
             except AgentError as e:
-                self._fail_attempt(rec, f"could not start {task.name} on {agent.node}: {e}",
-                                   retryable=True)
+                self._fail_attempt(
+                    rec, f"could not start {task.name} on {agent.node}: {e}", retryable=True
+                )
                 return
         with self.lock:
             self.manager.mark_running(rec)
@@ -524,12 +578,18 @@ class Master:
                 self.cluster.allocate(rec.job, decision)
                 self.network.add(rec.job, decision)
                 rec.current.decision = decision
-                where = ", ".join(f"{f.src}->{f.dst} {'-'.join(f.path[1:-1])} "
-                                  f"{f.rate_mbps:.1f}" for f in decision.flows)
+                where = ", ".join(
+                    f"{f.src}->{f.dst} {'-'.join(f.path[1:-1])} {f.rate_mbps:.1f}"
+                    for f in decision.flows
+                )
                 rec.current.info["adjustments"].append(
-                    {"at": now, "links": sorted(f"{u}>{v}" for u, v in hot), "flows": where})
-                rec.log(now, f"re-routed ({', '.join(sorted(f'{u}>{v}' for u, v in hot))} "
-                             f"contended): {where}")
+                    {"at": now, "links": sorted(f"{u}>{v}" for u, v in hot), "flows": where}
+                )
+                rec.log(
+                    now,
+                    f"re-routed ({', '.join(sorted(f'{u}>{v}' for u, v in hot))} "
+                    f"contended): {where}",
+                )
             state = self._desired()
         self._push_quietly(state)
 
@@ -542,25 +602,35 @@ class Master:
         Only jobs whose paths change or whose grants must shrink by more than 5 %: a grant is
         never raised here (the spare already gives a job what is free), or the counters, read
         at slightly different moments, would swing it up and down at every poll."""
+
         def uses(rec: JobRecord, links: set) -> bool:
-            return any(lk in links for f in rec.current.decision.flows
-                       for lk in f.directed_links())
+            return any(lk in links for f in rec.current.decision.flows for lk in f.directed_links())
 
         adjustable = [r for r in self.manager.active() if r.current.info.get("adjustable")]
         affected = {r.name for r in adjustable if uses(r, hot)}
         grew = True
         while grew:  # the closure over shared node pairs
-            pairs = {(f.path[0], f.path[-1]) for r in adjustable if r.name in affected
-                     for f in r.current.decision.flows}
-            more = {r.name for r in adjustable
-                    if any((f.path[0], f.path[-1]) in pairs for f in r.current.decision.flows)}
+            pairs = {
+                (f.path[0], f.path[-1])
+                for r in adjustable
+                if r.name in affected
+                for f in r.current.decision.flows
+            }
+            more = {
+                r.name
+                for r in adjustable
+                if any((f.path[0], f.path[-1]) in pairs for f in r.current.decision.flows)
+            }
             grew = not more <= affected
             affected |= more
         view = self.network.view(self.unschedulable())
         for name in affected:
             view.release(name)
-        fixed = {pair: p.path for pair, p in self.network.pairs.items()
-                 if not {job for job, _, _ in p.shares} & affected}
+        fixed = {
+            pair: p.path
+            for pair, p in self.network.pairs.items()
+            if not {job for job, _, _ in p.shares} & affected
+        }
         moved = []
         for rec in sorted((r for r in adjustable if r.name in affected), key=lambda r: r.name):
             old = rec.current.decision
@@ -569,8 +639,9 @@ class Master:
                 avoid.reserved[link] = avoid.reserved.get(link, 0.0) + avoid.residual(*link)
                 # staying on a hot link leaves TCP's competition the headroom contended() wants
                 headroom = (1 - self.network.HEADROOM) * share.link_capacity(*link)
-                share.reserved[link] = share.reserved.get(link, 0.0) + min(headroom,
-                                                                           share.residual(*link))
+                share.reserved[link] = share.reserved.get(link, 0.0) + min(
+                    headroom, share.residual(*link)
+                )
             options = []
             for cluster in (avoid, share):
                 try:
@@ -590,8 +661,11 @@ class Master:
             for f in new.flows:
                 fixed.setdefault((f.path[0], f.path[-1]), f.path)
             before = {(f.src, f.dst): (f.path, f.rate_mbps) for f in old.flows}
-            if any(before[(f.src, f.dst)][0] != f.path or
-                   f.rate_mbps < 0.95 * before[(f.src, f.dst)][1] for f in new.flows):
+            if any(
+                before[(f.src, f.dst)][0] != f.path
+                or f.rate_mbps < 0.95 * before[(f.src, f.dst)][1]
+                for f in new.flows
+            ):
                 moved.append((rec, new))
         return moved
 
@@ -651,9 +725,14 @@ class Master:
                 return  # an earlier attempt's worker, already dealt with
             rec, task = owner
             attempt = rec.current
-            done = w.state == "exited" and w.exit_code == 0 and all(
-                self._exited_ok(attempt.decision.placement[t], n)
-                for t, n in attempt.workers.items())
+            done = (
+                w.state == "exited"
+                and w.exit_code == 0
+                and all(
+                    self._exited_ok(attempt.decision.placement[t], n)
+                    for t, n in attempt.workers.items()
+                )
+            )
             if done:
                 self.manager.finish(rec)
                 self.scheduler.finished(rec.name)
@@ -664,8 +743,11 @@ class Master:
             return
         what = f"exited with code {w.exit_code}" if w.state == "exited" else "disappeared"
         detail = f" ({w.detail})" if w.detail else ""
-        self._fail_attempt(rec, f"worker {task} on {node} {what}{detail}",
-                           retryable=w.exit_code != EXIT_BAD_PARAMETERS)
+        self._fail_attempt(
+            rec,
+            f"worker {task} on {node} {what}{detail}",
+            retryable=w.exit_code != EXIT_BAD_PARAMETERS,
+        )
 
     def _exited_ok(self, node: str, worker: str) -> bool:
         st = self.compute.agents[node].workers.get(worker)
@@ -700,8 +782,10 @@ class Master:
         with self.lock:
             self.compute.register(reg)
             self.cluster.offline.discard(reg.node)
-            held = {w: len(self.manager.worker_owner(w)[0].records.get(w, []))
-                    for w in self.manager.expected_workers(reg.node)}
+            held = {
+                w: len(self.manager.worker_owner(w)[0].records.get(w, []))
+                for w in self.manager.expected_workers(reg.node)
+            }
         log.info("agent %s registered from %s", reg.node, reg.url)
         self._events.put(("node_up", reg.node))
         return held

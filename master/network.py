@@ -41,8 +41,10 @@ the network should hold (the Master calls them under its lock); `push` makes the
 agents match a snapshot, talking to them without any lock (only the Master's control loop pushes,
 so pushes never overlap).
 """
+
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -72,6 +74,7 @@ class SdnApi(Protocol):
 
 class EndedPair(NamedTuple):
     """A node pair whose last job ended, as its counters last saw it (`NetworkController.ended`)."""
+
     path: tuple[str, ...]
     carried: float  # Mbit/s
     carried_back: float
@@ -104,6 +107,7 @@ class PairFlow:
 @dataclass(frozen=True)
 class NetworkState:
     """What the network should hold: the SDN app's flows and every sender's tc rules."""
+
     sdn_flows: tuple[dict, ...]
     shaping: dict[str, tuple[ShapingRule, ...]]  # node -> its rules (absent: none)
 
@@ -128,8 +132,15 @@ class NetworkController:
     # sampled before the end (the SDN app samples every second, the Master reads every two).
     SETTLE_READINGS = 2
 
-    def __init__(self, topo: Topology, cluster: Cluster, compute: ComputeController,
-                 sdn: SdnApi | None = None, sdn_job_id: str = "ces", spare: bool = True):
+    def __init__(
+        self,
+        topo: Topology,
+        cluster: Cluster,
+        compute: ComputeController,
+        sdn: SdnApi | None = None,
+        sdn_job_id: str = "ces",
+        spare: bool = True,
+    ):
         self.cluster, self.compute, self.sdn = cluster, compute, sdn
         self.sdn_job_id, self.work_conserving = sdn_job_id, spare
         self.pairs: dict[Pair, PairFlow] = {}
@@ -156,20 +167,26 @@ class NetworkController:
         `desired`), and less what the pairs whose last job just ended carried (`ended`), above
         the floors."""
         scheduled: dict[tuple[str, str], float] = {}
-        carrying = [(p.path, self.carried.get(pair, p.installed_mbps),
-                     self.carried_back.get(pair, 0.0)) for pair, p in self.pairs.items()]
+        carrying = [
+            (p.path, self.carried.get(pair, p.installed_mbps), self.carried_back.get(pair, 0.0))
+            for pair, p in self.pairs.items()
+        ]
         carrying += [(e.path, e.carried, e.carried_back) for e in self.ended.values()]
         for path, carried, carried_back in carrying:
             acks = min(carried_back, self.ACK_SHARE * carried)
             back = path[::-1]
-            for links, mbps in ((zip(path, path[1:]), carried), (zip(back, back[1:]), acks)):
+            for links, mbps in (
+                (itertools.pairwise(path), carried),
+                (itertools.pairwise(back), acks),
+            ):
                 for link in links:
                     scheduled[link] = scheduled.get(link, 0.0) + mbps
         out = {}
         for link, mbps in self.measured.items():
             extra = mbps - scheduled.get(link, 0.0)
-            capacity = self.cluster.link_capacity(*link) if self.cluster.graph.has_edge(*link) \
-                else 0.0
+            capacity = (
+                self.cluster.link_capacity(*link) if self.cluster.graph.has_edge(*link) else 0.0
+            )
             if extra >= max(self.BACKGROUND_FLOOR_MBPS, self.BACKGROUND_FLOOR_SHARE * capacity):
                 out[link] = extra
         return out
@@ -184,8 +201,7 @@ class NetworkController:
             taken[link] = float("inf")
         for link, mbps in taken.items():
             if view.graph.has_edge(*link):
-                view.reserved[link] = view.reserved.get(link, 0.0) + min(mbps,
-                                                                         view.residual(*link))
+                view.reserved[link] = view.reserved.get(link, 0.0) + min(mbps, view.residual(*link))
         return view
 
     def observe(self, links: list, flows: list[dict], read_at: float | None = None) -> bool:
@@ -196,8 +212,10 @@ class NetworkController:
         read_at = time.monotonic() if read_at is None else read_at
         self.measured = {(u.src, u.dst): float(u.mbps) for u in links if u.mbps is not None}
         # a reading asked for before a pair's end does not count towards its SETTLE_READINGS
-        counted = {pair: e._replace(readings=e.readings - 1) if e.since < read_at else e
-                   for pair, e in self.ended.items()}
+        counted = {
+            pair: e._replace(readings=e.readings - 1) if e.since < read_at else e
+            for pair, e in self.ended.items()
+        }
         self.ended = {pair: e for pair, e in counted.items() if e.readings > 0}
         self.down = {(u.src, u.dst) for u in links if not u.up}
         self.carried, self.carried_back = {}, {}
@@ -215,19 +233,26 @@ class NetworkController:
         are, otherwise only when one moves by more than `SPARE_STEP`. True when they changed."""
         if not self.pairs:
             return False
-        spare = {pair: 0.0 for pair in self.pairs}
+        spare = dict.fromkeys(self.pairs, 0.0)
         weighted = {pair: p.rate_mbps for pair, p in self.pairs.items() if p.rate_mbps > 0}
         if self.work_conserving and weighted:
             room = self.view(set())  # grants and unscheduled traffic reserved, down links full
             for u, v in room.graph.edges:
                 for link in ((u, v), (v, u)):
-                    room.reserved[link] = room.reserved.get(link, 0.0) + \
-                        (1 - self.HEADROOM) * room.link_capacity(*link)
-            spare |= fair_rates(room, {pair: self.pairs[pair].path for pair in weighted},
-                                {pair: float("inf") for pair in weighted}, weighted)
-        moved = any(abs(spare[pair] - p.spare) > self.SPARE_STEP * max(p.installed_mbps,
-                                                                        p.rate_mbps + spare[pair])
-                    for pair, p in self.pairs.items())
+                    room.reserved[link] = room.reserved.get(link, 0.0) + (
+                        1 - self.HEADROOM
+                    ) * room.link_capacity(*link)
+            spare |= fair_rates(
+                room,
+                {pair: self.pairs[pair].path for pair in weighted},
+                {pair: float("inf") for pair in weighted},
+                weighted,
+            )
+        moved = any(
+            abs(spare[pair] - p.spare)
+            > self.SPARE_STEP * max(p.installed_mbps, p.rate_mbps + spare[pair])
+            for pair, p in self.pairs.items()
+        )
         if not (force or moved):
             return False
         changed = any(abs(spare[pair] - p.spare) > 1e-3 for pair, p in self.pairs.items())
@@ -246,8 +271,11 @@ class NetworkController:
         out = set()
         for link in {lk for p in self.pairs.values() for lk in zip(p.path, p.path[1:])}:
             granted, capacity = self.granted(*link), self.cluster.link_capacity(*link)
-            if link in self.down or granted > capacity + 1e-6 or \
-                    (link in bg and granted + bg[link] > self.HEADROOM * capacity):
+            if (
+                link in self.down
+                or granted > capacity + 1e-6
+                or (link in bg and granted + bg[link] > self.HEADROOM * capacity)
+            ):
                 out.add(link)
         return out
 
@@ -267,14 +295,23 @@ class NetworkController:
         out = []
         for u, v, d in self.cluster.graph.edges(data=True):
             for a, b in ((u, v), (v, u)):
-                installed = sum(p.installed_mbps for p in self.pairs.values()
-                                if (a, b) in zip(p.path, p.path[1:]))
-                out.append({"src": a, "dst": b, "capacity_mbps": d["bw_mbps"],
-                            "up": (a, b) not in self.down,
-                            "granted_mbps": round(self.granted(a, b), 3),
-                            "installed_mbps": round(installed, 3),
-                            "measured_mbps": self.measured.get((a, b)),
-                            "background_mbps": round(bg.get((a, b), 0.0), 3)})
+                installed = sum(
+                    p.installed_mbps
+                    for p in self.pairs.values()
+                    if (a, b) in zip(p.path, p.path[1:])
+                )
+                out.append(
+                    {
+                        "src": a,
+                        "dst": b,
+                        "capacity_mbps": d["bw_mbps"],
+                        "up": (a, b) not in self.down,
+                        "granted_mbps": round(self.granted(a, b), 3),
+                        "installed_mbps": round(installed, 3),
+                        "measured_mbps": self.measured.get((a, b)),
+                        "background_mbps": round(bg.get((a, b), 0.0), 3),
+                    }
+                )
         return out
 
     # --- the flows a job adds (state only) ------------------------------------------------------
@@ -286,16 +323,18 @@ class NetworkController:
         for fa in decision.flows:
             pair = (fa.path[0], fa.path[-1])
             path = chosen.setdefault(pair, fa.path)
-            flows.append(fa if path == fa.path else FlowAssignment(fa.src, fa.dst, path,
-                                                                   fa.rate_mbps))
+            flows.append(
+                fa if path == fa.path else FlowAssignment(fa.src, fa.dst, path, fa.rate_mbps)
+            )
         return Decision(decision.job, dict(decision.placement), flows, decision.decision_s)
 
     def add(self, job: Job, decision: Decision) -> None:
         """The flows of a (pinned, allocated) decision join their node pairs."""
         for fa in decision.flows:
             pair = (fa.path[0], fa.path[-1])
-            self.pairs.setdefault(pair, PairFlow(fa.path)).shares[(job.name, fa.src, fa.dst)] = \
+            self.pairs.setdefault(pair, PairFlow(fa.path)).shares[(job.name, fa.src, fa.dst)] = (
                 fa.rate_mbps
+            )
             # scheduled again: its counters (`carried`) count what the readings hold of it
             self.ended.pop(pair, None)
         self._spare_stale = True
@@ -308,9 +347,13 @@ class NetworkController:
             if not p.shares:
                 del self.pairs[pair]
                 if pair in self.carried:  # its counters saw traffic the readings may still hold
-                    self.ended[pair] = EndedPair(p.path, self.carried[pair],
-                                                 self.carried_back.get(pair, 0.0),
-                                                 time.monotonic(), self.SETTLE_READINGS)
+                    self.ended[pair] = EndedPair(
+                        p.path,
+                        self.carried[pair],
+                        self.carried_back.get(pair, 0.0),
+                        time.monotonic(),
+                        self.SETTLE_READINGS,
+                    )
         self._spare_stale = True
 
     def installed(self) -> dict[str, dict[str, float]]:
@@ -318,8 +361,9 @@ class NetworkController:
         out: dict[str, dict[str, float]] = {}
         for p in self.pairs.values():
             for job, src, dst in p.shares:
-                out.setdefault(job, {})[f"{src}>{dst}"] = \
-                    round(p.installed_share((job, src, dst)), 3)
+                out.setdefault(job, {})[f"{src}>{dst}"] = round(
+                    p.installed_share((job, src, dst)), 3
+                )
         return out
 
     def desired(self) -> NetworkState:
@@ -330,10 +374,17 @@ class NetworkController:
             self._spare_stale = False
         # symmetric: a pair's acknowledgements go back along its path, not by the default
         # routes, which may cross a link another tenant fills (docs/sdn_app.md)
-        flows = tuple({"src": s, "dst": d, "path": list(p.path[1:-1]),
-                       "rate_mbps": round(p.installed_mbps, 3), "symmetric": True,
-                       "name": ",".join(sorted({j for j, _, _ in p.shares}))}
-                      for (s, d), p in sorted(self.pairs.items()))
+        flows = tuple(
+            {
+                "src": s,
+                "dst": d,
+                "path": list(p.path[1:-1]),
+                "rate_mbps": round(p.installed_mbps, 3),
+                "symmetric": True,
+                "name": ",".join(sorted({j for j, _, _ in p.shares})),
+            }
+            for (s, d), p in sorted(self.pairs.items())
+        )
         rules: dict[str, list[ShapingRule]] = {}
         for (s, d), p in sorted(self.pairs.items()):
             rules.setdefault(s, []).append(ShapingRule(self.ip[d], round(p.installed_mbps, 3)))

@@ -15,6 +15,7 @@ would hold the interpreter lock that the threads answering the agents' heartbeat
 Preempting policies (`las`) are refused: the testbed does not checkpoint jobs; so are the ones
 that re-allocate running jobs (`multi.REALLOCATING`: elastic shares, migrations).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,8 +32,8 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from scheduler.baselines import algorithm_names
 from scheduler import compose
+from scheduler.baselines import algorithm_names
 from scheduler.model import EPS, Cluster, Decision, Job
 from scheduler.multi import POLICIES, REALLOCATING, MultiConfig, make_policy
 from scheduler.rounds import JobState, Round
@@ -82,8 +83,10 @@ class Scheduler:
         except ValueError as e:
             raise UnknownAlgorithm(str(e)) from None
         if base.partition(":")[0] not in known:
-            raise UnknownAlgorithm(f"unknown scheduler '{name}' (known: {', '.join(known)}; "
-                                   f"optionally /{'|/'.join(compose.NETWORKS)})")
+            raise UnknownAlgorithm(
+                f"unknown scheduler '{name}' (known: {', '.join(known)}; "
+                f"optionally /{'|/'.join(compose.NETWORKS)})"
+            )
         return name
 
     def configure(self, default: str, seed: int, queue: str = "fifo-backfill") -> None:
@@ -91,8 +94,9 @@ class Scheduler:
         re-created: seeded at construction). Fails, changing nothing, when the algorithm cannot
         be built (e.g. a missing checkpoint)."""
         if queue not in QUEUES:
-            raise UnknownAlgorithm(f"unknown queue policy '{queue}' (known: {', '.join(QUEUES)})",
-                                   "queue")
+            raise UnknownAlgorithm(
+                f"unknown queue policy '{queue}' (known: {', '.join(QUEUES)})", "queue"
+            )
         policy = self._build(queue, self._check(default), seed)
         self._policies = {default: policy}
         self.default, self.seed, self.queue = default, seed, queue
@@ -120,9 +124,14 @@ class Scheduler:
     def submitted(self, job: Job, at: float) -> None:
         self.states[job.name] = JobState(job, next(self._seq), state="queued", queued_since=at)
 
-    def round(self, view: Cluster, algorithm: str, queued: list[str],
-              running: list[tuple[Job, Decision, float]], now: float) -> tuple[list[Placed],
-                                                                                 dict[str, str]]:
+    def round(
+        self,
+        view: Cluster,
+        algorithm: str,
+        queued: list[str],
+        running: list[tuple[Job, Decision, float]],
+        now: float,
+    ) -> tuple[list[Placed], dict[str, str]]:
         """One round of the queue policy over `view` (a copy it may fill) for the `queued` jobs
         (names of jobs `submitted`). Returns the jobs to start with their decisions, in the
         policy's order, and why each other queued job waits. `running` holds (job, decision,
@@ -133,8 +142,10 @@ class Scheduler:
             js = self.states[name]
             js.state, js.decision = "queued", None
             queue.append(js)
-        active = [JobState(job, -1, state="running", decision=d, expected_end=end)
-                  for job, d, end in running]
+        active = [
+            JobState(job, -1, state="running", decision=d, expected_end=end)
+            for job, d, end in running
+        ]
         rnd = Round(now, view, policy.algorithm, queue, active, epoch=self._next_epoch(view))
         policy.schedule(rnd)
         self._epoch, self._room = max(self._epoch, rnd.epoch), _room(rnd.cluster)
@@ -142,9 +153,12 @@ class Scheduler:
         for js in rnd.placed:
             js.decision.decision_s = js.decision_s[-1] if js.decision_s else 0.0
             placed.append(Placed(js.name, js.decision))
-        reasons = {js.name: js.why if js.failed_at and js.failed_at[0] == rnd.epoch else
-                   "the queue policy holds it back (ordering or a reservation for another job)"
-                   for js in rnd.queue}
+        reasons = {
+            js.name: js.why
+            if js.failed_at and js.failed_at[0] == rnd.epoch
+            else "the queue policy holds it back (ordering or a reservation for another job)"
+            for js in rnd.queue
+        }
         return placed, reasons
 
     def _next_epoch(self, view: Cluster) -> int:
@@ -154,8 +168,11 @@ class Scheduler:
         now. A burst of submissions thus costs each queued job one placement, not one per
         round."""
         room, last = _room(view), self._room
-        if last is None or last.keys() != room.keys() or any(
-                x > y + EPS for k, free in room.items() for x, y in zip(free, last[k])):
+        if (
+            last is None
+            or last.keys() != room.keys()
+            or any(x > y + EPS for k, free in room.items() for x, y in zip(free, last[k]))
+        ):
             self._epoch += 1
         return self._epoch
 
@@ -191,9 +208,16 @@ class SchedulerProcess:
         path = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from master.scheduling import serve; "
-                                   "serve(int(sys.argv[1]))", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+            [
+                sys.executable,
+                "-c",
+                "import sys; from master.scheduling import serve; serve(int(sys.argv[1]))",
+                str(theirs.fileno()),
+            ],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         theirs.close()
         self._conn = Connection(ours.detach())
 
@@ -213,8 +237,11 @@ class SchedulerProcess:
             except (EOFError, OSError) as e:
                 if not hasattr(self, "default"):  # never configured: nothing to restart
                     raise RuntimeError(f"the scheduler's process is gone ({e!r})") from None
-                log.error("the scheduler's process is gone (%r): starting another; its "
-                          "policies' reservations and random state are lost", e)
+                log.error(
+                    "the scheduler's process is gone (%r): starting another; its "
+                    "policies' reservations and random state are lost",
+                    e,
+                )
             self._stop_child()
             self._start()
             with self._notes_lock:  # the live jobs stand for every note so far
@@ -243,9 +270,14 @@ class SchedulerProcess:
             self._notes.append(("finished", name))
             self._live.pop(name, None)
 
-    def round(self, view: Cluster, algorithm: str, queued: list[str],
-              running: list[tuple[Job, Decision, float]], now: float) -> tuple[list[Placed],
-                                                                                 dict[str, str]]:
+    def round(
+        self,
+        view: Cluster,
+        algorithm: str,
+        queued: list[str],
+        running: list[tuple[Job, Decision, float]],
+        now: float,
+    ) -> tuple[list[Placed], dict[str, str]]:
         return self._call("round", view, algorithm, queued, running, now)
 
     def close(self) -> None:
@@ -295,8 +327,9 @@ def serve(fd: int) -> None:
 def _room(view: Cluster) -> dict:
     """What `view` has free: by node (cpu, memory, gpu) and by directed link (Mbit/s)."""
     room = {n: view.free(n).as_tuple() for n in view.compute_nodes()}
-    room |= {(u, v): (view.residual(u, v),)
-             for a, b in view.graph.edges for u, v in ((a, b), (b, a))}
+    room |= {
+        (u, v): (view.residual(u, v),) for a, b in view.graph.edges for u, v in ((a, b), (b, a))
+    }
     return room
 
 

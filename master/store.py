@@ -11,14 +11,15 @@ brought them is answered (the agent forgets what was acknowledged; a running job
 rewritten often, its lines only grow). The job is kept as the mapping it was submitted as and
 parsed again on load (one parser for jobs).
 """
+
 from __future__ import annotations
 
 import json
 import sqlite3
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from scheduler.jobs import parse_job
 from scheduler.model import Decision, FlowAssignment
@@ -38,12 +39,16 @@ class Store:
             self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
-            self.db.execute("CREATE TABLE IF NOT EXISTS jobs (name TEXT PRIMARY KEY, "
-                            "doc TEXT NOT NULL)")
-            self.db.execute("CREATE TABLE IF NOT EXISTS lines (job TEXT NOT NULL, "
-                            "worker TEXT NOT NULL, line TEXT NOT NULL)")
-            self.db.execute("CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, "
-                            "value TEXT NOT NULL)")
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS jobs (name TEXT PRIMARY KEY, doc TEXT NOT NULL)"
+            )
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS lines (job TEXT NOT NULL, "
+                "worker TEXT NOT NULL, line TEXT NOT NULL)"
+            )
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
             self.db.commit()
         except sqlite3.Error as e:
             raise StateError(f"state file {self.path}: {e}") from None
@@ -88,12 +93,16 @@ class Store:
 
     def _save(self, changes: Changes) -> None:
         with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO jobs (name, doc) VALUES (?, ?)",
-                                changes.docs)
-            self.db.executemany("INSERT INTO lines (job, worker, line) VALUES (?, ?, ?)",
-                                changes.lines)
-            self.db.executemany("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
-                                [(k, json.dumps(v)) for k, v in changes.settings.items()])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO jobs (name, doc) VALUES (?, ?)", changes.docs
+            )
+            self.db.executemany(
+                "INSERT INTO lines (job, worker, line) VALUES (?, ?, ?)", changes.lines
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
+                [(k, json.dumps(v)) for k, v in changes.settings.items()],
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -129,16 +138,29 @@ def take_lines(lines: list[tuple[str, str, dict]]) -> Changes:
 
 
 def record_to_json(rec: JobRecord) -> dict:
-    return {"job": rec.document, "source": rec.source, "algorithm": rec.algorithm,
-            "submitted_at": rec.submitted_at, "state": rec.state.value, "reason": rec.reason,
-            "attempts": [_attempt_to_json(a) for a in rec.attempts],
-            "events": [list(e) for e in rec.events], "finished_at": rec.finished_at}
+    return {
+        "job": rec.document,
+        "source": rec.source,
+        "algorithm": rec.algorithm,
+        "submitted_at": rec.submitted_at,
+        "state": rec.state.value,
+        "reason": rec.reason,
+        "attempts": [_attempt_to_json(a) for a in rec.attempts],
+        "events": [list(e) for e in rec.events],
+        "finished_at": rec.finished_at,
+    }
 
 
 def record_from_json(doc: dict) -> JobRecord:
-    rec = JobRecord(parse_job(doc["job"], doc["source"]), doc["algorithm"], doc["submitted_at"],
-                    Phase(doc["state"]), doc["reason"], document=doc["job"],
-                    source=doc["source"])
+    rec = JobRecord(
+        parse_job(doc["job"], doc["source"]),
+        doc["algorithm"],
+        doc["submitted_at"],
+        Phase(doc["state"]),
+        doc["reason"],
+        document=doc["job"],
+        source=doc["source"],
+    )
     rec.attempts = [_attempt_from_json(a) for a in doc["attempts"]]
     rec.events = [(t, text) for t, text in doc["events"]]
     rec.finished_at, rec.changed = doc["finished_at"], False
@@ -147,18 +169,40 @@ def record_from_json(doc: dict) -> JobRecord:
 
 def _attempt_to_json(a: Attempt) -> dict:
     d = a.decision
-    return {"number": a.number, "workers": a.workers, "master_port": a.master_port,
-            "started_at": a.started_at, "ended_at": a.ended_at, "outcome": a.outcome,
-            "info": a.info,
-            "decision": {"job": d.job, "placement": d.placement, "decision_s": d.decision_s,
-                         "network": d.network,
-                         "flows": [[f.src, f.dst, list(f.path), f.rate_mbps] for f in d.flows]}}
+    return {
+        "number": a.number,
+        "workers": a.workers,
+        "master_port": a.master_port,
+        "started_at": a.started_at,
+        "ended_at": a.ended_at,
+        "outcome": a.outcome,
+        "info": a.info,
+        "decision": {
+            "job": d.job,
+            "placement": d.placement,
+            "decision_s": d.decision_s,
+            "network": d.network,
+            "flows": [[f.src, f.dst, list(f.path), f.rate_mbps] for f in d.flows],
+        },
+    }
 
 
 def _attempt_from_json(doc: dict) -> Attempt:
     d = doc["decision"]
-    decision = Decision(d["job"], d["placement"],
-                        [FlowAssignment(s, t, tuple(p), r) for s, t, p, r in d["flows"]],
-                        d["decision_s"], d["network"])
-    return Attempt(doc["number"], decision, doc["workers"], doc["master_port"],
-                   doc["started_at"], doc["ended_at"], doc["outcome"], doc["info"])
+    decision = Decision(
+        d["job"],
+        d["placement"],
+        [FlowAssignment(s, t, tuple(p), r) for s, t, p, r in d["flows"]],
+        d["decision_s"],
+        d["network"],
+    )
+    return Attempt(
+        doc["number"],
+        decision,
+        doc["workers"],
+        doc["master_port"],
+        doc["started_at"],
+        doc["ended_at"],
+        doc["outcome"],
+        doc["info"],
+    )

@@ -15,6 +15,7 @@ client that sends nothing for `REQUEST_TIMEOUT_S`.
 Every CES server that listens beyond loopback requires the deployment's shared secret, read from a
 token file (`--token-file`, default $CES_TOKEN_FILE) by `listen_token`; clients send it with `call`.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -29,18 +30,29 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024 * 1024
 REQUEST_TIMEOUT_S = 30.0
-_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized",
-            404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error",
-            502: "Bad Gateway", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
+    413: "Payload Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
 TOKEN_FILE_ENV = "CES_TOKEN_FILE"
@@ -59,14 +71,17 @@ def read_token(path: str | os.PathLike) -> str:
         with open(path, encoding="utf-8") as f:
             token = f.readline().strip()
     except (OSError, UnicodeDecodeError) as e:
-        raise TokenError(f"token file {path}: cannot read it ({getattr(e, 'strerror', e)})") \
-            from None
+        raise TokenError(
+            f"token file {path}: cannot read it ({getattr(e, 'strerror', e)})"
+        ) from None
     if mode & 0o077:
-        raise TokenError(f"token file {path}: readable by others (mode {mode & 0o777:o}); "
-                         f"chmod 600 it")
+        raise TokenError(
+            f"token file {path}: readable by others (mode {mode & 0o777:o}); chmod 600 it"
+        )
     if len(token) < 16:
-        raise TokenError(f"token file {path}: expected a secret of at least 16 characters on its "
-                         f"first line")
+        raise TokenError(
+            f"token file {path}: expected a secret of at least 16 characters on its first line"
+        )
     return token
 
 
@@ -90,8 +105,10 @@ def listen_token(host: str, token_file: str = "") -> str | None:
     if token_file:
         return read_token(token_file)
     if not is_loopback(host):
-        raise TokenError(f"listening on {host} (beyond loopback) needs a shared secret: give "
-                         f"--token-file FILE or set ${TOKEN_FILE_ENV}")
+        raise TokenError(
+            f"listening on {host} (beyond loopback) needs a shared secret: give "
+            f"--token-file FILE or set ${TOKEN_FILE_ENV}"
+        )
     return None
 
 
@@ -159,8 +176,10 @@ class JsonApp:
             log.exception("%s %s failed", method, path)
             status, body = 500, {"error": "internal error (see the server's log)"}
         data = json.dumps(body).encode()
-        headers = [("Content-Type", "application/json; charset=utf-8"),
-                   ("Content-Length", str(len(data)))]
+        headers = [
+            ("Content-Type", "application/json; charset=utf-8"),
+            ("Content-Length", str(len(data))),
+        ]
         if status == 401:
             headers.append(("WWW-Authenticate", "Bearer"))
         start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
@@ -170,8 +189,9 @@ class JsonApp:
         if self.token is not None and not _authorised(environ, self.token):
             raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
         handler, groups = self._match(method, path)
-        req = Request(method, path, _query(environ), _headers(environ), _body(environ,
-                                                                              self.max_body))
+        req = Request(
+            method, path, _query(environ), _headers(environ), _body(environ, self.max_body)
+        )
         out = handler(req, **groups)
         return out if isinstance(out, tuple) else (200, out)
 
@@ -184,8 +204,11 @@ class JsonApp:
                     return handler, found.groupdict()
                 allowed.append(m)
         if allowed:
-            raise ApiError(405, f"method {method} not allowed on {path} (allowed: "
-                                f"{', '.join(sorted(set(allowed)))})")
+            raise ApiError(
+                405,
+                f"method {method} not allowed on {path} (allowed: "
+                f"{', '.join(sorted(set(allowed)))})",
+            )
         raise ApiError(404, f"no such resource: {path}")
 
 
@@ -200,8 +223,7 @@ def _query(environ: dict) -> dict[str, str]:
 
 
 def _headers(environ: dict) -> dict[str, str]:
-    out = {k[5:].replace("_", "-").lower(): v for k, v in environ.items()
-           if k.startswith("HTTP_")}
+    out = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
     if environ.get("CONTENT_TYPE"):
         out["content-type"] = environ["CONTENT_TYPE"]
     return out
@@ -221,11 +243,12 @@ def _body(environ: dict, limit: int) -> bytes:
     if length < 0:
         raise ApiError(400, f"Content-Length is negative: {length}")
     if length > limit:
-        raise ApiError(413, f"request body of {length} bytes is larger than the limit of "
-                            f"{limit} bytes")
+        raise ApiError(
+            413, f"request body of {length} bytes is larger than the limit of {limit} bytes"
+        )
     try:
         data = environ["wsgi.input"].read(length) if length else b""
-    except (OSError, socket.timeout):
+    except (TimeoutError, OSError):
         raise ApiError(408, "the request body did not arrive in time") from None
     if len(data) < length:
         raise ApiError(400, f"request body ended after {len(data)} of {length} bytes")
@@ -239,6 +262,7 @@ class _PooledServer(WSGIServer):
     runs: under load (200 agents heartbeating while jobs start, experiments/bench_load.py) the
     accepting thread spent its time waiting for the GIL on each while connections piled up in
     the listen backlog (requests took p99 32 ms from accept to close, the agents saw 256 ms)."""
+
     allow_reuse_address = True
     # The listen backlog (socketserver's default is 5): a burst of clients beyond it has its SYNs
     # dropped or reset, and each retries after 1 s, 2 s, ... — measured as 1-2 s heartbeat
@@ -261,8 +285,9 @@ class _PooledServer(WSGIServer):
             if self._threads >= self.max_threads:
                 return
             self._threads += 1
-        threading.Thread(target=self._serve_connections, daemon=True,
-                         name=f"http-{self.server_address[1]}").start()
+        threading.Thread(
+            target=self._serve_connections, daemon=True, name=f"http-{self.server_address[1]}"
+        ).start()
 
     def _serve_connections(self) -> None:
         while True:
@@ -313,8 +338,7 @@ class Server:
         return f"http://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
 
     def start(self) -> Server:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
         self._thread.start()
         return self
 
@@ -325,8 +349,9 @@ class Server:
         self.httpd.server_close()
 
 
-def call(method: str, url: str, body: Any = None, timeout: float = 5.0,
-         token: str | None = None) -> Any:
+def call(
+    method: str, url: str, body: Any = None, timeout: float = 5.0, token: str | None = None
+) -> Any:
     """One JSON request. Raises `ApiError` for an error answer, `Unreachable` when there is no
     answer at all."""
     data = None if body is None else json.dumps(body).encode()

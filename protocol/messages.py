@@ -15,6 +15,7 @@ Nothing here is emulation-specific: an agent drives its local Docker engine and 
 whether its node is an emulated container or a real host. `from_json` checks every field's type
 against the dataclass, so a malformed message is one clear `ValueError` naming the field.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -102,8 +103,13 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(str(k) for k in data if k not in known)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
-    missing = [n for n, f in known.items() if n not in data and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in known.items()
+        if n not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
     return cls(**{k: _check(v, hints[k], f"{where}.{k}") for k, v in data.items()})
@@ -129,14 +135,15 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     if origin is list or tp is list:
         if not isinstance(value, list):
             raise ValueError(f"{where}: expected a list, got {_kind(value)}")
-        return [_check(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)] if args \
-            else value
+        return [_check(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)] if args else value
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected an object, got {_kind(value)}")
         if args:
-            return {_check(k, args[0], f"{where} key"): _check(v, args[1], f"{where}.{k}")
-                    for k, v in value.items()}
+            return {
+                _check(k, args[0], f"{where} key"): _check(v, args[1], f"{where}.{k}")
+                for k, v in value.items()
+            }
         return value
     if tp is bool:
         if not isinstance(value, bool):
@@ -147,8 +154,11 @@ def _check(value: Any, tp: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected an integer, got {_kind(value)}")
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not -_FLOAT_MAX < value < _FLOAT_MAX:  # also refuses nan and ±inf
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not -_FLOAT_MAX < value < _FLOAT_MAX
+        ):  # also refuses nan and ±inf
             raise ValueError(f"{where}: expected a finite number, got {_kind(value)}")
         return float(value)
     if tp is str:

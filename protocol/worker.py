@@ -9,9 +9,11 @@ the training program (`workloads.train`, or a job's own command).
   every attempt a port of its own, counting up from here).
 - Options travel as command-line flags built by `option_flags`.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 METRICS_OUT = "-"
 START_ENV = "CES_CONTAINER_START"

@@ -35,6 +35,7 @@ are 14:00 (office sites) or 21:00 (residential sites), ±1 h.
 A scenario spec is `PROCESS[:key=value,...]`, e.g. `poisson:n=500,load=0.8` or
 `bursty:n=600,load=0.9,tidal=1,background=20`; see `ArrivalSpec` for the keys.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,10 +64,26 @@ def _pick(rng: np.random.Generator, table: tuple[tuple[object, float], ...]):
 @dataclass(frozen=True)
 class JobMix:
     """The job distribution (module doc); tables are (value, probability)."""
-    workers: tuple[tuple[int, float], ...] = ((1, .35), (2, .25), (4, .20), (8, .15), (16, .05))
-    collectives: tuple[tuple[str, float], ...] = (("ring", .60), ("star", .25), ("tree", .10),
-                                                  ("all-to-all", .05))
-    cpu_share: tuple[tuple[float, float], ...] = ((0.125, .45), (0.25, .35), (0.5, .15), (1.0, .05))
+
+    workers: tuple[tuple[int, float], ...] = (
+        (1, 0.35),
+        (2, 0.25),
+        (4, 0.20),
+        (8, 0.15),
+        (16, 0.05),
+    )
+    collectives: tuple[tuple[str, float], ...] = (
+        ("ring", 0.60),
+        ("star", 0.25),
+        ("tree", 0.10),
+        ("all-to-all", 0.05),
+    )
+    cpu_share: tuple[tuple[float, float], ...] = (
+        (0.125, 0.45),
+        (0.25, 0.35),
+        (0.5, 0.15),
+        (1.0, 0.05),
+    )
     max_job_share: float = 0.25
     gpu_job_share: float = 0.5
     log10_params: tuple[float, float] = (5.0, 7.5)
@@ -75,12 +92,13 @@ class JobMix:
     duration_median_s: float = 900.0
     duration_sigma: float = 1.3
     duration_s: tuple[float, float] = (60.0, 8 * 3600.0)
-    priorities: tuple[tuple[int, float], ...] = ((0, .60), (1, .30), (2, .10))
+    priorities: tuple[tuple[int, float], ...] = ((0, 0.60), (1, 0.30), (2, 0.10))
     deadline_share: float = 0.3
     deadline_slack: tuple[float, float] = (1.5, 4.0)
 
-    def sample(self, rng: np.random.Generator, cluster: Cluster, name: str,
-               submit_time: float = 0.0) -> Job:
+    def sample(
+        self, rng: np.random.Generator, cluster: Cluster, name: str, submit_time: float = 0.0
+    ) -> Job:
         nodes = cluster.compute_nodes()
         cpu0 = float(np.median([cluster.capacity(n).cpu for n in nodes]))
         mem0 = float(np.median([cluster.capacity(n).mem_mb for n in nodes]))
@@ -96,13 +114,22 @@ class JobMix:
         model_bytes = BYTES_PER_PARAM * round(10 ** rng.uniform(*self.log10_params))
         compute = float(math.exp(rng.uniform(*np.log(self.compute_s))))
         seconds = compute_time_s(compute, 1.0, demand.cpu)
-        mbps = float(np.clip(flow_bytes(collective, k, model_bytes) * 8 / seconds / 1e6,
-                             *self.mbps))
-        fields_ = dict(compute_s=compute, iterations=1, priority=int(_pick(rng, self.priorities)),
-                       submit_time=submit_time)
+        mbps = float(
+            np.clip(flow_bytes(collective, k, model_bytes) * 8 / seconds / 1e6, *self.mbps)
+        )
+        fields_ = dict(
+            compute_s=compute,
+            iterations=1,
+            priority=int(_pick(rng, self.priorities)),
+            submit_time=submit_time,
+        )
         job = BUILDERS[collective](name, k, demand, model_bytes, round(mbps, 1), **fields_)
-        duration = float(np.clip(self.duration_median_s * math.exp(rng.normal(0, self.duration_sigma)),
-                                 *self.duration_s))
+        duration = float(
+            np.clip(
+                self.duration_median_s * math.exp(rng.normal(0, self.duration_sigma)),
+                *self.duration_s,
+            )
+        )
         job.iterations = max(1, round(duration / estimated_iteration_s(job)))
         if rng.random() < self.deadline_share:
             job.deadline = round(rng.uniform(*self.deadline_slack) * duration, 1)
@@ -111,13 +138,20 @@ class JobMix:
 
 # --- arrival processes ------------------------------------------------------------------------------
 
+
 def poisson_times(rng: np.random.Generator, n: int, rate: float, start: float = 0.0) -> list[float]:
     """n arrival times of a Poisson process of `rate` jobs/s."""
     return list(start + np.cumsum(rng.exponential(1.0 / rate, n)))
 
 
-def bursty_times(rng: np.random.Generator, n: int, rate: float, burst: float = 8.0,
-                 burst_frac: float = 0.1, cycle_s: float = 3600.0) -> list[float]:
+def bursty_times(
+    rng: np.random.Generator,
+    n: int,
+    rate: float,
+    burst: float = 8.0,
+    burst_frac: float = 0.1,
+    cycle_s: float = 3600.0,
+) -> list[float]:
     """n arrival times of a two-state MMPP with long-run mean `rate`: bursts at `burst`× the quiet
     rate for a `burst_frac` share of the time; a burst plus a quiet spell last `cycle_s` on
     average (exponential sojourns)."""
@@ -136,9 +170,15 @@ def bursty_times(rng: np.random.Generator, n: int, rate: float, burst: float = 8
 
 # --- node availability and background traffic -----------------------------------------------------
 
-def tidal_availability(rng: np.random.Generator, nodes: list[str], horizon_s: float,
-                       busy: float = 0.5, always_on: float = 0.3,
-                       day_s: float = DAY_S) -> list[ScenarioEvent]:
+
+def tidal_availability(
+    rng: np.random.Generator,
+    nodes: list[str],
+    horizon_s: float,
+    busy: float = 0.5,
+    always_on: float = 0.3,
+    day_s: float = DAY_S,
+) -> list[ScenarioEvent]:
     """Leave/join events of seed 001's tidal edge nodes over [0, horizon_s) (module doc)."""
     events: list[ScenarioEvent] = []
     tidal = [n for n in nodes if rng.random() >= always_on]
@@ -155,9 +195,14 @@ def tidal_availability(rng: np.random.Generator, nodes: list[str], horizon_s: fl
     return sorted(events, key=lambda e: (e.time, isinstance(e, NodeLeave), e.node))
 
 
-def background_traffic(rng: np.random.Generator, nodes: list[str], horizon_s: float,
-                       per_hour: float, mean_duration_s: float = 300.0,
-                       mbps: tuple[float, float] = (1.0, 100.0)) -> list[BackgroundFlow]:
+def background_traffic(
+    rng: np.random.Generator,
+    nodes: list[str],
+    horizon_s: float,
+    per_hour: float,
+    mean_duration_s: float = 300.0,
+    mbps: tuple[float, float] = (1.0, 100.0),
+) -> list[BackgroundFlow]:
     """Unscheduled flows between random node pairs: Poisson arrivals (`per_hour`), exponential
     durations, each capped at a log-uniform rate in `mbps` (video, backups, user traffic)."""
     if per_hour <= 0 or len(nodes) < 2:
@@ -167,13 +212,20 @@ def background_traffic(rng: np.random.Generator, nodes: list[str], horizon_s: fl
         if t >= horizon_s:
             break
         src, dst = rng.choice(len(nodes), 2, replace=False)
-        flows.append(BackgroundFlow(float(t), nodes[src], nodes[dst],
-                                    float(rng.exponential(mean_duration_s)),
-                                    float(math.exp(rng.uniform(*np.log(mbps))))))
+        flows.append(
+            BackgroundFlow(
+                float(t),
+                nodes[src],
+                nodes[dst],
+                float(rng.exponential(mean_duration_s)),
+                float(math.exp(rng.uniform(*np.log(mbps)))),
+            )
+        )
     return flows
 
 
 # --- scenarios ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ArrivalSpec:
@@ -199,32 +251,43 @@ def parse_arrivals(spec: str) -> ArrivalSpec:
     """`PROCESS[:key=value,...]` → `ArrivalSpec`; `ArrivalError` says what is wrong."""
     process, _, rest = spec.partition(":")
     if process not in PROCESSES:
-        raise ArrivalError(f"arrivals '{spec}': unknown process '{process}' (expected "
-                           f"{' or '.join(PROCESSES)}, e.g. poisson:n=500,load=0.8)")
+        raise ArrivalError(
+            f"arrivals '{spec}': unknown process '{process}' (expected "
+            f"{' or '.join(PROCESSES)}, e.g. poisson:n=500,load=0.8)"
+        )
     kinds = {f.name: f.type for f in fields(ArrivalSpec) if f.name != "process"}
     values: dict[str, float | int] = {}
     for item in filter(None, rest.split(",")):
         key, eq, text = item.partition("=")
         if key not in kinds or not eq:
-            raise ArrivalError(f"arrivals '{spec}': '{item}' is not KEY=VALUE with KEY one of "
-                               f"{', '.join(kinds)}")
+            raise ArrivalError(
+                f"arrivals '{spec}': '{item}' is not KEY=VALUE with KEY one of {', '.join(kinds)}"
+            )
         try:
             value = int(text) if kinds[key] == "int" else float(text)
         except ValueError:
-            raise ArrivalError(f"arrivals '{spec}': {key} must be a{'n integer' if kinds[key] == 'int' else ' number'}, "
-                               f"got '{text}'") from None
+            raise ArrivalError(
+                f"arrivals '{spec}': {key} must be a{'n integer' if kinds[key] == 'int' else ' number'}, "
+                f"got '{text}'"
+            ) from None
         if not value >= 0 or math.isinf(value):
             raise ArrivalError(f"arrivals '{spec}': {key} must be a finite number ≥ 0, got {text}")
         values[key] = value
     out = replace(ArrivalSpec(process=process), **values)
-    for key, ok, expected in (("n", out.n >= 1, "≥ 1"), ("busy", out.busy < 1, "< 1"),
-                              ("always_on", out.always_on <= 1, "≤ 1"),
-                              ("burst", out.burst >= 1, "≥ 1"),
-                              ("burst_frac", 0 < out.burst_frac < 1, "in (0, 1)"),
-                              ("deadline_share", out.deadline_share <= 1, "≤ 1"),
-                              ("day_s", out.day_s > 0, "> 0"), ("cycle_s", out.cycle_s > 0, "> 0")):
+    for key, ok, expected in (
+        ("n", out.n >= 1, "≥ 1"),
+        ("busy", out.busy < 1, "< 1"),
+        ("always_on", out.always_on <= 1, "≤ 1"),
+        ("burst", out.burst >= 1, "≥ 1"),
+        ("burst_frac", 0 < out.burst_frac < 1, "in (0, 1)"),
+        ("deadline_share", out.deadline_share <= 1, "≤ 1"),
+        ("day_s", out.day_s > 0, "> 0"),
+        ("cycle_s", out.cycle_s > 0, "> 0"),
+    ):
         if not ok:
-            raise ArrivalError(f"arrivals '{spec}': {key} must be {expected}, got {getattr(out, key)}")
+            raise ArrivalError(
+                f"arrivals '{spec}': {key} must be {expected}, got {getattr(out, key)}"
+            )
     if out.rate <= 0 and out.load <= 0:
         raise ArrivalError(f"arrivals '{spec}': give load > 0 or rate > 0")
     return out
@@ -237,8 +300,9 @@ class Scenario:
     rate: float  # jobs per second
 
 
-def make_scenario(spec: ArrivalSpec, cluster: Cluster, seed: int,
-                  mix: JobMix = JobMix()) -> Scenario:
+def make_scenario(
+    spec: ArrivalSpec, cluster: Cluster, seed: int, mix: JobMix = JobMix()
+) -> Scenario:
     """The jobs and events of one run; the same (spec, cluster, seed) gives the same scenario."""
     rng = np.random.default_rng(seed)
     mix = replace(mix, deadline_share=spec.deadline_share)
@@ -247,8 +311,12 @@ def make_scenario(spec: ArrivalSpec, cluster: Cluster, seed: int,
     if rate <= 0:
         # Nominal work of the mix, estimated on a separate stream so it does not shift the jobs.
         probe = np.random.default_rng([seed, 1])
-        work = np.mean([sum(t.demand.cpu for t in j.tasks) * j.iterations * estimated_iteration_s(j)
-                        for j in (mix.sample(probe, cluster, "probe") for _ in range(2000))])
+        work = np.mean(
+            [
+                sum(t.demand.cpu for t in j.tasks) * j.iterations * estimated_iteration_s(j)
+                for j in (mix.sample(probe, cluster, "probe") for _ in range(2000))
+            ]
+        )
         cores = sum(cluster.capacity(n).cpu for n in nodes)
         if spec.tidal:
             cores *= spec.always_on + (1 - spec.always_on) * (1 - spec.busy)
@@ -262,9 +330,11 @@ def make_scenario(spec: ArrivalSpec, cluster: Cluster, seed: int,
     horizon = times[-1] + 2 * spec.day_s
     events: list[ScenarioEvent] = []
     if spec.tidal:
-        events += tidal_availability(np.random.default_rng([seed, 2]), nodes, horizon, spec.busy,
-                                     spec.always_on, spec.day_s)
+        events += tidal_availability(
+            np.random.default_rng([seed, 2]), nodes, horizon, spec.busy, spec.always_on, spec.day_s
+        )
     if spec.background > 0:
-        events += background_traffic(np.random.default_rng([seed, 3]), nodes, horizon,
-                                     spec.background)
+        events += background_traffic(
+            np.random.default_rng([seed, 3]), nodes, horizon, spec.background
+        )
     return Scenario(jobs, events, rate)

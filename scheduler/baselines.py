@@ -28,19 +28,21 @@ still free, then route the flows with their path rule and the rate split of `pat
 All but the last two default to shortest paths. All but network-aware are network-blind: they run
 best-effort by default (`compose.py`), as they would on a plain network.
 """
+
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import networkx as nx
 import numpy as np
 
-from .model import EPS, CannotPlace, Cluster, Decision, Job, Task
 from .layout import flow_hops, layout, residuals
+from .model import EPS, CannotPlace, Cluster, Decision, Job, Task
 from .paths import PATH_RULES, assign_flows
 
 
@@ -52,15 +54,20 @@ class Algorithm(Protocol):
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 # Algorithms defined in modules of their own, imported on first use (they register themselves).
-PLUGINS = {"exact": "scheduler.exact", "ces-ppo": "scheduler.ppo",
-           "eade-ddpg": "scheduler.eade.ces"}
+PLUGINS = {
+    "exact": "scheduler.exact",
+    "ces-ppo": "scheduler.ppo",
+    "eade-ddpg": "scheduler.eade.ces",
+}
 
 
 def register(name: str) -> Callable:
     """Class/factory decorator: `@register("my-algo")`; the factory takes `seed=` and keywords."""
+
     def deco(factory: Callable[..., Algorithm]) -> Callable[..., Algorithm]:
         ALGORITHMS[name] = factory
         return factory
+
     return deco
 
 
@@ -78,8 +85,9 @@ def _load_plugin(name: str) -> None:
 def algorithm_names() -> list[str]:
     """Every registered algorithm, plugins included when their module exists (found, not
     imported: a plugin's import — torch — waits until it is built)."""
-    return [n for n in ALGORITHMS if n not in PLUGINS] + \
-        [n for n, module in PLUGINS.items() if n in ALGORITHMS or importlib.util.find_spec(module)]
+    return [n for n in ALGORITHMS if n not in PLUGINS] + [
+        n for n, module in PLUGINS.items() if n in ALGORITHMS or importlib.util.find_spec(module)
+    ]
 
 
 def algorithm_factory(name: str) -> Callable[..., Algorithm]:
@@ -97,8 +105,9 @@ def make_algorithm(name: str, seed: int = 0, **kw) -> Algorithm:
     rule = name.partition(":")[2]
     if rule:
         if rule not in PATH_RULES:
-            raise ValueError(f"unknown path rule '{rule}' in '{name}' (expected one of "
-                             f"{', '.join(PATH_RULES)})")
+            raise ValueError(
+                f"unknown path rule '{rule}' in '{name}' (expected one of {', '.join(PATH_RULES)})"
+            )
         kw["path_rule"] = rule
     algo = factory(seed=seed, **kw)
     if rule:
@@ -124,6 +133,7 @@ class Placing:
     """The state of one `place` call as arrays over the online nodes (scoring 1000 nodes per
     task must be cheap): capacities and what is still free (this job's tasks so far subtracted),
     one row per node, columns RESOURCES; and the placement so far."""
+
     cluster: Cluster
     job: Job
     nodes: list[str]
@@ -143,6 +153,7 @@ class Placing:
 @dataclass
 class TaskPlacer:
     """Place task by task with `choose`, then route with `path_rule` and the rate split."""
+
     name: ClassVar[str] = ""
     # Whether placement ignores the network (runs on a plain network by default: compose.py).
     network_blind: ClassVar[bool] = True
@@ -155,8 +166,9 @@ class TaskPlacer:
 
     def __post_init__(self) -> None:
         if self.path_rule not in PATH_RULES:
-            raise ValueError(f"unknown path rule '{self.path_rule}' (expected one of "
-                             f"{', '.join(PATH_RULES)})")
+            raise ValueError(
+                f"unknown path rule '{self.path_rule}' (expected one of {', '.join(PATH_RULES)})"
+            )
         self.rng = np.random.default_rng(self.seed)
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
@@ -172,13 +184,16 @@ class TaskPlacer:
             d = np.array(task.demand.as_tuple())
             fits = np.flatnonzero(np.all(st.free >= d - EPS, axis=1))
             if not len(fits):
-                raise CannotPlace(f"job {job.name}: task {task.name} (cpu {task.demand.cpu:g}, "
-                                  f"mem {task.demand.mem_mb:g} MB, gpu {task.demand.gpu:g}) fits "
-                                  "on no online node")
+                raise CannotPlace(
+                    f"job {job.name}: task {task.name} (cpu {task.demand.cpu:g}, "
+                    f"mem {task.demand.mem_mb:g} MB, gpu {task.demand.gpu:g}) fits "
+                    "on no online node"
+                )
             if self.first and not st.placement:
                 if self.first not in st.nodes or st.nodes.index(self.first) not in fits:
-                    raise CannotPlace(f"job {job.name}: task {task.name} does not fit on "
-                                      f"{self.first}")
+                    raise CannotPlace(
+                        f"job {job.name}: task {task.name} does not fit on {self.first}"
+                    )
                 i = st.nodes.index(self.first)
             else:
                 i = int(fits[self.choose(st, d, task, fits)])
@@ -236,8 +251,7 @@ class UtilizationPlacer(TaskPlacer):
         want = _shares(np.broadcast_to(d, cap.shape).copy(), cap)
         have = _shares(st.free[fits], cap)
         norm = np.linalg.norm(want, axis=1) * np.linalg.norm(have, axis=1)
-        cosine = np.divide((want * have).sum(axis=1), norm, out=np.zeros(len(fits)),
-                           where=norm > 0)
+        cosine = np.divide((want * have).sum(axis=1), norm, out=np.zeros(len(fits)), where=norm > 0)
         return int(np.argmax(cosine))
 
 
@@ -271,18 +285,30 @@ class NetworkAware(TaskPlacer):
     def choose(self, st, d, task, fits):
         placement = st.placement
         # (peer node, demand, flow goes towards the new task?) for flows to placed peers
-        peer_flows = [(placement[f.dst], f.demand_mbps, False) for f in st.job.flows
-                      if f.src == task.name and f.dst in placement] + \
-                     [(placement[f.src], f.demand_mbps, True) for f in st.job.flows
-                      if f.dst == task.name and f.src in placement]
+        peer_flows = [
+            (placement[f.dst], f.demand_mbps, False)
+            for f in st.job.flows
+            if f.src == task.name and f.dst in placement
+        ] + [
+            (placement[f.src], f.demand_mbps, True)
+            for f in st.job.flows
+            if f.dst == task.name and f.src in placement
+        ]
         if "layout" not in st.memo:
             lay = layout(st.cluster)
-            st.memo["layout"] = (lay, residuals(st.cluster, lay),
-                                 np.array([lay.index[n] for n in st.nodes], np.int64))
+            st.memo["layout"] = (
+                lay,
+                residuals(st.cluster, lay),
+                np.array([lay.index[n] for n in st.nodes], np.int64),
+            )
         lay, res, at = st.memo["layout"]
         # hops from the new node to a peer: against the flow's direction
-        blocked, cost = flow_hops(lay, res, [(lay.index[node], demand, not to_new)
-                                             for node, demand, to_new in peer_flows], st.memo)
+        blocked, cost = flow_hops(
+            lay,
+            res,
+            [(lay.index[node], demand, not to_new) for node, demand, to_new in peer_flows],
+            st.memo,
+        )
         # the smallest (blocked, demand-weighted hops, most CPU free first) among the candidates
         cand = at[fits]
         return int(np.lexsort((-st.free[fits, 0], cost[cand], blocked[cand]))[0])

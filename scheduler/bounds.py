@@ -23,6 +23,7 @@ Every term is a relaxation of what any placement, path and rate must pay, so the
 bound of `predicted_iteration_s` of every feasible decision (a test checks it against the exact
 reference).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,29 +35,40 @@ from .model import EPS, Cluster, Job, Resources
 from .perfmodel import IterationModel, collective_steps, compute_time_s
 
 
-def iteration_lower_bound(cluster: Cluster, job: Job,
-                          model: IterationModel = DEFAULT_MODEL) -> float:
+def iteration_lower_bound(
+    cluster: Cluster, job: Job, model: IterationModel = DEFAULT_MODEL
+) -> float:
     """A lower bound of the job's predicted iteration time on `cluster` as it is (module doc);
     inf when some task fits on no node."""
     nodes = cluster.compute_nodes(online_only=True)
     free = {n: cluster.free(n) for n in nodes}
     compute = 0.0
     for t in job.tasks:
-        best = min((compute_time_s(job.compute_s, cluster.speed(n), t.demand.cpu)
-                    for n in nodes if t.demand.fits_in(free[n])), default=math.inf)
+        best = min(
+            (
+                compute_time_s(job.compute_s, cluster.speed(n), t.demand.cpu)
+                for n in nodes
+                if t.demand.fits_in(free[n])
+            ),
+            default=math.inf,
+        )
         compute = max(compute, best)
     if math.isinf(compute):
         return math.inf
-    if not job.flows or any(job.total_demand().fits_in(free[n]) for n in nodes) or \
-            not nx.is_connected(job.logical_graph().to_undirected()):
+    if (
+        not job.flows
+        or any(job.total_demand().fits_in(free[n]) for n in nodes)
+        or not nx.is_connected(job.logical_graph().to_undirected())
+    ):
         return compute + model.overhead_s  # (a split job may cross no flow)
     access = {n: _access_residual(cluster, n) for n in nodes}
     if job.collective == "star":
         seconds = _star_bound(job, nodes, free, access)
     else:
         best_rate = max(min(out, into) for out, into in access.values())
-        seconds = min(f.bytes_per_iter * 8 / (min(f.demand_mbps, best_rate) * 1e6)
-                      for f in job.flows)
+        seconds = min(
+            f.bytes_per_iter * 8 / (min(f.demand_mbps, best_rate) * 1e6) for f in job.flows
+        )
     flows = [(seconds * 1e6 / 8, 1.0)]  # as (bytes, Mbit/s): the model's own conversion
     steps = collective_steps(job.collective, len(job.tasks))
     return compute + model.communication_s(flows, steps=steps) + model.overhead_s
@@ -68,8 +80,9 @@ def _access_residual(cluster: Cluster, node: str) -> tuple[float, float]:
     return cluster.residual(node, switch), cluster.residual(switch, node)
 
 
-def _star_bound(job: Job, nodes: list[str], free: dict[str, Resources],
-                access: dict[str, tuple[float, float]]) -> float:
+def _star_bound(
+    job: Job, nodes: list[str], free: dict[str, Resources], access: dict[str, tuple[float, float]]
+) -> float:
     ps = job.task("ps")
     workers = [t for t in job.tasks if t.name != "ps"]
     up = next(f for f in job.flows if f.dst == "ps")  # every worker's gradients: same bytes

@@ -15,6 +15,7 @@ The default is best-effort for network-blind algorithms (`network_blind`: the ba
 place by resources only, as Kubernetes' scheduler does) and enforced for the others. A
 network-blind placement decides on a plain network: it sees no reservations.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,9 @@ def parse(spec: str) -> tuple[str, str | None]:
     """(algorithm name, NETWORK or None for the default); ValueError for an unknown NETWORK."""
     name, _, network = spec.partition("/")
     if network and network not in NETWORKS:
-        raise ValueError(f"unknown network '{network}' in '{spec}' (expected one of "
-                         f"{', '.join(NETWORKS)})")
+        raise ValueError(
+            f"unknown network '{network}' in '{spec}' (expected one of {', '.join(NETWORKS)})"
+        )
     return name, network or None
 
 
@@ -73,6 +75,7 @@ def placement_of(placer: Algorithm, cluster: Cluster, job: Job) -> dict[str, str
 @dataclass
 class Enforced:
     """The algorithm's own decision, enforced."""
+
     name: str
     placer: Algorithm
 
@@ -83,6 +86,7 @@ class Enforced:
 @dataclass
 class CesNetwork:
     """The algorithm's placement; CES's paths and rates for it."""
+
     name: str
     placer: Algorithm
 
@@ -98,6 +102,7 @@ class BestEffort:
     """The algorithm's placement on a plain network: the flows take the default paths, at the
     rates TCP would share out if nothing else ran (what the decision expects; nothing is
     reserved). A network-blind placement sees no reservations."""
+
     name: str
     placer: Algorithm
 
@@ -108,14 +113,16 @@ class BestEffort:
             seen = cluster.copy(share_graph=True)
             seen.reserved = {}
         placement = placement_of(self.placer, seen, job)
-        decision = Decision(job.name, placement, best_effort_flows(cluster, job, placement),
-                            network=BEST_EFFORT)
+        decision = Decision(
+            job.name, placement, best_effort_flows(cluster, job, placement), network=BEST_EFFORT
+        )
         decision.decision_s = time.perf_counter() - start
         return decision
 
 
-def best_effort_flows(cluster: Cluster, job: Job, placement: dict[str, str]
-                      ) -> list[FlowAssignment]:
+def best_effort_flows(
+    cluster: Cluster, job: Job, placement: dict[str, str]
+) -> list[FlowAssignment]:
     """The job's inter-node flows on the network's default paths, each at the equal share of the
     links' capacity it would get among the job's own flows (TCP's, with nothing else running)."""
     crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
@@ -126,5 +133,6 @@ def best_effort_flows(cluster: Cluster, job: Job, placement: dict[str, str]
     bare = cluster.copy(share_graph=True)
     bare.reserved = {}
     rates = fair_rates(bare, paths, {fl: float("inf") for fl in paths})
-    return [FlowAssignment(f.src, f.dst, paths[(f.src, f.dst)], rates[(f.src, f.dst)])
-            for f in crossing]
+    return [
+        FlowAssignment(f.src, f.dst, paths[(f.src, f.dst)], rates[(f.src, f.dst)]) for f in crossing
+    ]

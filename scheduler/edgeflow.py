@@ -31,6 +31,7 @@ What the paper leaves open and we chose: shares are cpu scale factors (CES's job
 number of workers); λ is one number for all edge nodes; no running job is preempted for another
 (only its share changes, or it moves when its node leaves).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,7 @@ from typing import ClassVar
 
 from .baselines import Algorithm
 from .model import CannotPlace, Decision, Job
-from .rounds import (ELASTIC_SHARES, FreeSpace, JobState, Round, estimated_iteration_s,
-                     scale_job)
+from .rounds import ELASTIC_SHARES, FreeSpace, JobState, Round, estimated_iteration_s, scale_job
 from .simulator import SimConfig
 
 
@@ -99,8 +99,11 @@ class EdgeFlow:
     def min_share(self, js: JobState, now: float, edge: bool) -> float | None:
         """The smallest share that meets `js`'s deadline if it starts now, None if none does."""
         for s in self.config.shares:
-            end = now + self.config.restart_s \
+            end = (
+                now
+                + self.config.restart_s
                 + js.remaining_iters() * self.iteration_s(scale_job(js.job, cpu=s), edge)
+            )
             if end <= js.submit + js.job.deadline:
                 return s
         return None
@@ -114,11 +117,13 @@ class EdgeFlow:
         self.observe(rnd)
         for js in list(rnd.running):
             self._reshare(rnd, js)
-        due = [js for js in rnd.queue if js.job.deadline is not None
-               and js.name not in self.demoted]
+        due = [
+            js for js in rnd.queue if js.job.deadline is not None and js.name not in self.demoted
+        ]
         for js in sorted(due, key=lambda j: (j.submit + j.job.deadline, j.seq)):
-            if self.min_share(js, rnd.now, edge=False) is None \
-                    and (not self.config.edge or self.min_share(js, rnd.now, True) is None):
+            if self.min_share(js, rnd.now, edge=False) is None and (
+                not self.config.edge or self.min_share(js, rnd.now, True) is None
+            ):
                 self.demoted.add(js.name)
                 continue
             self._start(rnd, js)
@@ -129,13 +134,20 @@ class EdgeFlow:
         """The smallest share that keeps a running job on time at the pace it reports."""
         current = js.cpu_share
         want = 1.0
-        if js.job.deadline is not None and js.name not in self.demoted \
-                and math.isfinite(js.iter_s):
+        if js.job.deadline is not None and js.name not in self.demoted and math.isfinite(js.iter_s):
             base = js.iter_s / estimated_iteration_s(js.allocated_job)  # measured / nominal
-            want = next((s for s in self.config.shares
-                         if max(rnd.now, js.ready_at) + js.remaining_iters_at(rnd.now) * base
-                         * estimated_iteration_s(scale_job(js.job, cpu=s))
-                         <= js.submit + js.job.deadline), None)
+            want = next(
+                (
+                    s
+                    for s in self.config.shares
+                    if max(rnd.now, js.ready_at)
+                    + js.remaining_iters_at(rnd.now)
+                    * base
+                    * estimated_iteration_s(scale_job(js.job, cpu=s))
+                    <= js.submit + js.job.deadline
+                ),
+                None,
+            )
             if want is None:  # late whatever it gets: best effort from now on
                 self.demoted.add(js.name)
                 want = 1.0
@@ -149,15 +161,18 @@ class EdgeFlow:
             if share is None:
                 continue
             granted = scale_job(js.job, cpu=share)
-            end = rnd.now + self.config.restart_s \
+            end = (
+                rnd.now
+                + self.config.restart_s
                 + js.remaining_iters() * self.iteration_s(granted, edge)
+            )
             decision = self._place(rnd, js, granted, edge, end)
-            if decision is not None and rnd.commit(js, decision,
-                                                   None if share == 1.0 else granted):
+            if decision is not None and rnd.commit(js, decision, None if share == 1.0 else granted):
                 return
 
-    def _place(self, rnd: Round, js: JobState, granted: Job, edge: bool,
-               end: float) -> Decision | None:
+    def _place(
+        self, rnd: Round, js: JobState, granted: Job, edge: bool, end: float
+    ) -> Decision | None:
         """The single-job algorithm's placement of `granted` on the always-on nodes, or (edge)
         on them plus the edge nodes idle until `end`; None if it does not fit."""
         view = rnd.view(js).copy(share_graph=True)
@@ -174,4 +189,3 @@ class EdgeFlow:
             return None
         finally:  # every attempt, as `Round.try_place` counts them (decision_ms)
             js.decision_s.append(time.perf_counter() - start)
-

@@ -25,6 +25,7 @@ graphs and tiered networks from the generators and real networks of topohub kept
 benchmarks (`instances.held_out`), with plain CPU edge nodes or capacities from the Alibaba
 machine table, background load, and jobs of every size — half of them jobs no node can hold.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,8 +42,16 @@ from gymnasium import spaces
 from topologies import Topology, load_topology
 
 from .baselines import make_algorithm, placement_order
-from .instances import GPU_CLUSTER_JOBS, JobDistribution, background_load, held_out, \
-    load_background, random_job, random_topology, spread_jobs
+from .instances import (
+    GPU_CLUSTER_JOBS,
+    JobDistribution,
+    background_load,
+    held_out,
+    load_background,
+    random_job,
+    random_topology,
+    spread_jobs,
+)
 from .layout import capacities, flow_hops, layout, reservations, shortest_tree
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
 from .model import EPS, CannotPlace, Cluster, Decision, Job, LogicalFlow
@@ -63,6 +72,7 @@ FAILED = -3.0  # the return of an episode that could not place its job
 @dataclass
 class GraphInput:
     """The encoder's input, once per episode."""
+
     node_x: np.ndarray  # (V, NODE_FEATURES) float32; vertices 0..n_compute-1 are compute nodes
     edge_index: np.ndarray  # (2, E) int64, directed links
     edge_x: np.ndarray  # (E, EDGE_FEATURES) float32
@@ -124,8 +134,9 @@ class PlacementEpisode:
     def _check_start(self) -> None:
         if not self._first.mask.any():
             self.done = True
-            self.failed = f"task {self.task}: fits on no node that can still hold the rest of " \
-                          "the job"
+            self.failed = (
+                f"task {self.task}: fits on no node that can still hold the rest of the job"
+            )
 
     def restart(self) -> PlacementEpisode:
         """A new episode on the same instance, sharing what no step changes (the cluster's
@@ -169,8 +180,10 @@ class PlacementEpisode:
         if job.collective in COLLECTIVES:
             j[4 + COLLECTIVES.index(job.collective)] = 1
         j[9] = min(math.log10(1 + self.demand_ref) / 5, 1)
-        comm = max((f.bytes_per_iter * 8 / (f.demand_mbps * 1e6) for f in job.flows
-                    if f.demand_mbps > 0), default=0.0)
+        comm = max(
+            (f.bytes_per_iter * 8 / (f.demand_mbps * 1e6) for f in job.flows if f.demand_mbps > 0),
+            default=0.0,
+        )
         compute = compute_time_s(job.compute_s, 1.0, max(big[0], EPS))
         j[10] = comm / (comm + compute) if comm + compute > 0 else 0.0
         j[11] = min(math.log10(1 + 1e3 * (comm + compute)) / 6, 1)
@@ -200,7 +213,7 @@ class PlacementEpisode:
         fits &= self._room_for_the_rest(free_now, demand, fits, zone)
         peers = self._peer_flows(name)
         if peers and self.saturated and not self.strongly_connected_job:  # else `_zone` did
-            for f, peer, outward in peers:
+            for _, peer, outward in peers:
                 pv = self.placement[peer]
                 ok = self._max_min(pv, not outward) > EPS
                 ok[pv] = True  # co-location needs no path
@@ -255,8 +268,9 @@ class PlacementEpisode:
         if self.failed or self.t < len(self.order):
             raise CannotPlace(f"job {self.job.name}: {self.failed or 'not every task placed'}")
         placement = self.placement_names()
-        return Decision(self.job.name, placement,
-                        route_placement(self.cluster, self.job, placement))
+        return Decision(
+            self.job.name, placement, route_placement(self.cluster, self.job, placement)
+        )
 
     # --- what the features are made of ---------------------------------------------------------
     def _peer_flows(self, task: str) -> list[tuple[LogicalFlow, str, bool]]:
@@ -293,9 +307,12 @@ class PlacementEpisode:
         over any link where there is none), per unit of demand, / 10. A policy that sees the
         heuristic's measure can follow it where it is right and learn where it is not."""
         n = len(self.compute)
-        blocked, cost = flow_hops(self.layout, self.residual,
-                                  [(self.placement[peer], f.demand_mbps, outward)
-                                   for f, peer, outward in peers], self._tight)
+        blocked, cost = flow_hops(
+            self.layout,
+            self.residual,
+            [(self.placement[peer], f.demand_mbps, outward) for f, peer, outward in peers],
+            self._tight,
+        )
         total = sum(f.demand_mbps for f, _, _ in peers)
         out = np.zeros((n, GUIDE_FEATURES), np.float32)
         out[:, 0] = blocked[:n]
@@ -350,7 +367,7 @@ class PlacementEpisode:
             comp = np.zeros(len(self.vertices), np.int64)
             for i, members in enumerate(nx.strongly_connected_components(g)):
                 comp[list(members)] = i
-            self._comp = comp[:len(self.compute)]
+            self._comp = comp[: len(self.compute)]
         return self._comp
 
     def _copies(self, free: np.ndarray, demand: np.ndarray, most: int) -> np.ndarray:
@@ -359,12 +376,13 @@ class PlacementEpisode:
             c = np.where(demand > 0, (free + EPS) / np.maximum(demand, EPS), np.inf).min(axis=-1)
         return np.where(self.online, np.floor(np.minimum(c, most)), 0)
 
-    def _room_for_the_rest(self, free_now: np.ndarray, demand: np.ndarray, fits: np.ndarray,
-                           zone: np.ndarray) -> np.ndarray:
+    def _room_for_the_rest(
+        self, free_now: np.ndarray, demand: np.ndarray, fits: np.ndarray, zone: np.ndarray
+    ) -> np.ndarray:
         """Nodes after which the remaining tasks still have room, by a cheap sufficient test:
         copies of their component-wise largest demand that fit. Where no node passes the test
         (it is only sufficient), every node that fits passes."""
-        rest = [self.tasks[t].demand.as_tuple() for t in self.order[self.t + 1:]]
+        rest = [self.tasks[t].demand.as_tuple() for t in self.order[self.t + 1 :]]
         if not rest:
             return np.ones(len(fits), bool)
         big = np.max(np.array(rest), axis=0)
@@ -381,6 +399,7 @@ TOPOHUB_SIZES = (10, 200)  # compute nodes of the real networks training draws
 @dataclass(frozen=True)
 class EnvConfig:
     """The training instances (`TrainingInstances`): every share in one place."""
+
     sites: tuple[int, int] = (10, 200)  # compute nodes of the generated networks
     real_share: float = 0.3  # networks from topohub (those not kept out: `instances.held_out`)
     alibaba_share: float = 0.5  # networks with the Alibaba machine table's capacities
@@ -453,14 +472,24 @@ class TrainingInstances:
     def _job(self, cluster: Cluster) -> Job | None:
         rng, cfg = self.rng, self.cfg
         gpus = any(cluster.capacity(n).gpu > 0 for n in cluster.compute_nodes())
-        dist = cfg.gpu_jobs if gpus else JobDistribution(
-            min_workers=2, max_workers=32, log_workers=True, min_params=1e5, max_params=1.1e8,
-            cpu_choices=(0.25, 0.5, 1.0, 2.0), mem_choices=(256.0, 512.0, 1024.0, 2048.0),
-            min_mbps=10.0, max_mbps=5000.0)
+        dist = (
+            cfg.gpu_jobs
+            if gpus
+            else JobDistribution(
+                min_workers=2,
+                max_workers=32,
+                log_workers=True,
+                min_params=1e5,
+                max_params=1.1e8,
+                cpu_choices=(0.25, 0.5, 1.0, 2.0),
+                mem_choices=(256.0, 512.0, 1024.0, 2048.0),
+                min_mbps=10.0,
+                max_mbps=5000.0,
+            )
+        )
         if rng.random() < cfg.spread_share:
             try:  # a job that must span nodes, which this network can hold
-                return spread_jobs(rng, cluster, 1, dist, prefix=f"job{self.count}-",
-                                   tries=200)[0]
+                return spread_jobs(rng, cluster, 1, dist, prefix=f"job{self.count}-", tries=200)[0]
             except CannotPlace:
                 return None
         return random_job(rng, f"job{self.count}", cfg.small_jobs)
@@ -480,15 +509,22 @@ class PlacementEnv(gym.Env):
             (> 0: faster than the heuristic), or FAILED.
     info: "node_mask" (max_nodes,) — the feasible nodes —, "n_compute"; at the end "placed",
           "iteration_s", "heuristic_iteration_s" (and "reason" when it failed)."""
+
     metadata = {"render_modes": []}
 
     def __init__(self, cfg: EnvConfig = EnvConfig(), machines: list[Machine] | None = None):
         self.cfg, self.machines = cfg, machines
-        self.observation_space = spaces.Dict({
-            "graph": spaces.Graph(node_space=spaces.Box(
-                0.0, 1.0, (NODE_FEATURES + STEP_FEATURES + GUIDE_FEATURES,), np.float32),
-                                  edge_space=spaces.Box(0.0, 1.0, (EDGE_FEATURES,), np.float32)),
-            "job": spaces.Box(0.0, 1.0, (JOB_FEATURES,), np.float32)})
+        self.observation_space = spaces.Dict(
+            {
+                "graph": spaces.Graph(
+                    node_space=spaces.Box(
+                        0.0, 1.0, (NODE_FEATURES + STEP_FEATURES + GUIDE_FEATURES,), np.float32
+                    ),
+                    edge_space=spaces.Box(0.0, 1.0, (EDGE_FEATURES,), np.float32),
+                ),
+                "job": spaces.Box(0.0, 1.0, (JOB_FEATURES,), np.float32),
+            }
+        )
         self.action_space = spaces.Discrete(cfg.max_nodes)
         self.instances: TrainingInstances | None = None
         self.episode: PlacementEpisode | None = None
@@ -501,7 +537,8 @@ class PlacementEnv(gym.Env):
         else:
             if self.instances is None or seed is not None:
                 self.instances = TrainingInstances(
-                    self.cfg, int(self.np_random.integers(2**31)), self.machines)
+                    self.cfg, int(self.np_random.integers(2**31)), self.machines
+                )
             while True:
                 cluster, job = self.instances.next()
                 if len(cluster.compute_nodes()) <= self.cfg.max_nodes:
@@ -512,17 +549,20 @@ class PlacementEnv(gym.Env):
 
     def _obs(self) -> dict:
         g, step = self._graph, self.episode.observe()
-        nodes = np.zeros((len(g.node_x), NODE_FEATURES + STEP_FEATURES + GUIDE_FEATURES),
-                         np.float32)
+        nodes = np.zeros(
+            (len(g.node_x), NODE_FEATURES + STEP_FEATURES + GUIDE_FEATURES), np.float32
+        )
         nodes[:, :NODE_FEATURES] = g.node_x
-        nodes[:g.n_compute, NODE_FEATURES:] = step.features()
-        return {"graph": spaces.GraphInstance(nodes, g.edge_x.copy(), g.edge_index.T.copy()),
-                "job": g.job_x.copy()}
+        nodes[: g.n_compute, NODE_FEATURES:] = step.features()
+        return {
+            "graph": spaces.GraphInstance(nodes, g.edge_x.copy(), g.edge_index.T.copy()),
+            "job": g.job_x.copy(),
+        }
 
     def _info(self) -> dict:
         mask = np.zeros(self.cfg.max_nodes, np.int8)
-        m = self.episode.observe().mask[:self.cfg.max_nodes]
-        mask[:len(m)] = m
+        m = self.episode.observe().mask[: self.cfg.max_nodes]
+        mask[: len(m)] = m
         return {"node_mask": mask, "n_compute": len(self.episode.compute)}
 
     def step(self, action):

@@ -24,6 +24,7 @@ seed 004's deployed count. The JSON holds, per algorithm and metric, mean and st
 over the seeds (null when no seed placed a job); its "algorithms" part is stable for scripts.
 Exit code 2 with a one-line message on bad input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,21 @@ from .multi import MultiConfig, default_algorithm, make_policy, policy_names
 from .simulator import SimResult, Simulator
 from .trace import load_machine_spec
 
-JOB_METRICS = ("iteration_time_s", "job_completion_s", "bw_satisfaction", "flows_satisfied",
-               "network_cost", "decision_ms")
-CLUSTER_METRICS = ("balance_std", "balance_max_mean", "fragmentation", "load_variance",
-                   "gpu_load_variance")
+JOB_METRICS = (
+    "iteration_time_s",
+    "job_completion_s",
+    "bw_satisfaction",
+    "flows_satisfied",
+    "network_cost",
+    "decision_ms",
+)
+CLUSTER_METRICS = (
+    "balance_std",
+    "balance_max_mean",
+    "fragmentation",
+    "load_variance",
+    "gpu_load_variance",
+)
 RUN_METRICS = ("placed_fraction", "deployed_count")
 
 
@@ -72,9 +84,13 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu_model": model or platform.processor(), "cores": os.cpu_count(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "load_average_1m": round(os.getloadavg()[0], 2)}  # other work sharing the cores
+    return {
+        "cpu_model": model or platform.processor(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }  # other work sharing the cores
 
 
 def mean_std(values: list) -> dict[str, float | None]:
@@ -121,8 +137,15 @@ def run_sequence(cluster: Cluster, jobs: list[Job], algo) -> dict[str, float]:
     return row
 
 
-def evaluate(topo: str, jobs: list[Job], algos: list[str], seeds: int, background: float = 0.5,
-             machines: list | None = None, explicit: bool = False) -> dict[str, Any]:
+def evaluate(
+    topo: str,
+    jobs: list[Job],
+    algos: list[str],
+    seeds: int,
+    background: float = 0.5,
+    machines: list | None = None,
+    explicit: bool = False,
+) -> dict[str, Any]:
     """The comparison as the JSON document `main` writes. Algorithms that do not apply to the
     instance (size) or cannot be built (e.g. no checkpoint) are skipped with the reason, unless
     `explicit` (they were asked for by name): then the error propagates."""
@@ -136,9 +159,11 @@ def evaluate(topo: str, jobs: list[Job], algos: list[str], seeds: int, backgroun
             probe = make_algorithm(name, seed=0)
             applies = getattr(probe, "applies", None)
             if applies and not all(applies(instances[0], j) for j in jobs):
-                raise EvaluationError(f"algorithm {name}: the instance is too large for it "
-                                      f"({len(topology.nodes)} nodes, up to "
-                                      f"{max(len(j.tasks) for j in jobs)} tasks per job)")
+                raise EvaluationError(
+                    f"algorithm {name}: the instance is too large for it "
+                    f"({len(topology.nodes)} nodes, up to "
+                    f"{max(len(j.tasks) for j in jobs)} tasks per job)"
+                )
         except (FileNotFoundError, ImportError, EvaluationError) as e:
             if explicit:
                 raise EvaluationError(str(e)) from None
@@ -146,28 +171,48 @@ def evaluate(topo: str, jobs: list[Job], algos: list[str], seeds: int, backgroun
             continue
         except ValueError as e:  # unknown name or path rule
             raise EvaluationError(str(e)) from None
-        rows = [run_sequence(inst, jobs, make_algorithm(name, seed=s))
-                for s, inst in enumerate(instances)]
+        rows = [
+            run_sequence(inst, jobs, make_algorithm(name, seed=s))
+            for s, inst in enumerate(instances)
+        ]
         keys = JOB_METRICS + CLUSTER_METRICS + RUN_METRICS
         results[name] = {k: mean_std([r[k] for r in rows]) for k in keys}
-    return {"algorithms": results, "skipped": skipped,
-            "instance": {"topology": topo, "nodes": len(topology.nodes),
-                         "switches": len(topology.switches), "links": len(topology.links),
-                         "jobs": [j.name for j in jobs], "seeds": seeds,
-                         "background": background, "machines": bool(machines)},
-            "machine": machine_info()}
+    return {
+        "algorithms": results,
+        "skipped": skipped,
+        "instance": {
+            "topology": topo,
+            "nodes": len(topology.nodes),
+            "switches": len(topology.switches),
+            "links": len(topology.links),
+            "jobs": [j.name for j in jobs],
+            "seeds": seeds,
+            "background": background,
+            "machines": bool(machines),
+        },
+        "machine": machine_info(),
+    }
 
 
 def print_table(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    cols = {"iteration_time_s": "iter s", "bw_satisfaction": "bw sat", "balance_std": "bal std",
-            "network_cost": "net cost", "fragmentation": "frag", "deployed_count": "deployed",
-            "decision_ms": "decide ms", "placed_fraction": "placed"}
+    cols = {
+        "iteration_time_s": "iter s",
+        "bw_satisfaction": "bw sat",
+        "balance_std": "bal std",
+        "network_cost": "net cost",
+        "fragmentation": "frag",
+        "deployed_count": "deployed",
+        "decision_ms": "decide ms",
+        "placed_fraction": "placed",
+    }
     inst = doc["instance"]
-    table = Table(title=f"{inst['topology']}: {len(inst['jobs'])} jobs, {inst['seeds']} seeds, "
-                        f"background {inst['background']} (mean ± std over seeds)")
+    table = Table(
+        title=f"{inst['topology']}: {len(inst['jobs'])} jobs, {inst['seeds']} seeds, "
+        f"background {inst['background']} (mean ± std over seeds)"
+    )
     table.add_column("algorithm", no_wrap=True)
     for title in cols.values():
         table.add_column(title, justify="right", no_wrap=True)
@@ -184,15 +229,37 @@ def print_table(doc: dict[str, Any]) -> None:
 
 
 # --- multi mode: queue policies in the simulator ---------------------------------------------------
-MULTI_METRICS = ("avg_wait_s", "p95_wait_s", "max_wait_s", "jct_s", "bw_satisfaction",
-                 "balance_std", "balance_std_arrivals", "balance_std_queued", "queued_share",
-                 "fairness", "deadline_hit_rate", "utilisation", "finished", "unfinished",
-                 "preemptions", "decision_ms", "events_per_s", "deadline_satisfaction",
-                 "migrations_per_job")
+MULTI_METRICS = (
+    "avg_wait_s",
+    "p95_wait_s",
+    "max_wait_s",
+    "jct_s",
+    "bw_satisfaction",
+    "balance_std",
+    "balance_std_arrivals",
+    "balance_std_queued",
+    "queued_share",
+    "fairness",
+    "deadline_hit_rate",
+    "utilisation",
+    "finished",
+    "unfinished",
+    "preemptions",
+    "decision_ms",
+    "events_per_s",
+    "deadline_satisfaction",
+    "migrations_per_job",
+)
 
 
-def run_policy(name: str, cluster: Cluster, spec: ArrivalSpec, seed: int,
-               algorithm: str | None = None, config: MultiConfig = MultiConfig()) -> dict:
+def run_policy(
+    name: str,
+    cluster: Cluster,
+    spec: ArrivalSpec,
+    seed: int,
+    algorithm: str | None = None,
+    config: MultiConfig = MultiConfig(),
+) -> dict:
     """One simulated run of a queue policy on a scenario; its `SimResult.summary()` and the
     schedule's digest."""
     scenario = make_scenario(spec, cluster, seed)
@@ -224,9 +291,17 @@ def evaluate_multi(args: argparse.Namespace) -> dict:
         raise ValueError(f"--seeds must be ≥ 1, got {args.seeds}")
     single = getattr(args, "single", None) or default_algorithm()
     config = getattr(args, "config", None) or MultiConfig()
-    out: dict = {"mode": "multi", "topology": topo.name, "nodes": len(topo.nodes),
-                 "arrivals": asdict(spec), "single_job_algorithm": single, "seeds": args.seeds,
-                 "ces_multi_config": asdict(config), "machine": machine_info(), "algorithms": {}}
+    out: dict = {
+        "mode": "multi",
+        "topology": topo.name,
+        "nodes": len(topo.nodes),
+        "arrivals": asdict(spec),
+        "single_job_algorithm": single,
+        "seeds": args.seeds,
+        "ces_multi_config": asdict(config),
+        "machine": machine_info(),
+        "algorithms": {},
+    }
     with RunProgress(len(names) * args.seeds) as progress:
         for name in names:
             runs = []
@@ -246,9 +321,16 @@ class RunProgress:
         from rich.progress import Progress, TimeElapsedColumn
 
         self.console = Console(stderr=True)
-        self.bar = Progress(*Progress.get_default_columns(), TimeElapsedColumn(),
-                            console=self.console, transient=True) \
-            if self.console.is_terminal else None
+        self.bar = (
+            Progress(
+                *Progress.get_default_columns(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
+            if self.console.is_terminal
+            else None
+        )
         self.total, self.done, self.since = total, -1, time.perf_counter()
 
     def __enter__(self) -> RunProgress:
@@ -274,46 +356,84 @@ class RunProgress:
 
 def multi_table(result: dict) -> str:
     """A readable table of `evaluate_multi`'s result."""
-    cols = [("avg_wait_s", "avg wait s"), ("p95_wait_s", "p95 wait s"), ("max_wait_s", "max wait s"),
-            ("jct_s", "JCT s"), ("bw_satisfaction", "bw sat"), ("balance_std", "util std"),
-            ("balance_std_arrivals", "std arriving"), ("balance_std_queued", "std queued"),
-            ("queued_share", "queued"), ("fairness", "Jain"),
-            ("deadline_hit_rate", "deadline hit"), ("migrations_per_job", "migr/job")]
+    cols = [
+        ("avg_wait_s", "avg wait s"),
+        ("p95_wait_s", "p95 wait s"),
+        ("max_wait_s", "max wait s"),
+        ("jct_s", "JCT s"),
+        ("bw_satisfaction", "bw sat"),
+        ("balance_std", "util std"),
+        ("balance_std_arrivals", "std arriving"),
+        ("balance_std_queued", "std queued"),
+        ("queued_share", "queued"),
+        ("fairness", "Jain"),
+        ("deadline_hit_rate", "deadline hit"),
+        ("migrations_per_job", "migr/job"),
+    ]
     head = f"{'policy':<14}" + "".join(f"{h:>14}" for _, h in cols)
-    lines = [f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "
-             f"{result['seeds']} seeds, single-job algorithm {result['single_job_algorithm']}",
-             head, "-" * len(head)]
+    lines = [
+        f"{result['topology']} ({result['nodes']} nodes), {result['arrivals']['n']} jobs, "
+        f"{result['seeds']} seeds, single-job algorithm {result['single_job_algorithm']}",
+        head,
+        "-" * len(head),
+    ]
     for name, m in result["algorithms"].items():
         cells = []
         for key, _ in cols:
             v = m[key]["mean"]
-            cells.append(f"{'-':>14}" if v is None else
-                         f"{v:>14.0f}" if key.endswith("_s") else f"{v:>14.3f}")
+            cells.append(
+                f"{'-':>14}"
+                if v is None
+                else f"{v:>14.0f}"
+                if key.endswith("_s")
+                else f"{v:>14.3f}"
+            )
         lines.append(f"{name:<14}" + "".join(cells))
     return "\n".join(lines)
 
 
 # --- the command line ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scheduler.evaluate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--topo", required=True, help="topology name, .yaml/.gml/.graphml, "
-                    "topohub key or gen:internet:N")
-    ap.add_argument("--mode", choices=("single", "multi"), default="single",
-                    help="single: place --jobs one after another; multi: queue scheduling of "
-                    "--arrivals in the simulator (evaluate_multi)")
+    ap = argparse.ArgumentParser(
+        prog="python -m scheduler.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--topo",
+        required=True,
+        help="topology name, .yaml/.gml/.graphml, topohub key or gen:internet:N",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=("single", "multi"),
+        default="single",
+        help="single: place --jobs one after another; multi: queue scheduling of "
+        "--arrivals in the simulator (evaluate_multi)",
+    )
     ap.add_argument("--jobs", help="job YAML file or folder (single mode)")
-    ap.add_argument("--arrivals", default="poisson:n=500,load=0.8",
-                    help="multi mode: PROCESS[:key=value,...] (scheduler.arrivals)")
-    ap.add_argument("--single", help="multi mode: the single-job algorithm of every queue policy "
-                    "(default: CES-Multi's, ces-ppo once trained)")
-    ap.add_argument("--algos", default="all", help="'all' or comma-separated names "
-                    "(NAME or NAME:PATH_RULE)")
+    ap.add_argument(
+        "--arrivals",
+        default="poisson:n=500,load=0.8",
+        help="multi mode: PROCESS[:key=value,...] (scheduler.arrivals)",
+    )
+    ap.add_argument(
+        "--single",
+        help="multi mode: the single-job algorithm of every queue policy "
+        "(default: CES-Multi's, ces-ppo once trained)",
+    )
+    ap.add_argument(
+        "--algos", default="all", help="'all' or comma-separated names (NAME or NAME:PATH_RULE)"
+    )
     ap.add_argument("--seeds", type=int, default=5, help="number of seeds (instances), ≥ 1")
     ap.add_argument("--out", help="write the JSON here")
     ap.add_argument("--machines", help="Alibaba machine-spec CSV to sample node capacities from")
-    ap.add_argument("--background", type=float, default=0.5,
-                    help="background load level in [0, 1) (default 0.5)")
+    ap.add_argument(
+        "--background",
+        type=float,
+        default=0.5,
+        help="background load level in [0, 1) (default 0.5)",
+    )
     args = ap.parse_args(argv)
     if args.mode == "multi":
         return _main_multi(args)
@@ -323,13 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.seeds < 1:
             raise EvaluationError(f"--seeds: expected an integer ≥ 1, got {args.seeds}")
         if not 0 <= args.background < 1:
-            raise EvaluationError(f"--background: expected a number in [0, 1), "
-                                  f"got {args.background}")
+            raise EvaluationError(
+                f"--background: expected a number in [0, 1), got {args.background}"
+            )
         jobs = load_jobs(args.jobs)
         machines = load_machine_spec(args.machines) if args.machines else None
         explicit = args.algos != "all"
-        algos = algorithm_names() if not explicit else \
-            [a.strip() for a in args.algos.split(",") if a.strip()]
+        algos = (
+            algorithm_names()
+            if not explicit
+            else [a.strip() for a in args.algos.split(",") if a.strip()]
+        )
         if not algos:
             raise EvaluationError("--algos: expected 'all' or a comma-separated list of names")
         doc = evaluate(args.topo, jobs, algos, args.seeds, args.background, machines, explicit)

@@ -23,6 +23,7 @@ delays) and identical capacity, free resources and speed are interchangeable, so
 is tried. The result is optimal over all placements and those candidate paths (all paths on the
 small topologies it is used on); `last_optimal` is False when the `time_limit_s` cut it short.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,42 +63,60 @@ class Exact:
     last_objective_s: float = field(default=math.inf, init=False)
 
     def applies(self, cluster: Cluster, job: Job) -> bool:
-        return len(cluster.compute_nodes(online_only=True)) <= self.max_nodes \
+        return (
+            len(cluster.compute_nodes(online_only=True)) <= self.max_nodes
             and len(job.tasks) <= self.max_tasks
+        )
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
         start = time.perf_counter()
         search = _Search(cluster, job, self.model, self.max_paths, start + self.time_limit_s)
         self.last_optimal = search.run()
         if search.best is None:
-            raise CannotPlace(f"job {job.name}: no placement with paths fits the cluster"
-                              + ("" if self.last_optimal else " (search timed out)"))
+            raise CannotPlace(
+                f"job {job.name}: no placement with paths fits the cluster"
+                + ("" if self.last_optimal else " (search timed out)")
+            )
         self.last_objective_s = search.best_value
         placement, chosen = search.best
         crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
         top = max((f.bytes_per_iter for f in crossing), default=1.0) or 1.0
-        rates = fair_rates(cluster, chosen, {(f.src, f.dst): f.demand_mbps for f in crossing},
-                           {(f.src, f.dst): max(f.bytes_per_iter, 1e-9 * top) for f in crossing})
-        flows = [FlowAssignment(f.src, f.dst, chosen[f.src, f.dst], rates[f.src, f.dst])
-                 for f in crossing]
+        rates = fair_rates(
+            cluster,
+            chosen,
+            {(f.src, f.dst): f.demand_mbps for f in crossing},
+            {(f.src, f.dst): max(f.bytes_per_iter, 1e-9 * top) for f in crossing},
+        )
+        flows = [
+            FlowAssignment(f.src, f.dst, chosen[f.src, f.dst], rates[f.src, f.dst])
+            for f in crossing
+        ]
         return Decision(job.name, placement, flows, time.perf_counter() - start)
 
 
 class _Search:
     """One branch-and-bound run (state kept here so the recursion stays readable)."""
 
-    def __init__(self, cluster: Cluster, job: Job, model: IterationModel, max_paths: int,
-                 deadline: float):
+    def __init__(
+        self, cluster: Cluster, job: Job, model: IterationModel, max_paths: int, deadline: float
+    ):
         self.cluster, self.job, self.model = cluster, job, model
         self.max_paths, self.deadline = max_paths, deadline
         self.nodes = cluster.compute_nodes(online_only=True)
         self.free = {n: cluster.free(n) for n in self.nodes}
         self.tasks = placement_order(job)
-        self.compute = {(t.name, n): compute_time_s(job.compute_s, cluster.speed(n), t.demand.cpu)
-                        for t in job.tasks for n in self.nodes}
-        self.min_compute = {t.name: min((self.compute[t.name, n] for n in self.nodes
-                                         if t.demand.fits_in(self.free[n])), default=math.inf)
-                            for t in job.tasks}
+        self.compute = {
+            (t.name, n): compute_time_s(job.compute_s, cluster.speed(n), t.demand.cpu)
+            for t in job.tasks
+            for n in self.nodes
+        }
+        self.min_compute = {
+            t.name: min(
+                (self.compute[t.name, n] for n in self.nodes if t.demand.fits_in(self.free[n])),
+                default=math.inf,
+            )
+            for t in job.tasks
+        }
         self.steps = collective_steps(job.collective, len(job.tasks))
         self.signature = {n: self._signature(n) for n in self.nodes}
         self._paths: dict[tuple[str, str], list[_Path]] = {}
@@ -107,9 +126,18 @@ class _Search:
 
     def _signature(self, n: str) -> tuple:
         c = self.cluster
-        edges = tuple(sorted((v, c.link_capacity(n, v), c.residual(n, v), c.residual(v, n),
-                              c.graph.edges[n, v].get("delay_ms", 0.0))
-                             for v in c.graph.neighbors(n)))
+        edges = tuple(
+            sorted(
+                (
+                    v,
+                    c.link_capacity(n, v),
+                    c.residual(n, v),
+                    c.residual(v, n),
+                    c.graph.edges[n, v].get("delay_ms", 0.0),
+                )
+                for v in c.graph.neighbors(n)
+            )
+        )
         return (edges, c.capacity(n), self.free[n], c.speed(n))
 
     def paths(self, a: str, b: str) -> list[_Path]:
@@ -118,8 +146,15 @@ class _Search:
                 cands = candidate_paths(self.cluster, a, b, self.max_paths)
             except NoPath:
                 cands = []
-            out = [_Path(p, tuple(links(p)), self.cluster.path_residual(p),
-                         2 * path_delay_ms(self.cluster, p) / 1000) for p in cands]
+            out = [
+                _Path(
+                    p,
+                    tuple(links(p)),
+                    self.cluster.path_residual(p),
+                    2 * path_delay_ms(self.cluster, p) / 1000,
+                )
+                for p in cands
+            ]
             out = [p for p in out if p.width > EPS]
             self._paths[a, b] = sorted(out, key=lambda p: (-p.width, len(p.vertices)))
         return self._paths[a, b]
@@ -127,8 +162,12 @@ class _Search:
     def value(self, compute: float, transfer: float, rtt: float, biggest: float) -> float:
         """The iteration time; `biggest` is the largest flow crossing nodes, in Mbit (0: none),
         which alone takes biggest / max_rate_mbps when the model caps a worker's goodput."""
-        comm = max(transfer / self.model.efficiency, biggest / self.model.max_rate_mbps) + \
-            self.steps * (self.model.per_message_latency_s + rtt) if biggest > 0 else 0.0
+        comm = (
+            max(transfer / self.model.efficiency, biggest / self.model.max_rate_mbps)
+            + self.steps * (self.model.per_message_latency_s + rtt)
+            if biggest > 0
+            else 0.0
+        )
         return compute + comm + self.model.overhead_s
 
     def flow_alone(self, f: LogicalFlow, a: str, b: str) -> tuple[float, float] | None:
@@ -179,8 +218,10 @@ class _Search:
 
     def bound(self, placement: dict[str, str]) -> float:
         compute = max((self.compute[t, n] for t, n in placement.items()), default=0.0)
-        compute = max([compute] + [self.min_compute[t.name] for t in self.job.tasks
-                                   if t.name not in placement])
+        compute = max(
+            [compute]
+            + [self.min_compute[t.name] for t in self.job.tasks if t.name not in placement]
+        )
         transfer = rtt = 0.0
         biggest = 0.0
         for f in self.job.flows:
@@ -196,8 +237,10 @@ class _Search:
 
     # --- paths for one complete placement ---------------------------------------------------------
     def route(self, placement: dict[str, str]) -> None:
-        crossing = sorted((f for f in self.job.flows if placement[f.src] != placement[f.dst]),
-                          key=lambda f: -f.bytes_per_iter)
+        crossing = sorted(
+            (f for f in self.job.flows if placement[f.src] != placement[f.dst]),
+            key=lambda f: -f.bytes_per_iter,
+        )
         compute = max(self.compute[t, n] for t, n in placement.items())
         biggest = max((8 * f.bytes_per_iter / 1e6 for f in crossing), default=0.0)
         floor = [self.flow_alone(f, placement[f.src], placement[f.dst]) for f in crossing]
@@ -209,8 +252,10 @@ class _Search:
 
         def step(j: int, transfer: float, rtt: float) -> None:
             self.tick()
-            if self.value(compute, max(transfer, rest_t[j]), max(rtt, rest_r[j]), biggest) \
-                    >= self.best_value - 1e-12:
+            if (
+                self.value(compute, max(transfer, rest_t[j]), max(rtt, rest_r[j]), biggest)
+                >= self.best_value - 1e-12
+            ):
                 return
             if j == len(crossing):
                 self.best_value = self.value(compute, transfer, rtt, biggest)

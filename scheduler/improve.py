@@ -7,10 +7,11 @@ lowers the predicted iteration time of placement, paths and rates together (each
 CES's network decision, `paths.route_placement`; at the same time, while it gives the flows more
 room to spare: `metrics.Rank`), within a number of evaluations.
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 from .metrics import Rank
 from .model import CannotPlace, Cluster, Decision, Job, Resources, placement_key
@@ -49,8 +50,9 @@ def improve(cluster: Cluster, job: Job, decision: Decision, evaluations: int) ->
     return best.decision
 
 
-def moves(job: Job, placement: dict[str, str], free: dict[str, Resources]
-          ) -> Iterator[dict[str, str]]:
+def moves(
+    job: Job, placement: dict[str, str], free: dict[str, Resources]
+) -> Iterator[dict[str, str]]:
     """The placements one move away that fit in `free` (what the cluster leaves, per node that
     may take tasks: a node not in it takes none): two tasks on different nodes exchanged, then
     one task moved to a node of the job, then to any other node. Exchanges first: they keep the
@@ -61,8 +63,11 @@ def moves(job: Job, placement: dict[str, str], free: dict[str, Resources]
     demand = {t: job.task(t).demand for t in placement}
     for a, b in itertools.combinations(placement, 2):
         na, nb = placement[a], placement[b]
-        if na != nb and (used[na] - demand[a] + demand[b]).fits_in(free.get(na, Resources())) \
-                and (used[nb] - demand[b] + demand[a]).fits_in(free.get(nb, Resources())):
+        if (
+            na != nb
+            and (used[na] - demand[a] + demand[b]).fits_in(free.get(na, Resources()))
+            and (used[nb] - demand[b] + demand[a]).fits_in(free.get(nb, Resources()))
+        ):
             yield placement | {a: nb, b: na}
     others = [n for n in free if n not in used]
     for task, node in placement.items():

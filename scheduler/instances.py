@@ -7,6 +7,7 @@ benchmarks and the tests draw from (all seeded through a numpy Generator).
   load_background                a cluster made busy with random jobs (training's other kind)
   random_instance                a small random (cluster, job): the exact reference's playground
 """
+
 from __future__ import annotations
 
 import math
@@ -39,6 +40,7 @@ class JobDistribution:
                 max_compute_s];
     bandwidth   per-flow demand log-uniform in [min_mbps, max_mbps];
     iterations  uniform integer in [min_iterations, max_iterations]; priority uniform 0..2."""
+
     min_workers: int = 2
     max_workers: int = 6
     log_workers: bool = False
@@ -59,17 +61,30 @@ COLLECTIVE_WEIGHTS = {"ring": 0.5, "star": 0.2, "tree": 0.1, "all-to-all": 0.1, 
 # Jobs at the scale of a GPU cluster's (node capacities from the Alibaba machine table, scaled as
 # `trace.apply_machine_spec` does): 2-32 tasks, up to two GPUs each, gradients from a small CNN's
 # (0.4 MB) to BERT-base's (440 MB): many cannot run on one node, so the network decides.
-GPU_CLUSTER_JOBS = JobDistribution(min_workers=2, max_workers=32, log_workers=True,
-                                   cpu_choices=(0.25, 0.5, 1.0, 2.0),
-                                   mem_choices=(512.0, 1024.0, 2048.0, 4096.0),
-                                   gpu_choices=(0.0, 1.0, 1.0, 2.0), min_params=1e5,
-                                   max_params=1.1e8, min_compute_s=0.01, max_compute_s=2.0,
-                                   min_mbps=50.0, max_mbps=5000.0)
+GPU_CLUSTER_JOBS = JobDistribution(
+    min_workers=2,
+    max_workers=32,
+    log_workers=True,
+    cpu_choices=(0.25, 0.5, 1.0, 2.0),
+    mem_choices=(512.0, 1024.0, 2048.0, 4096.0),
+    gpu_choices=(0.0, 1.0, 1.0, 2.0),
+    min_params=1e5,
+    max_params=1.1e8,
+    min_compute_s=0.01,
+    max_compute_s=2.0,
+    min_mbps=50.0,
+    max_mbps=5000.0,
+)
 
 
-def spread_jobs(rng: np.random.Generator, cluster: Cluster, n: int,
-                dist: JobDistribution = GPU_CLUSTER_JOBS, prefix: str = "spread",
-                tries: int = 10_000) -> list[Job]:
+def spread_jobs(
+    rng: np.random.Generator,
+    cluster: Cluster,
+    n: int,
+    dist: JobDistribution = GPU_CLUSTER_JOBS,
+    prefix: str = "spread",
+    tries: int = 10_000,
+) -> list[Job]:
     """`n` jobs of `dist` that no node of `cluster` can hold whole but the cluster can (by free
     resources, network aside): each must span nodes. `CannotPlace` when `tries` draws did not
     find them."""
@@ -81,43 +96,62 @@ def spread_jobs(rng: np.random.Generator, cluster: Cluster, n: int,
             return jobs
         job = random_job(rng, f"{prefix}{len(jobs)}", dist)
         need = job.total_demand()
-        if need.fits_in(total) and not any(need.fits_in(cluster.free(v)) for v in nodes) and \
-                all(any(t.demand.fits_in(cluster.free(v)) for v in nodes) for t in job.tasks):
+        if (
+            need.fits_in(total)
+            and not any(need.fits_in(cluster.free(v)) for v in nodes)
+            and all(any(t.demand.fits_in(cluster.free(v)) for v in nodes) for t in job.tasks)
+        ):
             jobs.append(job)
     if len(jobs) == n:
         return jobs
-    raise CannotPlace(f"no {n} jobs of the distribution that must span nodes fit the cluster "
-                      f"({len(jobs)} in {tries} draws)")
+    raise CannotPlace(
+        f"no {n} jobs of the distribution that must span nodes fit the cluster "
+        f"({len(jobs)} in {tries} draws)"
+    )
 
 
 def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
 
 
-def random_job(rng: np.random.Generator, name: str = "job",
-               dist: JobDistribution = JobDistribution(), collective: str | None = None) -> Job:
+def random_job(
+    rng: np.random.Generator,
+    name: str = "job",
+    dist: JobDistribution = JobDistribution(),
+    collective: str | None = None,
+) -> Job:
     """A job drawn from `dist` (see `JobDistribution`); `collective` forces one collective."""
-    collective = collective or str(rng.choice(list(COLLECTIVE_WEIGHTS),
-                                              p=list(COLLECTIVE_WEIGHTS.values())))
-    k = round(_log_uniform(rng, dist.min_workers, dist.max_workers)) if dist.log_workers else \
-        int(rng.integers(dist.min_workers, dist.max_workers + 1))
-    demand = Resources(float(rng.choice(dist.cpu_choices)), float(rng.choice(dist.mem_choices)),
-                       float(rng.choice(dist.gpu_choices)) if len(dist.gpu_choices) > 1
-                       else dist.gpu_choices[0])
+    collective = collective or str(
+        rng.choice(list(COLLECTIVE_WEIGHTS), p=list(COLLECTIVE_WEIGHTS.values()))
+    )
+    k = (
+        round(_log_uniform(rng, dist.min_workers, dist.max_workers))
+        if dist.log_workers
+        else int(rng.integers(dist.min_workers, dist.max_workers + 1))
+    )
+    demand = Resources(
+        float(rng.choice(dist.cpu_choices)),
+        float(rng.choice(dist.mem_choices)),
+        float(rng.choice(dist.gpu_choices)) if len(dist.gpu_choices) > 1 else dist.gpu_choices[0],
+    )
     params = round(_log_uniform(rng, dist.min_params, dist.max_params))
     model_bytes = float(BYTES_PER_PARAM * params)
     mbps = round(_log_uniform(rng, dist.min_mbps, dist.max_mbps), 1)
-    fields = dict(compute_s=round(_log_uniform(rng, dist.min_compute_s, dist.max_compute_s), 4),
-                  iterations=int(rng.integers(dist.min_iterations, dist.max_iterations + 1)),
-                  priority=int(rng.integers(0, 3)))
+    fields = dict(
+        compute_s=round(_log_uniform(rng, dist.min_compute_s, dist.max_compute_s), 4),
+        iterations=int(rng.integers(dist.min_iterations, dist.max_iterations + 1)),
+        priority=int(rng.integers(0, 3)),
+    )
     if collective == "custom":
         tasks = worker_tasks(k, demand)
-        pairs = {(f"w{i}", f"w{(i + 1) % k}") for i in range(k)} | \
-                {(f"w{i}", f"w{(i + 2) % k}") for i in range(k)}
+        pairs = {(f"w{i}", f"w{(i + 1) % k}") for i in range(k)} | {
+            (f"w{i}", f"w{(i + 2) % k}") for i in range(k)
+        }
         pairs = sorted((a, b) for a, b in pairs if a != b)
-        return custom_job(name, tasks, flows_between(pairs, mbps, model_bytes), model_bytes, **fields)
+        return custom_job(
+            name, tasks, flows_between(pairs, mbps, model_bytes), model_bytes, **fields
+        )
     return BUILDERS[collective](name, k, demand, model_bytes, mbps, **fields)
-
 
 
 # --- networks ---------------------------------------------------------------------------------------
@@ -131,6 +165,7 @@ def held_out(key: str) -> bool:
     """Whether topohub network `key` (or another version of it) is kept out of training."""
     name = key.rsplit("/", 1)[-1].lower() if not key.startswith("gabriel/") else key
     return name.startswith(_HELD_OUT_FAMILIES) or key.startswith("gabriel/100/")
+
 
 def random_topology(rng: np.random.Generator, sites: tuple[int, int]) -> Topology:
     """A random network for training: a router graph (Internet-AS-like, Waxman, Barabási–Albert;
@@ -161,24 +196,37 @@ def _bandwidth(rng: np.random.Generator) -> float:
 
 def _tiered(rng: np.random.Generator, n: int) -> Topology:
     cores = int(rng.integers(1, 3))
-    access = max(1, int(math.ceil(n / rng.integers(1, 5))))
-    aggs = max(1, int(math.ceil(access / rng.integers(1, 4))))
-    sw = [f"c{i}" for i in range(cores)] + [f"g{i}" for i in range(aggs)] + \
-        [f"a{i}" for i in range(access)]
+    access = max(1, math.ceil(n / rng.integers(1, 5)))
+    aggs = max(1, math.ceil(access / rng.integers(1, 4)))
+    sw = (
+        [f"c{i}" for i in range(cores)]
+        + [f"g{i}" for i in range(aggs)]
+        + [f"a{i}" for i in range(access)]
+    )
     links = [{"ends": [f"c{i}", f"c{i + 1}"], "bw_mbps": 1000} for i in range(cores - 1)]
     for i in range(aggs):
         for c in rng.choice(cores, size=int(rng.integers(1, cores + 1)), replace=False):
             links.append({"ends": [f"c{c}", f"g{i}"], "bw_mbps": _bandwidth(rng)})
     for i in range(access):
         for a in rng.choice(aggs, size=int(rng.integers(1, min(aggs, 2) + 1)), replace=False):
-            links.append({"ends": [f"g{a}", f"a{i}"], "bw_mbps": _bandwidth(rng),
-                          "delay_ms": round(float(rng.uniform(0.1, 2.0)), 3)})
+            links.append(
+                {
+                    "ends": [f"g{a}", f"a{i}"],
+                    "bw_mbps": _bandwidth(rng),
+                    "delay_ms": round(float(rng.uniform(0.1, 2.0)), 3),
+                }
+            )
     nodes = []
     for i in range(n):
         nodes.append({"name": f"n{i}", "cpu": 1, "mem_mb": 1024})
         links.append({"ends": [f"n{i}", f"a{i % access}"], "bw_mbps": _bandwidth(rng)})
-    doc = {"name": f"tiered{n}", "defaults": {"delay_ms": 0.2},
-           "switches": [{"name": s} for s in sw], "nodes": nodes, "links": links}
+    doc = {
+        "name": f"tiered{n}",
+        "defaults": {"delay_ms": 0.2},
+        "switches": [{"name": s} for s in sw],
+        "nodes": nodes,
+        "links": links,
+    }
     return parse_topology(doc, "random:tiered")
 
 
@@ -191,16 +239,29 @@ def _resize(rng: np.random.Generator, topo: Topology) -> Topology:
         cpu = round(scale * float(rng.choice([0.25, 0.5, 1.0, 1.5, 2.0])), 2)
         mem = int(cpu * float(rng.choice([1024, 2048, 4096])))
         gpu = int(rng.choice([0, 0, 0, 1, 2])) if scale >= 4 else 0
-        nodes.append(replace(nd, cpu=cpu, mem_mb=max(mem, 256), gpu=gpu,
-                             speed=round(float(rng.uniform(0.5, 1.5)), 2)))
+        nodes.append(
+            replace(
+                nd,
+                cpu=cpu,
+                mem_mb=max(mem, 256),
+                gpu=gpu,
+                speed=round(float(rng.uniform(0.5, 1.5)), 2),
+            )
+        )
     names = {nd.name for nd in topo.nodes}
-    links = [replace(lk, bw_mbps=_bandwidth(rng)) if (lk.a in names or lk.b in names) else lk
-             for lk in topo.links]
+    links = [
+        replace(lk, bw_mbps=_bandwidth(rng)) if (lk.a in names or lk.b in names) else lk
+        for lk in topo.links
+    ]
     return Topology(topo.name, nodes, topo.switches, links, topo.source, topo.description)
 
 
-def load_background(rng: np.random.Generator, cluster: Cluster, share: float,
-                    jobs: JobDistribution = JobDistribution()) -> None:
+def load_background(
+    rng: np.random.Generator,
+    cluster: Cluster,
+    share: float,
+    jobs: JobDistribution = JobDistribution(),
+) -> None:
     """Put the cluster in a busy state: random jobs placed by the `random` baseline until about
     `share` of the compute capacity is in use (jobs that do not fit are skipped)."""
     algo = make_algorithm("random", seed=int(rng.integers(2**31)))
@@ -238,22 +299,33 @@ def background_load(cluster: Cluster, rng: np.random.Generator, level: float) ->
         rate = out.path_residual(path) * rng.uniform(0, level)
         if rate <= 0:
             continue
-        job = Job(f"bg-flow-{i}", [Task("a", Resources()), Task("b", Resources())],
-                  [LogicalFlow("a", "b", rate, 0.0)], collective="custom")
-        out.allocate(job, Decision(job.name, {"a": a, "b": b},
-                                   [FlowAssignment("a", "b", path, rate)]))
+        job = Job(
+            f"bg-flow-{i}",
+            [Task("a", Resources()), Task("b", Resources())],
+            [LogicalFlow("a", "b", rate, 0.0)],
+            collective="custom",
+        )
+        out.allocate(
+            job, Decision(job.name, {"a": a, "b": b}, [FlowAssignment("a", "b", path, rate)])
+        )
     return out
 
 
-def make_instance(base: Cluster, seed: int, background: float,
-                  machines: list | None = None) -> Cluster:
+def make_instance(
+    base: Cluster, seed: int, background: float, machines: list | None = None
+) -> Cluster:
     rng = np.random.default_rng(seed)
     cluster = apply_machine_spec(base, machines, rng) if machines else base
     return background_load(cluster, rng, background)
 
 
-def random_instance(rng: np.random.Generator, max_switches: int = 4, max_nodes: int = 5,
-                    max_workers: int = 4, background: float = 0.5) -> tuple[Cluster, Job]:
+def random_instance(
+    rng: np.random.Generator,
+    max_switches: int = 4,
+    max_nodes: int = 5,
+    max_workers: int = 4,
+    background: float = 0.5,
+) -> tuple[Cluster, Job]:
     """A small random instance (the exact reference's playground, also used by the tests):
     2..max_switches switches joined by a random tree plus each other pair with probability 0.3
     (parallel paths), 2..max_nodes compute nodes on random switches (cpu 0.5-2, mem 1-2 GB,
@@ -265,18 +337,36 @@ def random_instance(rng: np.random.Generator, max_switches: int = 4, max_nodes: 
     switches = [{"name": f"s{i}"} for i in range(n_sw)]
     pairs = {(int(rng.integers(i)), i) for i in range(1, n_sw)}
     pairs |= {(i, j) for i in range(n_sw) for j in range(i + 1, n_sw) if rng.random() < 0.3}
-    links = [{"ends": [f"s{i}", f"s{j}"], "bw_mbps": float(rng.choice([10, 50, 100, 200, 1000])),
-              "delay_ms": round(float(rng.uniform(0, 2)), 2)} for i, j in sorted(pairs)]
+    links = [
+        {
+            "ends": [f"s{i}", f"s{j}"],
+            "bw_mbps": float(rng.choice([10, 50, 100, 200, 1000])),
+            "delay_ms": round(float(rng.uniform(0, 2)), 2),
+        }
+        for i, j in sorted(pairs)
+    ]
     nodes = []
     for i in range(n_nodes):
-        nodes.append({"name": f"h{i}", "cpu": float(rng.choice([0.5, 1.0, 1.5, 2.0])),
-                      "mem_mb": int(rng.choice([1024, 2048])),
-                      "speed": float(rng.choice([0.5, 1.0, 1.5]))})
-        links.append({"ends": [f"h{i}", f"s{int(rng.integers(n_sw))}"],
-                      "bw_mbps": float(rng.choice([100, 1000]))})
-    topo = parse_topology({"name": "random", "switches": switches, "nodes": nodes,
-                           "links": links}, "<random instance>")
+        nodes.append(
+            {
+                "name": f"h{i}",
+                "cpu": float(rng.choice([0.5, 1.0, 1.5, 2.0])),
+                "mem_mb": int(rng.choice([1024, 2048])),
+                "speed": float(rng.choice([0.5, 1.0, 1.5])),
+            }
+        )
+        links.append(
+            {
+                "ends": [f"h{i}", f"s{int(rng.integers(n_sw))}"],
+                "bw_mbps": float(rng.choice([100, 1000])),
+            }
+        )
+    topo = parse_topology(
+        {"name": "random", "switches": switches, "nodes": nodes, "links": links},
+        "<random instance>",
+    )
     cluster = background_load(Cluster.from_topology(topo), rng, background)
-    dist = JobDistribution(max_workers=max_workers, cpu_choices=(0.25, 0.5, 1.0),
-                           mem_choices=(256.0, 512.0))
+    dist = JobDistribution(
+        max_workers=max_workers, cpu_choices=(0.25, 0.5, 1.0), mem_choices=(256.0, 512.0)
+    )
     return cluster, random_job(rng, "job", dist)

@@ -8,11 +8,13 @@ problem raises `JobError` naming the file, the job, the field and what was expec
 Task names: ring/tree/all-to-all/custom-from-builders use w0..w{k-1}; star adds a `ps` task.
 Bytes per flow per iteration follow `perfmodel.flow_bytes` for the collective.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from topologies import is_number, read_yaml
 
@@ -35,8 +37,9 @@ def worker_tasks(k: int, demand: Resources) -> list[Task]:
     return [Task(f"w{i}", demand) for i in range(k)]
 
 
-def flows_between(pairs: Iterable[tuple[str, str]], demand_mbps: float,
-           nbytes: float) -> list[LogicalFlow]:
+def flows_between(
+    pairs: Iterable[tuple[str, str]], demand_mbps: float, nbytes: float
+) -> list[LogicalFlow]:
     return [LogicalFlow(a, b, demand_mbps, nbytes) for a, b in pairs]
 
 
@@ -52,48 +55,100 @@ def ring_pairs(names: list[str]) -> list[tuple[str, str]]:
     return [(names[i], names[i - 1]) for i in range(k)]  # names[-1] closes the ring
 
 
-def ring_job(name: str, workers: int, demand: Resources, model_bytes: float, demand_mbps: float,
-             **fields: Any) -> Job:
+def ring_job(
+    name: str,
+    workers: int,
+    demand: Resources,
+    model_bytes: float,
+    demand_mbps: float,
+    **fields: Any,
+) -> Job:
     """DDP ring all-reduce: w_i -> w_{i-1 mod k} (`ring_pairs`), 2(k-1)/k·M bytes per flow."""
     tasks = worker_tasks(workers, demand)
     pairs = ring_pairs([t.name for t in tasks])
-    return Job(name, tasks, flows_between(pairs, demand_mbps, flow_bytes("ring", workers, model_bytes)),
-               collective="ring", model_bytes=model_bytes, **fields)
+    return Job(
+        name,
+        tasks,
+        flows_between(pairs, demand_mbps, flow_bytes("ring", workers, model_bytes)),
+        collective="ring",
+        model_bytes=model_bytes,
+        **fields,
+    )
 
 
-def star_job(name: str, workers: int, demand: Resources, model_bytes: float, demand_mbps: float,
-             ps_demand: Resources | None = None, **fields: Any) -> Job:
+def star_job(
+    name: str,
+    workers: int,
+    demand: Resources,
+    model_bytes: float,
+    demand_mbps: float,
+    ps_demand: Resources | None = None,
+    **fields: Any,
+) -> Job:
     """Parameter server: task `ps` plus k workers; w_i -> ps (gradients) and ps -> w_i (weights),
     M bytes each."""
     tasks = [Task("ps", ps_demand or demand)] + worker_tasks(workers, demand)
     pairs = [p for i in range(workers) for p in ((f"w{i}", "ps"), ("ps", f"w{i}"))]
-    return Job(name, tasks, flows_between(pairs, demand_mbps, flow_bytes("star", workers, model_bytes)),
-               collective="star", model_bytes=model_bytes, **fields)
+    return Job(
+        name,
+        tasks,
+        flows_between(pairs, demand_mbps, flow_bytes("star", workers, model_bytes)),
+        collective="star",
+        model_bytes=model_bytes,
+        **fields,
+    )
 
 
-def tree_job(name: str, workers: int, demand: Resources, model_bytes: float, demand_mbps: float,
-             **fields: Any) -> Job:
+def tree_job(
+    name: str,
+    workers: int,
+    demand: Resources,
+    model_bytes: float,
+    demand_mbps: float,
+    **fields: Any,
+) -> Job:
     """Binary reduction tree rooted at w0 (parent of w_i is w_{(i-1)//2}); reduce up and broadcast
     down, M bytes per flow and direction."""
     tasks = worker_tasks(workers, demand)
-    pairs = [p for i in range(1, workers)
-             for p in ((f"w{i}", f"w{(i - 1) // 2}"), (f"w{(i - 1) // 2}", f"w{i}"))]
-    return Job(name, tasks, flows_between(pairs, demand_mbps, flow_bytes("tree", workers, model_bytes)),
-               collective="tree", model_bytes=model_bytes, **fields)
+    pairs = [
+        p
+        for i in range(1, workers)
+        for p in ((f"w{i}", f"w{(i - 1) // 2}"), (f"w{(i - 1) // 2}", f"w{i}"))
+    ]
+    return Job(
+        name,
+        tasks,
+        flows_between(pairs, demand_mbps, flow_bytes("tree", workers, model_bytes)),
+        collective="tree",
+        model_bytes=model_bytes,
+        **fields,
+    )
 
 
-def all_to_all_job(name: str, workers: int, demand: Resources, model_bytes: float,
-                   demand_mbps: float, **fields: Any) -> Job:
+def all_to_all_job(
+    name: str,
+    workers: int,
+    demand: Resources,
+    model_bytes: float,
+    demand_mbps: float,
+    **fields: Any,
+) -> Job:
     """Direct all-reduce: every ordered pair of workers, 2M/k bytes per flow."""
     tasks = worker_tasks(workers, demand)
     pairs = [(f"w{i}", f"w{j}") for i in range(workers) for j in range(workers) if i != j]
-    return Job(name, tasks,
-               flows_between(pairs, demand_mbps, flow_bytes("all-to-all", workers, model_bytes)),
-               collective="all-to-all", model_bytes=model_bytes, **fields)
+    return Job(
+        name,
+        tasks,
+        flows_between(pairs, demand_mbps, flow_bytes("all-to-all", workers, model_bytes)),
+        collective="all-to-all",
+        model_bytes=model_bytes,
+        **fields,
+    )
 
 
-def custom_job(name: str, tasks: list[Task], flows: list[LogicalFlow], model_bytes: float = 0.0,
-               **fields: Any) -> Job:
+def custom_job(
+    name: str, tasks: list[Task], flows: list[LogicalFlow], model_bytes: float = 0.0, **fields: Any
+) -> Job:
     """Any directed graph between tasks (cycles allowed)."""
     return Job(name, tasks, flows, collective="custom", model_bytes=model_bytes, **fields)
 
@@ -102,9 +157,27 @@ BUILDERS = {"ring": ring_job, "star": star_job, "tree": tree_job, "all-to-all": 
 
 
 # --- YAML job files -------------------------------------------------------------------------------
-JOB_KEYS = {"name", "collective", "workers", "task", "ps", "model_params", "model_bytes",
-            "compute_s", "demand_mbps", "iterations", "target_accuracy", "priority",
-            "submit_time", "deadline", "image", "command", "workload", "tasks", "flows"}
+JOB_KEYS = {
+    "name",
+    "collective",
+    "workers",
+    "task",
+    "ps",
+    "model_params",
+    "model_bytes",
+    "compute_s",
+    "demand_mbps",
+    "iterations",
+    "target_accuracy",
+    "priority",
+    "submit_time",
+    "deadline",
+    "image",
+    "command",
+    "workload",
+    "tasks",
+    "flows",
+}
 RES_KEYS = {"cpu", "mem_mb", "gpu"}
 
 
@@ -120,8 +193,17 @@ class _Where:
         return JobError(f"{self.file}: {self.job}: {where}expected {expected}{tail}")
 
 
-def _num(d: dict, key: str, w: _Where, field: str, *, default: Any = ..., lo: float | None = None,
-         strict: bool = False, integer: bool = False) -> Any:
+def _num(
+    d: dict,
+    key: str,
+    w: _Where,
+    field: str,
+    *,
+    default: Any = ...,
+    lo: float | None = None,
+    strict: bool = False,
+    integer: bool = False,
+) -> Any:
     if key not in d or d[key] is None:
         if default is ...:
             raise w.error(field, "a value (required)")
@@ -151,16 +233,20 @@ def _mapping(v: Any, w: _Where, field: str, allowed: set[str] | None = None) -> 
     if allowed is not None:
         unknown = sorted(str(k) for k in v if k not in allowed)
         if unknown:
-            raise w.error(f"{field}.{unknown[0]}" if field else unknown[0],
-                          f"one of the known keys ({', '.join(sorted(allowed))})")
+            raise w.error(
+                f"{field}.{unknown[0]}" if field else unknown[0],
+                f"one of the known keys ({', '.join(sorted(allowed))})",
+            )
     return v
 
 
 def _resources(v: Any, w: _Where, field: str) -> Resources:
     d = _mapping(v, w, field, RES_KEYS)
-    return Resources(float(_num(d, "cpu", w, f"{field}.cpu", lo=0, strict=True)),
-                     float(_num(d, "mem_mb", w, f"{field}.mem_mb", default=0, lo=0)),
-                     float(_num(d, "gpu", w, f"{field}.gpu", default=0, lo=0)))
+    return Resources(
+        float(_num(d, "cpu", w, f"{field}.cpu", lo=0, strict=True)),
+        float(_num(d, "mem_mb", w, f"{field}.mem_mb", default=0, lo=0)),
+        float(_num(d, "gpu", w, f"{field}.gpu", default=0, lo=0)),
+    )
 
 
 def _workload(v: Any, w: _Where, collective: str) -> dict:
@@ -170,8 +256,11 @@ def _workload(v: Any, w: _Where, collective: str) -> dict:
             raise w.error("workload", "string keys", key)
         if not (val is None or isinstance(val, (str, int, float, bool, list))):
             raise w.error(f"workload.{key}", "a scalar or a list", val)
-    if "collective" in d and collective in WORKLOAD_COLLECTIVE \
-            and d["collective"] != WORKLOAD_COLLECTIVE[collective]:
+    if (
+        "collective" in d
+        and collective in WORKLOAD_COLLECTIVE
+        and d["collective"] != WORKLOAD_COLLECTIVE[collective]
+    ):
         want = WORKLOAD_COLLECTIVE[collective]
         raise w.error("workload.collective", f"'{want}' for a {collective} job", d["collective"])
     return dict(d)
@@ -193,19 +282,30 @@ def parse_job(doc: Any, file: str = "<job>", index: int | None = None) -> Job:
     if "model_params" in d:
         model_bytes = BYTES_PER_PARAM * float(_num(d, "model_params", w, "model_params", lo=0))
     else:
-        model_bytes = float(_num(d, "model_bytes", w, "model_bytes",
-                                 default=None if collective == "custom" else ..., lo=0) or 0.0)
+        model_bytes = float(
+            _num(
+                d,
+                "model_bytes",
+                w,
+                "model_bytes",
+                default=None if collective == "custom" else ...,
+                lo=0,
+            )
+            or 0.0
+        )
     fields: dict[str, Any] = dict(
         compute_s=float(_num(d, "compute_s", w, "compute_s", default=0.0, lo=0)),
         iterations=_num(d, "iterations", w, "iterations", default=None, lo=1, integer=True),
-        target_accuracy=_num(d, "target_accuracy", w, "target_accuracy", default=None, lo=0,
-                             strict=True),
+        target_accuracy=_num(
+            d, "target_accuracy", w, "target_accuracy", default=None, lo=0, strict=True
+        ),
         priority=_num(d, "priority", w, "priority", default=0, integer=True),
         submit_time=float(_num(d, "submit_time", w, "submit_time", default=0.0, lo=0)),
         deadline=_num(d, "deadline", w, "deadline", default=None, lo=0, strict=True),
         image=_str(d, "image", w, "image", default=""),
         command=_str(d, "command", w, "command", default=""),
-        workload=_workload(d.get("workload") or {}, w, collective))
+        workload=_workload(d.get("workload") or {}, w, collective),
+    )
     if fields["target_accuracy"] is not None and fields["target_accuracy"] > 1:
         raise w.error("target_accuracy", "a fraction in (0, 1]", fields["target_accuracy"])
     if fields["iterations"] is None and fields["target_accuracy"] is None:
@@ -217,8 +317,9 @@ def parse_job(doc: Any, file: str = "<job>", index: int | None = None) -> Job:
         return _custom(d, w, name, model_bytes, fields)
     for key in ("tasks", "flows"):
         if key in d:
-            raise w.error(key, f"no such field for a {collective} job (only custom jobs list "
-                               "tasks and flows)")
+            raise w.error(
+                key, f"no such field for a {collective} job (only custom jobs list tasks and flows)"
+            )
     if "ps" in d and collective != "star":
         raise w.error("ps", "no such field for a non-star job")
     workers = _num(d, "workers", w, "workers", lo=1, integer=True)
@@ -261,8 +362,15 @@ def _custom(d: dict, w: _Where, name: str, model_bytes: float, fields: dict) -> 
             raise w.error(f, "a flow between two different tasks", f"{src}->{dst}")
         if any(x.src == src and x.dst == dst for x in flows):
             raise w.error(f, "each src->dst pair once", f"{src}->{dst}")
-        mbps = _num(fl, "demand_mbps", w, f"{f}.demand_mbps",
-                    default=... if default_mbps is None else default_mbps, lo=0, strict=True)
+        mbps = _num(
+            fl,
+            "demand_mbps",
+            w,
+            f"{f}.demand_mbps",
+            default=... if default_mbps is None else default_mbps,
+            lo=0,
+            strict=True,
+        )
         nbytes = _num(fl, "bytes_per_iter", w, f"{f}.bytes_per_iter", default=model_bytes, lo=0)
         flows.append(LogicalFlow(src, dst, float(mbps), float(nbytes)))
     return custom_job(name, tasks, flows, model_bytes, **fields)
@@ -272,6 +380,7 @@ def _custom(d: dict, w: _Where, name: str, model_bytes: float, fields: dict) -> 
 class JobDocument:
     """One job as a file gives it: where it came from, its mapping (what travels to the Master)
     and the job parsed from it."""
+
     source: str
     mapping: dict
     job: Job
@@ -295,16 +404,22 @@ def load_job_documents(path: str | Path) -> list[JobDocument]:
         doc = read_yaml(file, JobError)
         if isinstance(doc, dict) and "jobs" in doc:
             if set(doc) != {"jobs"} or not isinstance(doc["jobs"], list) or not doc["jobs"]:
-                raise JobError(f"{file}: expected `jobs:` with a non-empty list of jobs and "
-                               "nothing else at the top level")
-            new = [JobDocument(str(file), d, parse_job(d, str(file), i))
-                   for i, d in enumerate(doc["jobs"])]
+                raise JobError(
+                    f"{file}: expected `jobs:` with a non-empty list of jobs and "
+                    "nothing else at the top level"
+                )
+            new = [
+                JobDocument(str(file), d, parse_job(d, str(file), i))
+                for i, d in enumerate(doc["jobs"])
+            ]
         else:
             new = [JobDocument(str(file), doc, parse_job(doc, str(file)))]
         for d in new:
             if d.job.name in seen:
-                raise JobError(f"{file}: job '{d.job.name}': field 'name': expected a unique "
-                               f"job name, already used in {seen[d.job.name]}")
+                raise JobError(
+                    f"{file}: job '{d.job.name}': field 'name': expected a unique "
+                    f"job name, already used in {seen[d.job.name]}"
+                )
             seen[d.job.name] = file
         docs += new
     return docs

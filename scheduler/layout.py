@@ -8,6 +8,7 @@ count costs a pass over G in networkx). Compute nodes come
 first, then switches; directed link 2i is G's i-th link in its own order and 2i+1 the same link
 the other way.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -69,10 +70,21 @@ def layout(cluster: Cluster) -> Layout:
             in_edges[b].append((a, e))
         delay = [d.get("delay_ms", 0.0) for _, _, d in links for _ in (0, 1)]
         cost = [hop_cost(d) for _, _, d in links for _ in (0, 1)]
-        lay = _LAYOUTS[g] = Layout(size, compute, vertices, index, src, dst,
-                                   {pr: e for e, pr in enumerate(pairs)}, out_edges, in_edges,
-                                   np.bincount(src, minlength=len(vertices)),
-                                   [d for _, _, d in links], delay, cost)
+        lay = _LAYOUTS[g] = Layout(
+            size,
+            compute,
+            vertices,
+            index,
+            src,
+            dst,
+            {pr: e for e, pr in enumerate(pairs)},
+            out_edges,
+            in_edges,
+            np.bincount(src, minlength=len(vertices)),
+            [d for _, _, d in links],
+            delay,
+            cost,
+        )
     return lay
 
 
@@ -86,8 +98,9 @@ def reservations(cluster: Cluster, lay: Layout) -> np.ndarray:
     out = np.zeros(2 * len(lay.links))
     reserved = cluster.reserved
     if reserved:
-        out[np.fromiter(map(lay.edge_id.__getitem__, reserved), np.int64, len(reserved))] = \
+        out[np.fromiter(map(lay.edge_id.__getitem__, reserved), np.int64, len(reserved))] = (
             np.fromiter(reserved.values(), float, len(reserved))
+        )
     return out
 
 
@@ -100,6 +113,7 @@ def residuals(cluster: Cluster, lay: Layout) -> np.ndarray:
 class Tree:
     """The breadth-first shortest-path tree from one vertex through switches (a compute node ends
     a path). Arrays over all vertices; -1 at the root and where unreachable."""
+
     parent: np.ndarray
     down: np.ndarray  # the link parent -> vertex
     up: np.ndarray  # the link vertex -> parent
@@ -107,8 +121,9 @@ class Tree:
     hops: np.ndarray  # inf where unreachable
 
 
-def hops_over(lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0,
-              towards: bool = False) -> np.ndarray:
+def hops_over(
+    lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0, towards: bool = False
+) -> np.ndarray:
     """(V,) hops from vertex v to every vertex through switches (a compute node ends a path),
     using only directed links with at least `min_residual` of `res` free (every link when it is
     ≤ 0); with `towards`, hops *to* v (links taken in the reverse direction). inf where none.
@@ -118,7 +133,7 @@ def hops_over(lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0,
     # the links a path may take, from the end nearer v: only v and the switches forward
     near, far = (lay.dst, lay.src) if towards else (lay.src, lay.dst)
     forwards = np.ones(nv, bool)
-    forwards[:lay.n_compute] = False
+    forwards[: lay.n_compute] = False
     forwards[v] = True
     usable = forwards[near]
     if min_residual > 0:
@@ -139,13 +154,15 @@ def hops_over(lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0,
         frontier[reached] = True
 
 
-def flow_hops(lay: Layout, res: np.ndarray, peers: list[tuple[int, float, bool]],
-              memo: dict) -> tuple[np.ndarray, np.ndarray]:
+def flow_hops(
+    lay: Layout, res: np.ndarray, peers: list[tuple[int, float, bool]], memo: dict
+) -> tuple[np.ndarray, np.ndarray]:
     """Network-aware's measure of every vertex as the place of a task whose flows go to placed
     peers `peers` — (peer vertex, demand, `towards` the peer): (V,) whether some flow finds no
     path with its demand free, and (V,) the flows' hops weighted by demand, over links with the
     demand free (over any link where there is none; inf where none at all). `memo` keeps the
     searches (`hops_over`) for the caller's decision: the residuals do not change within it."""
+
     def hops(v: int, demand: float, towards: bool) -> np.ndarray:
         if (v, demand, towards) not in memo:
             memo[v, demand, towards] = hops_over(lay, res, v, demand, towards)
@@ -191,8 +208,9 @@ def shortest_tree(lay: Layout, v: int) -> Tree:
     return lay.trees[v]
 
 
-def widest_route(lay: Layout, res: list[float], src: int, dst: int,
-                 tolerance: float) -> tuple[list[int], float] | None:
+def widest_route(
+    lay: Layout, res: list[float], src: int, dst: int, tolerance: float
+) -> tuple[list[int], float] | None:
     """The widest src→dst path by directed residual `res`, fewest hops (then least delay) among
     those as wide: (its directed links, its width); None when dst is unreachable. Inner vertices
     are switches. Links narrower than the width by more than `tolerance` are not used."""
@@ -220,8 +238,9 @@ def widest_route(lay: Layout, res: list[float], src: int, dst: int,
     return (path, width[dst]) if path is not None else None
 
 
-def fewest_hops(lay: Layout, res: list[float], src: int, dst: int,
-                floor: float) -> list[int] | None:
+def fewest_hops(
+    lay: Layout, res: list[float], src: int, dst: int, floor: float
+) -> list[int] | None:
     """The fewest-hop (then least-delay) src→dst path over directed links with at least `floor`
     residual: its directed links, or None. Inner vertices are switches."""
     cost = [math.inf] * len(lay.vertices)

@@ -30,8 +30,10 @@ Over a sequence of jobs:
                           of jobs rejected when no placement that fits the free resources exists
                           (a correct "cannot place"; `packable` decides that by exact search).
 """
+
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import asdict, dataclass, replace
@@ -47,13 +49,16 @@ SIGNIFICANT = 1e-9  # relative: a time lower by no more than this is the same ti
 
 # --- per decision ---------------------------------------------------------------------------------
 def path_delay_ms(cluster: Cluster, path: tuple[str, ...]) -> float:
-    return sum(cluster.graph.edges[u, v].get("delay_ms", 0.0) for u, v in zip(path, path[1:]))
+    return sum(cluster.graph.edges[u, v].get("delay_ms", 0.0) for u, v in itertools.pairwise(path))
 
 
-def predicted_iteration_s(cluster: Cluster, job: Job, decision: Decision,
-                          model: IterationModel = DEFAULT_MODEL) -> float:
-    compute = [compute_time_s(job.compute_s, cluster.speed(node), job.task(t).demand.cpu)
-               for t, node in decision.placement.items()]
+def predicted_iteration_s(
+    cluster: Cluster, job: Job, decision: Decision, model: IterationModel = DEFAULT_MODEL
+) -> float:
+    compute = [
+        compute_time_s(job.compute_s, cluster.speed(node), job.task(t).demand.cpu)
+        for t, node in decision.placement.items()
+    ]
     by_pair = {(f.src, f.dst): f for f in decision.flows}
     flows, rtt_s = [], 0.0
     for lf in job.flows:
@@ -68,8 +73,9 @@ def predicted_iteration_s(cluster: Cluster, job: Job, decision: Decision,
     return model.iteration_s(compute, flows, steps=steps, rtt_s=rtt_s)
 
 
-def spare_iteration_s(cluster: Cluster, job: Job, decision: Decision,
-                      model: IterationModel = DEFAULT_MODEL) -> float:
+def spare_iteration_s(
+    cluster: Cluster, job: Job, decision: Decision, model: IterationModel = DEFAULT_MODEL
+) -> float:
     """The iteration time if every inter-node flow of `decision` ran at its share of its path's
     residual (the rate split with no demand cap: bytes-weighted max-min over the links as the
     cluster has them before this job), not at its grant. The network is work-conserving: a flow
@@ -79,8 +85,12 @@ def spare_iteration_s(cluster: Cluster, job: Job, decision: Decision,
     if not decision.flows:
         return predicted_iteration_s(cluster, job, decision, model)
     key = {(f.src, f.dst): f for f in decision.flows}
-    share = fair_rates(cluster, {k: f.path for k, f in key.items()}, dict.fromkeys(key, math.inf),
-                       split_weights([f for f in job.flows if (f.src, f.dst) in key]))
+    share = fair_rates(
+        cluster,
+        {k: f.path for k, f in key.items()},
+        dict.fromkeys(key, math.inf),
+        split_weights([f for f in job.flows if (f.src, f.dst) in key]),
+    )
     widened = replace(decision, flows=[replace(f, rate_mbps=share[k]) for k, f in key.items()])
     return predicted_iteration_s(cluster, job, widened, model)
 
@@ -104,12 +114,20 @@ class Rank:
     def __lt__(self, other: Rank) -> bool:
         if self.time_s < other.time_s * (1 - SIGNIFICANT):
             return True
-        return self.time_s <= other.time_s * (1 + SIGNIFICANT) and self.nodes <= other.nodes \
+        return (
+            self.time_s <= other.time_s * (1 + SIGNIFICANT)
+            and self.nodes <= other.nodes
             and self.spare_s < other.spare_s * (1 - SIGNIFICANT)
+        )
 
 
-def job_completion_s(cluster: Cluster, job: Job, decision: Decision, start_s: float | None = None,
-                     model: IterationModel = DEFAULT_MODEL) -> float:
+def job_completion_s(
+    cluster: Cluster,
+    job: Job,
+    decision: Decision,
+    start_s: float | None = None,
+    model: IterationModel = DEFAULT_MODEL,
+) -> float:
     """Submit to finish; NaN when the job gives no iteration count (target accuracy only)."""
     if job.iterations is None:
         return math.nan
@@ -180,8 +198,9 @@ def load_variance(cluster: Cluster, resource: str | None = None) -> float:
         u = [node_utilisation(cluster, n) for n in nodes]
     else:
         if resource not in RESOURCES:
-            raise ValueError(f"unknown resource '{resource}' (expected one of "
-                             f"{', '.join(RESOURCES)})")
+            raise ValueError(
+                f"unknown resource '{resource}' (expected one of {', '.join(RESOURCES)})"
+            )
         i = RESOURCES.index(resource)
         u = [cluster.utilisation(n)[i] for n in nodes if cluster.capacity(n).as_tuple()[i] > 0]
     return statistics.pvariance(u) if u else 0.0
@@ -239,15 +258,19 @@ class DecisionMetrics:
         return asdict(self)
 
 
-def decision_metrics(cluster: Cluster, job: Job, decision: Decision,
-                     model: IterationModel = DEFAULT_MODEL) -> DecisionMetrics:
+def decision_metrics(
+    cluster: Cluster, job: Job, decision: Decision, model: IterationModel = DEFAULT_MODEL
+) -> DecisionMetrics:
     """All per-decision metrics, on the cluster as it was when the decision was made."""
     sat, full = bandwidth_satisfaction(job, decision)
     return DecisionMetrics(
         iteration_time_s=predicted_iteration_s(cluster, job, decision, model),
         job_completion_s=job_completion_s(cluster, job, decision, model=model),
-        bw_satisfaction=sat, flows_satisfied=full, network_cost=network_cost(decision),
-        decision_ms=decision.decision_s * 1000)
+        bw_satisfaction=sat,
+        flows_satisfied=full,
+        network_cost=network_cost(decision),
+        decision_ms=decision.decision_s * 1000,
+    )
 
 
 @dataclass(frozen=True)
@@ -264,5 +287,6 @@ class ClusterMetrics:
 
 def cluster_metrics(cluster: Cluster) -> ClusterMetrics:
     std, max_mean = load_balance(cluster)
-    return ClusterMetrics(std, max_mean, fragmentation(cluster), load_variance(cluster),
-                          load_variance(cluster, "gpu"))
+    return ClusterMetrics(
+        std, max_mean, fragmentation(cluster), load_variance(cluster), load_variance(cluster, "gpu")
+    )

@@ -7,11 +7,13 @@ communication graph between them (any directed graph: ring, star, tree, all-to-a
 allowed). A `Decision` places every task on a node and gives every flow between tasks on different
 nodes a path in G and a rate. `check_decision` is the one feasibility check used everywhere.
 """
+
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import networkx as nx
 import numpy as np
@@ -55,6 +57,7 @@ class Task:
 @dataclass(frozen=True)
 class LogicalFlow:
     """A directed edge of the job's communication graph."""
+
     src: str  # task name
     dst: str
     demand_mbps: float  # the bandwidth the job asks for on this flow
@@ -153,8 +156,11 @@ class Cluster:
 
     # --- views ------------------------------------------------------------------------------------
     def compute_nodes(self, online_only: bool = False) -> list[str]:
-        return [n for n, d in self.graph.nodes(data=True) if d["kind"] == "compute"
-                and not (online_only and n in self.offline)]
+        return [
+            n
+            for n, d in self.graph.nodes(data=True)
+            if d["kind"] == "compute" and not (online_only and n in self.offline)
+        ]
 
     def capacity(self, node: str) -> Resources:
         d = self.graph.nodes[node]
@@ -172,8 +178,9 @@ class Cluster:
         """`capacity`, `free` (as (cpu, mem_mb, gpu) rows) and `speed` of many nodes at once:
         the placement policy reads a thousand nodes per decision."""
         attrs = [self.graph.nodes[n] for n in nodes]
-        capacity = np.array([(d["cpu"], d["mem_mb"], d.get("gpu", 0)) for d in attrs],
-                            float).reshape(-1, 3)
+        capacity = np.array(
+            [(d["cpu"], d["mem_mb"], d.get("gpu", 0)) for d in attrs], float
+        ).reshape(-1, 3)
         used = np.array([self.used[n].as_tuple() for n in nodes], float).reshape(-1, 3)
         offline = np.array([n in self.offline for n in nodes], bool)
         free = np.where(offline[:, None], 0.0, capacity - used)
@@ -188,7 +195,7 @@ class Cluster:
 
     def path_residual(self, path: Iterable[str]) -> float:
         path = list(path)
-        return min((self.residual(u, v) for u, v in zip(path, path[1:])), default=float("inf"))
+        return min((self.residual(u, v) for u, v in itertools.pairwise(path)), default=float("inf"))
 
     def utilisation(self, node: str) -> tuple[float, float, float]:
         """Fraction of each resource in use (gpu 0 where the node has none)."""
@@ -249,13 +256,16 @@ def check_decision(cluster: Cluster, job: Job, decision: Decision) -> list[str]:
             load[node] = load.get(node, Resources()) + job.task(task).demand
     for node, demand in load.items():
         if not demand.fits_in(cluster.free(node)):
-            problems.append(f"node {node} over capacity: needs {demand.as_tuple()}, "
-                            f"free {cluster.free(node).as_tuple()}")
+            problems.append(
+                f"node {node} over capacity: needs {demand.as_tuple()}, "
+                f"free {cluster.free(node).as_tuple()}"
+            )
     if problems:
         return problems
 
-    wanted = {(f.src, f.dst) for f in job.flows
-              if decision.placement[f.src] != decision.placement[f.dst]}
+    wanted = {
+        (f.src, f.dst) for f in job.flows if decision.placement[f.src] != decision.placement[f.dst]
+    }
     given = [(f.src, f.dst) for f in decision.flows]
     if len(given) != len(set(given)):
         problems.append("a logical flow has more than one assignment")
@@ -289,6 +299,8 @@ def check_decision(cluster: Cluster, job: Job, decision: Decision) -> list[str]:
             reserve[link] = reserve.get(link, 0.0) + f.rate_mbps
     for (u, v), rate in sorted(reserve.items()):
         if decision.network == ENFORCED and rate > cluster.residual(u, v) + 1e-6:
-            problems.append(f"link {u}->{v} over capacity: {rate:.3f} Mbit/s requested, "
-                            f"{cluster.residual(u, v):.3f} free")
+            problems.append(
+                f"link {u}->{v} over capacity: {rate:.3f} Mbit/s requested, "
+                f"{cluster.residual(u, v):.3f} free"
+            )
     return problems

@@ -73,14 +73,16 @@ Baselines (all backfill past jobs that do not fit, except strict FIFO):
   tapfinger      seed 002 (`tapfinger/`): one MAPPO agent per node picks a job and a cpu share
                  × bandwidth level; a Bayes arbiter settles conflicts (needs its checkpoint).
 """
+
 from __future__ import annotations
 
 import bisect
 import functools
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -109,6 +111,7 @@ def default_algorithm() -> str:
 
 
 # --- baselines --------------------------------------------------------------------------------------
+
 
 @dataclass
 class Fifo:
@@ -155,9 +158,14 @@ class Las:
             if rnd.try_place(js) is None:
                 # preempt running jobs of lower queues, lowest then youngest first
                 mine = self.level(js, rnd.now)
-                preempt_until_fits(rnd, js, sorted(
-                    (r for r in rnd.running if self.level(r, rnd.now) > mine),
-                    key=lambda r: (-self.level(r, rnd.now), -r.seq)))
+                preempt_until_fits(
+                    rnd,
+                    js,
+                    sorted(
+                        (r for r in rnd.running if self.level(r, rnd.now) > mine),
+                        key=lambda r: (-self.level(r, rnd.now), -r.seq),
+                    ),
+                )
 
 
 def preempt_until_fits(rnd: Round, js: JobState, victims: list[JobState]) -> bool:
@@ -208,8 +216,9 @@ class Edf(Fifo):
                 js.admitted = False
             elif js.admitted is not False:
                 js.admitted = rnd.now + js.estimated_remaining_s() <= js.submit + js.job.deadline
-        admitted = sorted((j for j in rnd.queue if j.admitted),
-                          key=lambda j: (j.submit + j.job.deadline, j.seq))
+        admitted = sorted(
+            (j for j in rnd.queue if j.admitted), key=lambda j: (j.submit + j.job.deadline, j.seq)
+        )
         for js in admitted + [j for j in rnd.queue if not j.admitted]:
             rnd.try_place(js)
 
@@ -218,6 +227,7 @@ class Edf(Fifo):
 class Min(Fifo):
     """TapFinger's Min baseline: queued jobs in random order, each started with its minimum
     allocation — in CES what it asked — with backfilling."""
+
     seed: int = 0
     name: ClassVar[str] = "min"
     rng: np.random.Generator = field(init=False, repr=False)
@@ -241,6 +251,7 @@ class Optimus(Fifo):
     least squares over profiles at `PROFILE` shares (Optimus profiles a job at a few resource
     configurations; here the profile is the shared iteration-time model on the job's nodes).
     Shares change in place: the job keeps its nodes, paths and rates (no migration)."""
+
     shares: tuple[float, ...] = ELASTIC_SHARES
     name: ClassVar[str] = "optimus"
     reallocates: ClassVar[bool] = True
@@ -252,7 +263,7 @@ class Optimus(Fifo):
                 rnd.regrant(js, None)
         for js in list(rnd.queue):
             rnd.try_place(js)
-        level = {js: 0 for js in rnd.running + rnd.placed}
+        level = dict.fromkeys(rnd.running + rnd.placed, 0)
         curve = {js: speed_curve(rnd.cluster, js, self.PROFILE) for js in level}
         free = {n: rnd.cluster.free(n).cpu for n in rnd.cluster.compute_nodes(online_only=True)}
         while True:
@@ -264,14 +275,15 @@ class Optimus(Fifo):
                 need = cores_by_node(js, step)
                 if any(c > free.get(n, 0.0) + 1e-9 for n, c in need.items()):
                     continue
-                t0, t1 = (curve[js][0] / s + curve[js][1] for s in self.shares[k:k + 2])
+                t0, t1 = (curve[js][0] / s + curve[js][1] for s in self.shares[k : k + 2])
                 g = js.remaining_iters_at(rnd.now) * (t0 - t1) / sum(need.values())
                 if g > gain:
                     best, gain = js, g
             if best is None:
                 break
-            for n, c in cores_by_node(best, self.shares[level[best] + 1]
-                                      - self.shares[level[best]]).items():
+            for n, c in cores_by_node(
+                best, self.shares[level[best] + 1] - self.shares[level[best]]
+            ).items():
                 free[n] -= c
             level[best] += 1
         for js, k in level.items():
@@ -298,6 +310,7 @@ def speed_curve(cluster: Cluster, js: JobState, shares: tuple[float, ...]) -> tu
 
 # --- CES-Multi --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class MultiConfig:
     """CES-Multi's knobs (module doc). Defaults: the sweep in docs/multi.md
@@ -307,6 +320,7 @@ class MultiConfig:
     ("Tuning for the targets") chose d_short, preempt_ratio, reserve_after_s and the whole-queue
     window, its session 6 runs reserve_preempts and balance_guard, and session 7's
     spread_tolerance."""
+
     window: int = 1000
     fit: str = "align"  # align | headroom
     a_fit: float = 0.0
@@ -345,11 +359,15 @@ class MultiConfig:
 
     def __post_init__(self) -> None:
         tol = self.spread_tolerance
-        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
-                                or not tol >= 0):
+        if tol is not None and (
+            isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0
+        ):
             raise ValueError(f"spread_tolerance: expected a number ≥ 0 or null, got {tol!r}")
-        if isinstance(self.spread_queue, bool) or not isinstance(self.spread_queue, int) \
-                or self.spread_queue < 0:
+        if (
+            isinstance(self.spread_queue, bool)
+            or not isinstance(self.spread_queue, int)
+            or self.spread_queue < 0
+        ):
             raise ValueError(f"spread_queue: expected an integer ≥ 0, got {self.spread_queue!r}")
         k = self.delay_lookahead
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -384,20 +402,24 @@ class CesMulti:
             self._reserve(rnd)
         self._hold_awaited(rnd)
         for owner, (held, _) in list(self.reserved.items()):
-            if rnd.try_place(owner) or rnd.commit(owner, held) \
-                    or self._preempt_for_reserved(rnd, owner):
+            if (
+                rnd.try_place(owner)
+                or rnd.commit(owner, held)
+                or self._preempt_for_reserved(rnd, owner)
+            ):
                 del self.reserved[owner]
         tried: set[JobState] = set()
         while True:
-            window = rnd.queue[:cfg.window]
+            window = rnd.queue[: cfg.window]
             candidates = [j for j in window if j not in tried and j not in self.reserved]
             if not candidates:
                 return
             scores = self.scores(rnd, window)
             best = max(candidates, key=lambda j: (scores[j], -j.seq))
             delayed: list[JobState] = []
-            if rnd.try_place(best, self._worth_it(rnd, best, delayed), self._crowded) is None \
-                    and (delayed or not self._preempt_for(rnd, best)):
+            if rnd.try_place(best, self._worth_it(rnd, best, delayed), self._crowded) is None and (
+                delayed or not self._preempt_for(rnd, best)
+            ):
                 tried.add(best)
                 if not cfg.backfill:
                     return
@@ -409,8 +431,9 @@ class CesMulti:
             return False
         bar = self.config.preempt_ratio * js.estimated_remaining_s()
         left = {r: r.observed_remaining_s(rnd.now) for r in rnd.running}
-        return self._preempt(rnd, js, [r for r in rnd.running if left[r] >= bar],
-                             key=lambda r: (-left[r], r.seq))
+        return self._preempt(
+            rnd, js, [r for r in rnd.running if left[r] >= bar], key=lambda r: (-left[r], r.seq)
+        )
 
     def _preempt_for_reserved(self, rnd: Round, js: JobState) -> bool:
         """Start a reserved job now by preempting running jobs, least attained service (then
@@ -421,12 +444,14 @@ class CesMulti:
             return False
         return self._preempt(rnd, js, rnd.running, key=lambda r: (r.service(rnd.now), -r.seq))
 
-    def _preempt(self, rnd: Round, js: JobState, candidates: list[JobState],
-                 key: Callable[[JobState], tuple]) -> bool:
+    def _preempt(
+        self, rnd: Round, js: JobState, candidates: list[JobState], key: Callable[[JobState], tuple]
+    ) -> bool:
         """Start `js` by preempting the fewest of `candidates` in `key` order, never one that
         already waited past `reserve_after_s` (it would starve again)."""
-        victims = sorted((r for r in candidates if r.wait(rnd.now) < self.config.reserve_after_s),
-                         key=key)
+        victims = sorted(
+            (r for r in candidates if r.wait(rnd.now) < self.config.reserve_after_s), key=key
+        )
         return bool(victims) and preempt_until_fits(rnd, js, victims)
 
     def _hold_awaited(self, rnd: Round) -> None:
@@ -448,17 +473,20 @@ class CesMulti:
         bar = statistics.fmean(util.values()) + self.config.balance_guard if util else math.inf
         return {n for n, u in util.items() if u > bar}
 
-    def _worth_it(self, rnd: Round, js: JobState,
-                  delayed: list[JobState]) -> Callable[[Decision], bool]:
+    def _worth_it(
+        self, rnd: Round, js: JobState, delayed: list[JobState]
+    ) -> Callable[[Decision], bool]:
         """Start a job only if other jobs leave it enough bandwidth (one granted a sliver of
         what its links could carry would hold its resources for ages) and, with
         `delay_lookahead`, only if waiting for a running job to end would not finish it sooner
         (`delay_pays`; then it joins `delayed`, and is not started by preemption either)."""
+
         def worth(d: Decision) -> bool:
             if uncontended_share(rnd.cluster, js.job, d) < self.config.min_bw_share:
                 return False
-            waited_for = self.config.delay_lookahead and \
-                delay_pays(rnd, js, d, self.config.delay_lookahead)
+            waited_for = self.config.delay_lookahead and delay_pays(
+                rnd, js, d, self.config.delay_lookahead
+            )
             if waited_for:
                 delayed.append(js)
                 if self.config.delay_holds:
@@ -467,6 +495,7 @@ class CesMulti:
                 return False
             self.awaiting.pop(js, None)
             return True
+
         return worth
 
     def scores(self, rnd: Round, window: list[JobState]) -> dict[JobState, float]:
@@ -476,10 +505,13 @@ class CesMulti:
         wait = {j: j.wait(rnd.now) for j in window}
         top_age, top_wait = max(age.values(), default=0.0), max(wait.values(), default=0.0)
         short = shortness(window) if cfg.d_short else dict.fromkeys(window, 0.0)
-        return {j: cfg.a_fit * fit(j.job, space, free, cfg.fit)
-                + cfg.b_priority * (age[j] / top_age if top_age > 0 else 0.0)
-                + cfg.c_wait * (wait[j] / top_wait if top_wait > 0 else 0.0)
-                + cfg.d_short * short[j] for j in window}
+        return {
+            j: cfg.a_fit * fit(j.job, space, free, cfg.fit)
+            + cfg.b_priority * (age[j] / top_age if top_age > 0 else 0.0)
+            + cfg.c_wait * (wait[j] / top_wait if top_wait > 0 else 0.0)
+            + cfg.d_short * short[j]
+            for j in window
+        }
 
     def _reserve(self, rnd: Round) -> None:
         """Keep the sticky reservations valid, add new ones for starving jobs; hold their
@@ -492,10 +524,15 @@ class CesMulti:
         for owner, (held, until) in self.reserved.items():
             if hold:
                 rnd.hold(owner, held, until)
-        starving = sorted((j for j in rnd.queue if j not in self.reserved
-                           and j.wait(rnd.now) >= self.config.reserve_after_s),
-                          key=lambda j: (-j.wait(rnd.now), j.seq))
-        for js in starving[:max(self.config.max_reservations - len(self.reserved), 0)]:
+        starving = sorted(
+            (
+                j
+                for j in rnd.queue
+                if j not in self.reserved and j.wait(rnd.now) >= self.config.reserve_after_s
+            ),
+            key=lambda j: (-j.wait(rnd.now), j.seq),
+        )
+        for js in starving[: max(self.config.max_reservations - len(self.reserved), 0)]:
             shadow = shadow_decision(rnd, js)
             if shadow is not None:
                 self.reserved[js] = shadow
@@ -510,6 +547,7 @@ class BalancedChoice:
     most `tolerance` × slower and leaves a lower std of node utilisation. CES-PPO co-locates a
     job's tasks on few well-connected nodes, which is fastest for the job; in a busy cluster a
     job that barely communicates loses little when spread, and the next jobs find room."""
+
     primary: Algorithm
     spreader: Algorithm
     tolerance: float
@@ -524,11 +562,15 @@ class BalancedChoice:
             spread = self.spreader.place(cluster, job)
         except CannotPlace:
             return decision
-        if predicted_iteration_s(cluster, job, spread) \
-                > (1 + self.tolerance) * predicted_iteration_s(cluster, job, decision):
+        if predicted_iteration_s(cluster, job, spread) > (
+            1 + self.tolerance
+        ) * predicted_iteration_s(cluster, job, decision):
             return decision
-        return spread if _std_after(cluster, job, spread) < _std_after(cluster, job, decision) \
+        return (
+            spread
+            if _std_after(cluster, job, spread) < _std_after(cluster, job, decision)
             else decision
+        )
 
 
 def _std_after(cluster: Cluster, job: Job, decision: Decision) -> float:
@@ -543,8 +585,10 @@ def shortness(jobs: list[JobState]) -> dict[JobState, float]:
     if len(jobs) < 2:
         return dict.fromkeys(jobs, 1.0)
     remaining = sorted(j.estimated_remaining_s() for j in jobs)
-    return {j: 1.0 - bisect.bisect_left(remaining, j.estimated_remaining_s()) / (len(jobs) - 1)
-            for j in jobs}
+    return {
+        j: 1.0 - bisect.bisect_left(remaining, j.estimated_remaining_s()) / (len(jobs) - 1)
+        for j in jobs
+    }
 
 
 def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
@@ -557,8 +601,9 @@ def shadow_decision(rnd: Round, js: JobState) -> tuple[Decision, float] | None:
     return None
 
 
-def delay_pays(rnd: Round, js: JobState, now: Decision,
-               lookahead: int) -> tuple[Decision, float] | None:
+def delay_pays(
+    rnd: Round, js: JobState, now: Decision, lookahead: int
+) -> tuple[Decision, float] | None:
     """Whether `js` is expected to end sooner by waiting than by starting now on `now`: release
     the next `lookahead` running jobs in expected end order on a copy of what `js` may use; after
     each, the algorithm places it, and the job would end at that release plus its remaining
@@ -585,8 +630,9 @@ def uncontended_share(cluster: Cluster, job: Job, decision: Decision) -> float:
     granted = possible = 0.0
     for f in decision.flows:
         granted += f.rate_mbps
-        possible += min(demand[(f.src, f.dst)],
-                        min(cluster.link_capacity(u, v) for u, v in f.directed_links()))
+        possible += min(
+            demand[(f.src, f.dst)], min(cluster.link_capacity(u, v) for u, v in f.directed_links())
+        )
     return granted / possible if possible > 0 else 1.0
 
 
@@ -601,8 +647,9 @@ def free_vector(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     return free, total
 
 
-def fit(job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray],
-        kind: str = "headroom") -> float:
+def fit(
+    job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray], kind: str = "headroom"
+) -> float:
     """How well the job's demand fits the free resources (`free_vector`; module doc), in [0, 1];
     0 if it cannot fit (`space`)."""
     if not space.may_fit(job):
@@ -613,13 +660,17 @@ def fit(job: Job, space: FreeSpace, free_total: tuple[np.ndarray, np.ndarray],
     d, f = demand[has] / total[has], np.maximum(free[has], 0.0) / total[has]
     if kind == "headroom":
         asked = d > 0
-        return float(1.0 - min(1.0, np.max(d[asked] / np.maximum(f[asked], 1e-12)))) \
-            if asked.any() else 1.0
+        return (
+            float(1.0 - min(1.0, np.max(d[asked] / np.maximum(f[asked], 1e-12))))
+            if asked.any()
+            else 1.0
+        )
     norm = np.linalg.norm(d) * np.linalg.norm(f)
     return float(d @ f / norm) if norm > 0 else 0.0
 
 
 # --- the registry of queue policies -----------------------------------------------------------------
+
 
 def _edgeflow(algorithm: Algorithm, edge: bool = True):
     return EdgeFlow(algorithm, EdgeFlowConfig(edge=edge))
@@ -627,6 +678,7 @@ def _edgeflow(algorithm: Algorithm, edge: bool = True):
 
 def _tapfinger(algorithm: Algorithm):
     from .tapfinger.policy import TapFinger  # torch: imported only when asked for
+
     return TapFinger.load(algorithm)
 
 
@@ -635,9 +687,17 @@ def _tapfinger(algorithm: Algorithm):
 REALLOCATING = frozenset({"optimus", "edgeflow", "elasticflow", "tapfinger"})
 
 POLICIES: dict[str, Callable[..., object]] = {
-    "ces-multi": CesMulti, "fifo": Fifo, "fifo-backfill": FifoBackfill, "sjf": Sjf, "las": Las,
-    "edf": Edf, "min": Min, "optimus": Optimus, "edgeflow": _edgeflow,
-    "elasticflow": functools.partial(_edgeflow, edge=False), "tapfinger": _tapfinger,
+    "ces-multi": CesMulti,
+    "fifo": Fifo,
+    "fifo-backfill": FifoBackfill,
+    "sjf": Sjf,
+    "las": Las,
+    "edf": Edf,
+    "min": Min,
+    "optimus": Optimus,
+    "edgeflow": _edgeflow,
+    "elasticflow": functools.partial(_edgeflow, edge=False),
+    "tapfinger": _tapfinger,
 }
 
 
@@ -646,23 +706,49 @@ def policy_names(spec: str) -> list[str]:
     names = list(POLICIES) if spec == "all" else [a.strip() for a in spec.split(",")]
     for name in names:
         if name not in POLICIES:
-            raise ValueError(f"unknown queue policy '{name}' (known: {', '.join(POLICIES)}, "
-                             "or all)")
+            raise ValueError(
+                f"unknown queue policy '{name}' (known: {', '.join(POLICIES)}, or all)"
+            )
     return names
 
 
-def make_policy(name: str, algorithm: str | Algorithm | None = None, seed: int = 0,
-                config: MultiConfig = MultiConfig()):
+def make_policy(
+    name: str,
+    algorithm: str | Algorithm | None = None,
+    seed: int = 0,
+    config: MultiConfig = MultiConfig(),
+):
     """A queue policy by name, placing jobs with single-job `algorithm`: a registry name
     (default: CES-Multi's) or an algorithm object (e.g. composed by `compose.build`)."""
     if name not in POLICIES:
         raise ValueError(f"unknown queue policy '{name}' (known: {', '.join(POLICIES)})")
-    algo = algorithm if algorithm is not None and not isinstance(algorithm, str) else \
-        make_algorithm(algorithm or default_algorithm(), seed=seed)
+    algo = (
+        algorithm
+        if algorithm is not None and not isinstance(algorithm, str)
+        else make_algorithm(algorithm or default_algorithm(), seed=seed)
+    )
     return CesMulti(algo, config, seed) if name == "ces-multi" else POLICIES[name](algo)
 
 
-__all__ = ["BEST_HEURISTIC", "CesMulti", "Edf", "Fifo", "FifoBackfill", "Las", "Min",
-           "MultiConfig", "Optimus", "POLICIES", "REALLOCATING", "Sjf", "default_algorithm", "fit",
-           "free_vector", "make_policy", "preempt_until_fits", "shadow_decision", "shortness",
-           "speed_curve"]
+__all__ = [
+    "BEST_HEURISTIC",
+    "POLICIES",
+    "REALLOCATING",
+    "CesMulti",
+    "Edf",
+    "Fifo",
+    "FifoBackfill",
+    "Las",
+    "Min",
+    "MultiConfig",
+    "Optimus",
+    "Sjf",
+    "default_algorithm",
+    "fit",
+    "free_vector",
+    "make_policy",
+    "preempt_until_fits",
+    "shadow_decision",
+    "shortness",
+    "speed_curve",
+]

@@ -23,12 +23,13 @@ finishes together, which minimises the collective's time max_f bytes_f / rate_f 
 paths. With equal weights ("equal") it is TCP-like fair sharing (what a network-blind scheduler
 gets). A single flow is never split over several paths: the SDN app installs one path per flow.
 """
+
 from __future__ import annotations
 
 import heapq
 import itertools
 import weakref
-from typing import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 import networkx as nx
 
@@ -48,8 +49,9 @@ class NoPath(CannotPlace):
 def routing_view(cluster: Cluster, src: str, dst: str) -> nx.Graph:
     """G restricted to switches plus the two end nodes: the vertices a src→dst path may use."""
     graph = cluster.graph
-    return nx.subgraph_view(graph, filter_node=lambda v: v == src or v == dst
-                            or graph.nodes[v]["kind"] == "switch")
+    return nx.subgraph_view(
+        graph, filter_node=lambda v: v in (src, dst) or graph.nodes[v]["kind"] == "switch"
+    )
 
 
 def _check_ends(cluster: Cluster, src: str, dst: str) -> None:
@@ -60,22 +62,29 @@ def _check_ends(cluster: Cluster, src: str, dst: str) -> None:
         raise ValueError(f"no path needed from {src} to itself")
 
 
-def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
-                extra: Mapping[tuple[str, str], float] | None = None) -> Callable:
+def _hop_weight(
+    cluster: Cluster,
+    src: str,
+    dst: str,
+    min_residual: float = 0.0,
+    extra: Mapping[tuple[str, str], float] | None = None,
+) -> Callable:
     """Dijkstra weight for the directed step u→v: one per hop plus a tiny delay tie-break.
     Hides steps out of or into a compute node other than the ends (they do not forward) and,
     with `min_residual` > 0, steps with less residual (minus `extra`) than that."""
     nodes = cluster.graph.nodes
 
     def weight(u: str, v: str, d: dict) -> float | None:
-        if (u != src and nodes[u]["kind"] != "switch") or \
-                (v != dst and nodes[v]["kind"] != "switch"):
+        if (u != src and nodes[u]["kind"] != "switch") or (
+            v != dst and nodes[v]["kind"] != "switch"
+        ):
             return None
         if min_residual > 0:
             free = cluster.residual(u, v) - (extra or {}).get((u, v), 0.0)
             if free < min_residual - EPS:
                 return None
         return hop_cost(d)
+
     return weight
 
 
@@ -83,8 +92,9 @@ def _hop_weight(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
 # structure and delays, which stay fixed once a graph is routed on (capacities, residuals and
 # offline nodes change; they do not enter this rule). The simulator asks for the same pairs
 # again and again, and a Dijkstra with a Python weight is its most expensive step.
-_SHORTEST_FROM: weakref.WeakKeyDictionary[nx.Graph, dict[str, dict[str, list[str]]]] = \
+_SHORTEST_FROM: weakref.WeakKeyDictionary[nx.Graph, dict[str, dict[str, list[str]]]] = (
     weakref.WeakKeyDictionary()
+)
 
 
 def _shortest_from(graph: nx.Graph, src: str) -> dict[str, list[str]]:
@@ -95,12 +105,18 @@ def _shortest_from(graph: nx.Graph, src: str) -> dict[str, list[str]]:
         def weight(u: str, v: str, d: dict) -> float | None:
             # a compute node other than the source ends a path: it does not forward
             return None if u != src and nodes[u]["kind"] != "switch" else hop_cost(d)
+
         per_source[src] = nx.single_source_dijkstra_path(graph, src, weight=weight)
     return per_source[src]
 
 
-def shortest_path(cluster: Cluster, src: str, dst: str, min_residual: float = 0.0,
-                  extra: Mapping[tuple[str, str], float] | None = None) -> Path:
+def shortest_path(
+    cluster: Cluster,
+    src: str,
+    dst: str,
+    min_residual: float = 0.0,
+    extra: Mapping[tuple[str, str], float] | None = None,
+) -> Path:
     """Fewest-hop path src→dst (ties: least delay). With `min_residual` > 0 only directed links
     with at least that residual (after subtracting `extra` Mbit/s per link) are used.
     Raises `NoPath`."""
@@ -112,7 +128,8 @@ def shortest_path(cluster: Cluster, src: str, dst: str, min_residual: float = 0.
         return tuple(path)
     try:
         _, path = nx.bidirectional_dijkstra(
-            cluster.graph, src, dst, weight=_hop_weight(cluster, src, dst, min_residual, extra))
+            cluster.graph, src, dst, weight=_hop_weight(cluster, src, dst, min_residual, extra)
+        )
     except nx.NetworkXNoPath:
         what = f" with {min_residual:g} Mbit/s free" if min_residual > 0 else ""
         raise NoPath(f"no path from {src} to {dst}{what}") from None
@@ -124,8 +141,7 @@ def widest_path(cluster: Cluster, src: str, dst: str) -> Path:
     Raises `NoPath`."""
     _check_ends(cluster, src, dst)
     lay = layout(cluster)
-    found = widest_route(lay, residuals(cluster, lay).tolist(), lay.index[src], lay.index[dst],
-                         EPS)
+    found = widest_route(lay, residuals(cluster, lay).tolist(), lay.index[src], lay.index[dst], EPS)
     if found is None:
         raise NoPath(f"no path from {src} to {dst}")
     return _vertex_path(lay, found[0])
@@ -136,8 +152,9 @@ def _vertex_path(lay: Layout, edges: list[int]) -> Path:
 
 
 # The k shortest paths between two nodes, per graph: structure only, as `_SHORTEST_FROM`.
-_CANDIDATES: weakref.WeakKeyDictionary[nx.Graph, dict[tuple[str, str, int], list[Path]]] = \
+_CANDIDATES: weakref.WeakKeyDictionary[nx.Graph, dict[tuple[str, str, int], list[Path]]] = (
     weakref.WeakKeyDictionary()
+)
 
 
 def candidate_paths(cluster: Cluster, src: str, dst: str, k: int) -> list[Path]:
@@ -148,8 +165,9 @@ def candidate_paths(cluster: Cluster, src: str, dst: str, k: int) -> list[Path]:
         _check_ends(cluster, src, dst)
         view = routing_view(cluster, src, dst)
         try:
-            memo[(src, dst, k)] = [tuple(p) for p in itertools.islice(
-                nx.shortest_simple_paths(view, src, dst), k)]
+            memo[(src, dst, k)] = [
+                tuple(p) for p in itertools.islice(nx.shortest_simple_paths(view, src, dst), k)
+            ]
         except nx.NetworkXNoPath:
             memo[(src, dst, k)] = []
     if not memo[(src, dst, k)]:
@@ -158,11 +176,15 @@ def candidate_paths(cluster: Cluster, src: str, dst: str, k: int) -> list[Path]:
 
 
 def links(path: Path) -> list[tuple[str, str]]:
-    return list(zip(path, path[1:]))
+    return list(itertools.pairwise(path))
 
 
-def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mapping[Hashable, float],
-               weights: Mapping[Hashable, float] | None = None) -> dict[Hashable, float]:
+def fair_rates(
+    cluster: Cluster,
+    paths: Mapping[Hashable, Path],
+    demands: Mapping[Hashable, float],
+    weights: Mapping[Hashable, float] | None = None,
+) -> dict[Hashable, float]:
     """The rate split (see module doc): weighted max-min fair rates on the cluster's residual,
     each capped at its demand. Keys are any flow ids. A flow whose path has no residual gets 0.
 
@@ -177,7 +199,7 @@ def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mappin
     w = {f: (weights[f] if weights else 1.0) for f in paths}
     if any(x <= 0 for x in w.values()):
         raise ValueError("flow weights must be > 0")
-    rate = {f: 0.0 for f in paths}
+    rate = dict.fromkeys(paths, 0.0)
     on_path = {f: links(p) for f, p in paths.items()}
     active = {f for f in paths if demands[f] > EPS}
     crossing: dict[tuple[str, str], list[Hashable]] = {}  # link -> the active flows on it
@@ -199,8 +221,10 @@ def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mappin
 
     def link_events(lk: tuple[str, str]) -> tuple[tuple, tuple]:
         n = next(order)
-        return ((since[lk] + left[lk] / wsum[lk], 0, n, lk, version[lk]),
-                (since[lk] + (left[lk] - full_below[lk]) / wsum[lk], 0, n, lk, version[lk]))
+        return (
+            (since[lk] + left[lk] / wsum[lk], 0, n, lk, version[lk]),
+            (since[lk] + (left[lk] - full_below[lk]) / wsum[lk], 0, n, lk, version[lk]),
+        )
 
     for lk in crossing:
         r, d = link_events(lk)
@@ -224,7 +248,7 @@ def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mappin
             if stale(event):
                 continue
             _, kind, _, x, _ = event
-            for f in ([x] if kind else [f for f in crossing[x] if f in active]):
+            for f in [x] if kind else [f for f in crossing[x] if f in active]:
                 active.discard(f)
                 rate[f] = w[f] * level
                 for lk in on_path[f]:
@@ -242,8 +266,15 @@ def fair_rates(cluster: Cluster, paths: Mapping[Hashable, Path], demands: Mappin
     return rate
 
 
-def route(cluster: Cluster, src: str, dst: str, rule: str, k: int = 4, demand: float = 0.0,
-          routed: Mapping[tuple[str, str], tuple[int, float]] | None = None) -> Path:
+def route(
+    cluster: Cluster,
+    src: str,
+    dst: str,
+    rule: str,
+    k: int = 4,
+    demand: float = 0.0,
+    routed: Mapping[tuple[str, str], tuple[int, float]] | None = None,
+) -> Path:
     """One flow's path under `rule`. `routed` maps a directed link to (flows, Mbit/s demanded)
     of this job's flows routed before this one (used by ksplit and constrained)."""
     routed = routed or {}
@@ -252,27 +283,42 @@ def route(cluster: Cluster, src: str, dst: str, rule: str, k: int = 4, demand: f
     if rule == "widest":
         return widest_path(cluster, src, dst)
     if rule == "ksplit":
+
         def share(p: Path) -> tuple[float, int]:
-            s = min(cluster.residual(u, v) / (1 + routed.get((u, v), (0, 0.0))[0])
-                    for u, v in links(p))
+            s = min(
+                cluster.residual(u, v) / (1 + routed.get((u, v), (0, 0.0))[0]) for u, v in links(p)
+            )
             return (s, -len(p))
+
         return max(candidate_paths(cluster, src, dst, k), key=share)
     if rule == "constrained":
         try:
-            return shortest_path(cluster, src, dst, min_residual=max(demand, EPS),
-                                 extra={lk: d for lk, (_, d) in routed.items()})
+            return shortest_path(
+                cluster,
+                src,
+                dst,
+                min_residual=max(demand, EPS),
+                extra={lk: d for lk, (_, d) in routed.items()},
+            )
         except NoPath:
             return widest_path(cluster, src, dst)
     raise ValueError(f"unknown path rule '{rule}' (expected one of {', '.join(PATH_RULES)})")
 
 
-def assign_flows(cluster: Cluster, job: Job, placement: Mapping[str, str], rule: str = "shortest",
-                 k: int = 4, weighting: str = "bytes") -> list[FlowAssignment]:
+def assign_flows(
+    cluster: Cluster,
+    job: Job,
+    placement: Mapping[str, str],
+    rule: str = "shortest",
+    k: int = 4,
+    weighting: str = "bytes",
+) -> list[FlowAssignment]:
     """Paths (by `rule`) and rates (the rate split) for every inter-node flow of `job` placed as
     `placement`. Raises `NoPath` (a `CannotPlace`) when a flow finds no path or no bandwidth."""
     if weighting not in WEIGHTINGS:
-        raise ValueError(f"unknown weighting '{weighting}' (expected one of "
-                         f"{', '.join(WEIGHTINGS)})")
+        raise ValueError(
+            f"unknown weighting '{weighting}' (expected one of {', '.join(WEIGHTINGS)})"
+        )
     crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
     paths: dict[tuple[str, str], Path] = {}
     routed: dict[tuple[str, str], tuple[int, float]] = {}
@@ -283,12 +329,14 @@ def assign_flows(cluster: Cluster, job: Job, placement: Mapping[str, str], rule:
             n, d = routed.get(lk, (0, 0.0))
             routed[lk] = (n + 1, d + f.demand_mbps)
     demands = {(f.src, f.dst): f.demand_mbps for f in crossing}
-    return granted(crossing, paths, fair_rates(cluster, paths, demands,
-                                               split_weights(crossing, weighting)))
+    return granted(
+        crossing, paths, fair_rates(cluster, paths, demands, split_weights(crossing, weighting))
+    )
 
 
-def split_weights(crossing: list[LogicalFlow], weighting: str = "bytes"
-                  ) -> dict[tuple[str, str], float]:
+def split_weights(
+    crossing: list[LogicalFlow], weighting: str = "bytes"
+) -> dict[tuple[str, str], float]:
     """The rate split's weight of each flow, keyed (src, dst): its bytes per iteration
     ("bytes": the collective's flows finish together), or 1 ("equal", and for all when one
     carries no bytes)."""
@@ -296,22 +344,32 @@ def split_weights(crossing: list[LogicalFlow], weighting: str = "bytes"
     return {(f.src, f.dst): (f.bytes_per_iter if use_bytes else 1.0) for f in crossing}
 
 
-def granted(crossing: list[LogicalFlow], paths: dict[tuple[str, str], Path],
-            rates: dict[tuple[str, str], float]) -> list[FlowAssignment]:
+def granted(
+    crossing: list[LogicalFlow],
+    paths: dict[tuple[str, str], Path],
+    rates: dict[tuple[str, str], float],
+) -> list[FlowAssignment]:
     """The flows' assignments on their paths at their rates; `NoPath` for one left no bandwidth."""
     out = []
     for f in crossing:
         key = (f.src, f.dst)
         if rates[key] <= EPS:
-            raise NoPath(f"flow {f.src}->{f.dst}: no residual bandwidth on "
-                         f"{' -> '.join(paths[key])}")
+            raise NoPath(
+                f"flow {f.src}->{f.dst}: no residual bandwidth on {' -> '.join(paths[key])}"
+            )
         out.append(FlowAssignment(f.src, f.dst, paths[key], rates[key]))
     return out
 
 
-def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k: int = 4,
-                    fixed: Mapping[tuple[str, str], Path] | None = None, sweeps: int = 3,
-                    model: IterationModel = IterationModel()) -> list[FlowAssignment]:
+def route_placement(
+    cluster: Cluster,
+    job: Job,
+    placement: Mapping[str, str],
+    k: int = 4,
+    fixed: Mapping[tuple[str, str], Path] | None = None,
+    sweeps: int = 3,
+    model: IterationModel = IterationModel(),
+) -> list[FlowAssignment]:
     """CES's network decision for a given placement: a path and a rate for every inter-node flow.
 
     Candidates per node pair: its k shortest loop-free paths, and its widest path when none of
@@ -335,14 +393,18 @@ def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k:
     weight = split_weights(crossing)
     use_bytes = all(f.bytes_per_iter > 0 for f in crossing)
     demand = {(f.src, f.dst): f.demand_mbps for f in crossing}
-    by_pair = {pair: _pair_options(cluster, lay, res, pair, k, fixed)
-               for pair in dict.fromkeys((placement[f.src], placement[f.dst]) for f in crossing)}
+    by_pair = {
+        pair: _pair_options(cluster, lay, res, pair, k, fixed)
+        for pair in dict.fromkeys((placement[f.src], placement[f.dst]) for f in crossing)
+    }
     options: dict[tuple[str, str], list[tuple[Path, list[int]]]] = {}
     for f in crossing:
         pair = placement[f.src], placement[f.dst]
         if not by_pair[pair]:
-            raise NoPath(f"flow {f.src}->{f.dst}: no path from {pair[0]} to {pair[1]} with "
-                         "residual bandwidth")
+            raise NoPath(
+                f"flow {f.src}->{f.dst}: no path from {pair[0]} to {pair[1]} with "
+                "residual bandwidth"
+            )
         options[(f.src, f.dst)] = by_pair[pair]
     floor = max((weight[fl] / demand[fl] for fl in weight if demand[fl] > EPS), default=0.0)
     load: dict[int, float] = {}  # bytes of the flows placed so far, per directed link
@@ -350,8 +412,9 @@ def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k:
     # 1 when a flow carries none), and the round trip paid at each step of the collective
     per_unit = 8e-6 / model.efficiency if use_bytes else 0.0
     steps = collective_steps(job.collective, len(job.tasks))
-    delay = {p: 2e-3 * sum(lay.delay_ms[e] for e in edges)
-             for ps in by_pair.values() for p, edges in ps}
+    delay = {
+        p: 2e-3 * sum(lay.delay_ms[e] for e in edges) for ps in by_pair.values() for p, edges in ps
+    }
     chosen: dict[tuple[str, str], tuple[Path, list[int]]] = {}
 
     def costs(fl: tuple[str, str]) -> list[tuple[float, float]]:
@@ -363,8 +426,12 @@ def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k:
         out = []
         for p, edges in options[fl]:
             worst = max([busiest] + [(load.get(e, 0.0) + weight[fl]) / res[e] for e in edges])
-            out.append((worst * per_unit + steps * max(rtt, delay[p]) if per_unit else worst,
-                        weight[fl] * len(edges)))
+            out.append(
+                (
+                    worst * per_unit + steps * max(rtt, delay[p]) if per_unit else worst,
+                    weight[fl] * len(edges),
+                )
+            )
         return out
 
     def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -397,8 +464,14 @@ def route_placement(cluster: Cluster, job: Job, placement: Mapping[str, str], k:
     return granted(crossing, paths, fair_rates(cluster, paths, demand, weight))
 
 
-def _pair_options(cluster: Cluster, lay: Layout, res: list[float], pair: tuple[str, str], k: int,
-                  fixed: Mapping[tuple[str, str], Path] | None) -> list[tuple[Path, list[int]]]:
+def _pair_options(
+    cluster: Cluster,
+    lay: Layout,
+    res: list[float],
+    pair: tuple[str, str],
+    k: int,
+    fixed: Mapping[tuple[str, str], Path] | None,
+) -> list[tuple[Path, list[int]]]:
     """route_placement's candidate paths of one node pair (with their directed links), those
     with residual on every link."""
     if fixed and pair in fixed:
@@ -410,8 +483,9 @@ def _pair_options(cluster: Cluster, lay: Layout, res: list[float], pair: tuple[s
         a, b = lay.index[pair[0]], lay.index[pair[1]]
         # No path is wider than the ends' access links: where one is that wide, the fewest-hop
         # such path is the widest path, and it is found without a search of the whole graph.
-        bound = min(max(res[e] for _, e in lay.out_edges[a]),
-                    max(res[e] for _, e in lay.in_edges[b]))
+        bound = min(
+            max(res[e] for _, e in lay.out_edges[a]), max(res[e] for _, e in lay.in_edges[b])
+        )
         if max(min(res[e] for e in edges) for edges in found_edges) < bound - EPS:
             edges = fewest_hops(lay, res, a, b, bound - EPS)
             if edges is None:
@@ -420,5 +494,4 @@ def _pair_options(cluster: Cluster, lay: Layout, res: list[float], pair: tuple[s
             if edges is not None and _vertex_path(lay, edges) not in found:
                 found.append(_vertex_path(lay, edges))
                 found_edges.append(edges)
-    return [(p, edges) for p, edges in zip(found, found_edges)
-            if min(res[e] for e in edges) > EPS]
+    return [(p, edges) for p, edges in zip(found, found_edges) if min(res[e] for e in edges) > EPS]

@@ -10,12 +10,13 @@ collective takes as long as its slowest flow: max_f bytes_f / rate_f. For gloo's
 of M bytes over k workers each rank sends 2(k-1)/k·M to its ring neighbour, which gives the
 bandwidth bound 2(k-1)/k · M / b_min.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterable
 
 COLLECTIVES = ("ring", "star", "tree", "all-to-all", "custom")
 # Written by experiments/calibrate_perfmodel.py (measured on the testbed, with the machine).
@@ -38,7 +39,9 @@ def flow_bytes(collective: str, workers: int, model_bytes: float) -> float:
         return float(model_bytes)
     if collective == "all-to-all":
         return 2.0 * model_bytes / k
-    raise ValueError(f"unknown collective '{collective}' (expected one of {', '.join(COLLECTIVES)})")
+    raise ValueError(
+        f"unknown collective '{collective}' (expected one of {', '.join(COLLECTIVES)})"
+    )
 
 
 def ring_lower_bound_s(workers: int, model_bytes: float, b_min_mbps: float) -> float:
@@ -55,6 +58,7 @@ def compute_time_s(compute_s: float, speed: float, cpu: float) -> float:
 @dataclass(frozen=True)
 class IterationModel:
     """Constants fitted against the testbed (see `experiments/calibrate_perfmodel.py`)."""
+
     efficiency: float = 0.92  # goodput / granted rate of a metered/shaped TCP flow
     per_message_latency_s: float = 0.0005  # per collective step (framing, syscalls, RTT)
     overhead_s: float = 0.0  # per iteration, outside compute and communication
@@ -63,17 +67,19 @@ class IterationModel:
     max_rate_mbps: float = float("inf")
 
     @classmethod
-    def from_calibration(cls, path: str | Path = CALIBRATION_FILE) -> "IterationModel":
+    def from_calibration(cls, path: str | Path = CALIBRATION_FILE) -> IterationModel:
         """The constants `experiments/calibrate_perfmodel.py` fitted on the testbed."""
         try:
             fitted = json.loads(Path(path).read_text())["fitted_model"]
             return cls(**{f.name: float(fitted[f.name]) for f in fields(cls)})
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: no fitted IterationModel ({e}); run "
-                             "experiments/calibrate_perfmodel.py") from e
+            raise ValueError(
+                f"{path}: no fitted IterationModel ({e}); run experiments/calibrate_perfmodel.py"
+            ) from e
 
-    def communication_s(self, flows: Iterable[tuple[float, float]], steps: int = 1,
-                        rtt_s: float = 0.0) -> float:
+    def communication_s(
+        self, flows: Iterable[tuple[float, float]], steps: int = 1, rtt_s: float = 0.0
+    ) -> float:
         """Collective time for (bytes, rate_mbps) pairs running in parallel.
 
         `steps` is the number of sequential messages the collective needs (2(k-1) for a ring),
@@ -92,10 +98,18 @@ class IterationModel:
             return 0.0
         return worst + steps * (self.per_message_latency_s + rtt_s)
 
-    def iteration_s(self, compute_times_s: Iterable[float], flows: Iterable[tuple[float, float]],
-                    steps: int = 1, rtt_s: float = 0.0) -> float:
-        return max(compute_times_s, default=0.0) + \
-            self.communication_s(flows, steps, rtt_s) + self.overhead_s
+    def iteration_s(
+        self,
+        compute_times_s: Iterable[float],
+        flows: Iterable[tuple[float, float]],
+        steps: int = 1,
+        rtt_s: float = 0.0,
+    ) -> float:
+        return (
+            max(compute_times_s, default=0.0)
+            + self.communication_s(flows, steps, rtt_s)
+            + self.overhead_s
+        )
 
 
 def collective_steps(collective: str, workers: int) -> int:

@@ -13,15 +13,17 @@ Shapes: V vertices and E directed links (of all graphs in a batch); B graphs (ep
 compute nodes of one graph; R scored rows (a compute node at a step); S steps; H hidden units;
 F = STEP_FEATURES + GUIDE_FEATURES.
 """
+
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import time
+from collections.abc import Callable
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -29,8 +31,18 @@ from threadpoolctl import ThreadpoolController
 from torch import Tensor, nn
 
 from .baselines import NetworkAware, make_algorithm, register
-from .env import (EDGE_FEATURES, GUIDE_FEATURES, JOB_FEATURES, NODE_FEATURES, STEP_FEATURES,
-                  EnvConfig, GraphInput, PlacementEpisode, StepObservation, TrainingInstances)
+from .env import (
+    EDGE_FEATURES,
+    GUIDE_FEATURES,
+    JOB_FEATURES,
+    NODE_FEATURES,
+    STEP_FEATURES,
+    EnvConfig,
+    GraphInput,
+    PlacementEpisode,
+    StepObservation,
+    TrainingInstances,
+)
 from .improve import improve
 from .metrics import Rank, predicted_iteration_s
 from .model import CannotPlace, Cluster, Decision, Job, placement_key
@@ -87,17 +99,21 @@ def collate_graphs(graphs: list[GraphInput]) -> GraphBatch:
     offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
     return GraphBatch(
         node_x=torch.from_numpy(np.concatenate([g.node_x for g in graphs])),
-        edge_index=torch.from_numpy(np.concatenate([g.edge_index + o
-                                                    for g, o in zip(graphs, offset)], axis=1)),
+        edge_index=torch.from_numpy(
+            np.concatenate([g.edge_index + o for g, o in zip(graphs, offset)], axis=1)
+        ),
         edge_x=torch.from_numpy(np.concatenate([g.edge_x for g in graphs])),
         graph=torch.from_numpy(np.repeat(np.arange(len(graphs)), sizes)),
         job_x=torch.from_numpy(np.stack([g.job_x for g in graphs])),
-        offset=offset.tolist(), n_compute=[g.n_compute for g in graphs])
+        offset=offset.tolist(),
+        n_compute=[g.n_compute for g in graphs],
+    )
 
 
 @dataclass
 class Episode:
     """One placement as it was taken: its graph, and per step what was seen and chosen."""
+
     graph: GraphInput
     steps: list[StepObservation] = field(default_factory=list)
     actions: list[int] = field(default_factory=list)
@@ -138,7 +154,7 @@ def collate_steps(episodes: list[Episode], batch: GraphBatch) -> StepBatch:
 # --- the network ----------------------------------------------------------------------------------
 def mlp(*sizes: int) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for a, b in zip(sizes, sizes[1:]):
+    for a, b in itertools.pairwise(sizes):
         layers += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*layers[:-1])
 
@@ -179,7 +195,7 @@ class Agent(nn.Module):
             h = norm(h + update(torch.cat([h, agg], dim=1)))
         ctx = []
         for o, c in zip(b.offset, b.n_compute):
-            hc = h[o:o + c]
+            hc = h[o : o + c]
             ctx.append(torch.cat([hc.mean(0), hc.max(0).values]))
         return h, torch.stack(ctx)
 
@@ -210,10 +226,12 @@ class Policy:
         h, ctx = agent.encode(collate_graphs([graph]))
         lin = agent.score[0]
         k, n = h.shape[1], graph.n_compute
-        base = h[:n] @ lin.weight[:, :k].T + ctx[0] @ lin.weight[:, k:3 * k].T + lin.bias
-        self.base, self.w_step = base.numpy(), lin.weight[:, 3 * k:].T.numpy()
-        self.layers = [(m.weight.T.numpy(), m.bias.numpy()) if isinstance(m, nn.Linear) else None
-                       for m in agent.score[1:]]  # None: a ReLU
+        base = h[:n] @ lin.weight[:, :k].T + ctx[0] @ lin.weight[:, k : 3 * k].T + lin.bias
+        self.base, self.w_step = base.numpy(), lin.weight[:, 3 * k :].T.numpy()
+        self.layers = [
+            (m.weight.T.numpy(), m.bias.numpy()) if isinstance(m, nn.Linear) else None
+            for m in agent.score[1:]
+        ]  # None: a ReLU
         self.prior = agent.prior.detach().numpy()
 
     def logits(self, obs: StepObservation) -> np.ndarray:
@@ -229,12 +247,18 @@ class Policy:
     def ranked(self, obs: StepObservation) -> np.ndarray:
         """The feasible nodes, the highest-rated first (on a tie, the lower index first)."""
         logits = self.logits(obs)
-        return np.argsort(-logits, kind="stable")[:int(obs.mask.sum())]
+        return np.argsort(-logits, kind="stable")[: int(obs.mask.sum())]
 
 
 # --- acting ---------------------------------------------------------------------------------------
-def rollout(policy: Policy, ep: PlacementEpisode, greedy: bool, first: int | None = None,
-            rng: np.random.Generator | None = None, record: Episode | None = None) -> float:
+def rollout(
+    policy: Policy,
+    ep: PlacementEpisode,
+    greedy: bool,
+    first: int | None = None,
+    rng: np.random.Generator | None = None,
+    record: Episode | None = None,
+) -> float:
     """Place the episode's tasks: greedy (argmax) or sampled; `first` forces the first node.
     Records the steps into `record` when given; returns the log-probability of the actions."""
     logp = 0.0
@@ -258,8 +282,9 @@ def rollout(policy: Policy, ep: PlacementEpisode, greedy: bool, first: int | Non
     return logp
 
 
-def greedy_from(policy: Policy, ep0: PlacementEpisode, first: int,
-                record: Episode | None = None) -> float | None:
+def greedy_from(
+    policy: Policy, ep0: PlacementEpisode, first: int, record: Episode | None = None
+) -> float | None:
     """The iteration time of the policy's greedy rollout begun on compute node `first` (None: it
     placed nothing); its steps into `record` when given."""
     ep = ep0.restart()
@@ -295,8 +320,10 @@ def teacher(cluster: Cluster, job: Job, starts: int) -> tuple[dict[str, str], fl
 
     def copies(n: str) -> float:
         free = cluster.free(n)
-        return min((f / d for f, d in zip(free.as_tuple(), big.as_tuple()) if d > 0),
-                   default=math.inf)
+        return min(
+            (f / d for f, d in zip(free.as_tuple(), big.as_tuple()) if d > 0), default=math.inf
+        )
+
     ranked = sorted(nodes, key=lambda n: (-copies(n), -cluster.free(n).cpu))[:starts]
     best: tuple[dict[str, str], float] | None = None
     for first in [""] + ranked:
@@ -338,8 +365,7 @@ def losses(agent: Agent, episodes: list[Episode]) -> tuple[Tensor, Tensor, Tenso
     gb = collate_graphs([e.graph for e in episodes])
     h, ctx = agent.encode(gb)
     sb = collate_steps(episodes, gb)
-    logp_rows, entropy = segment_log_softmax(agent.row_logits(h, ctx, sb), sb.seg,
-                                             len(sb.chosen))
+    logp_rows, entropy = segment_log_softmax(agent.row_logits(h, ctx, sb), sb.seg, len(sb.chosen))
     logp_steps = logp_rows[sb.chosen]
     b = len(episodes)
     per_ep = torch.zeros(b).index_add_(0, sb.step_graph, logp_steps)
@@ -348,9 +374,13 @@ def losses(agent: Agent, episodes: list[Episode]) -> tuple[Tensor, Tensor, Tenso
     return per_ep, ent, logp_steps.mean()
 
 
-def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(), machines: list[Machine] | None = None,
-          log: Callable[[dict], None] = lambda row: None,
-          validation: list[tuple[Cluster, Job]] | None = None) -> Agent:
+def train(
+    cfg: PPOConfig,
+    env_cfg: EnvConfig = EnvConfig(),
+    machines: list[Machine] | None = None,
+    log: Callable[[dict], None] = lambda row: None,
+    validation: list[tuple[Cluster, Job]] | None = None,
+) -> Agent:
     """Phase 1: imitation of the teacher; phase 2: PPO; phase 3: the first node from rollouts
     begun on many (`first_node_lesson`). `log` gets a row per update (and the
     validation figure, when `validation` instances are given, every `cfg.validate_every`
@@ -373,8 +403,13 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(), machines: list[Machi
     def report(phase: str, last: bool, **stats: float) -> None:
         nonlocal updates
         updates += 1
-        row = {"phase": phase, "instances": done, "seconds": time.perf_counter() - start,
-               "cpu_seconds": time.process_time() - cpu_start, **stats}
+        row = {
+            "phase": phase,
+            "instances": done,
+            "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu_start,
+            **stats,
+        }
         if validation and (updates % cfg.validate_every == 0 or last):
             row["vs_network_aware"] = validate(agent, validation)
             if row["vs_network_aware"] < best[0]:
@@ -414,8 +449,13 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(), machines: list[Machi
                 ratio = (logp - old).exp()
                 pg = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv).mean()
                 step(pg - cfg.ent_coef * entropy.mean())
-            report("ppo", done >= end, loss=pg.item(), entropy=entropy.mean().item(),
-                   ret=float(np.mean([e.ret for e in batch])))
+            report(
+                "ppo",
+                done >= end,
+                loss=pg.item(),
+                entropy=entropy.mean().item(),
+                ret=float(np.mean([e.ret for e in batch])),
+            )
         for group in optim.param_groups:
             group["lr"] = cfg.lr_first
         end += cfg.first_nodes
@@ -440,8 +480,9 @@ def train(cfg: PPOConfig, env_cfg: EnvConfig = EnvConfig(), machines: list[Machi
 FAILED_PENALTY = 1.0  # a rollout that places nothing: this much below its group's worst return
 
 
-def sample_group(agent: Agent, cluster: Cluster, job: Job, size: int,
-                 rng: np.random.Generator) -> list[Episode]:
+def sample_group(
+    agent: Agent, cluster: Cluster, job: Job, size: int, rng: np.random.Generator
+) -> list[Episode]:
     """`size` sampled rollouts of one instance; return = −log(iteration time), advantage = the
     return minus the group's mean (the instance's own baseline: no critic needed)."""
     ep0 = PlacementEpisode(cluster, job)
@@ -472,14 +513,16 @@ def sample_group(agent: Agent, cluster: Cluster, job: Job, size: int,
 @dataclass
 class FirstNodeLesson:
     """Phase 3's lesson on one instance: greedy rollouts begun on several first nodes."""
+
     first: Episode  # the first step, its action the fastest rollout's first node
     nodes: np.ndarray  # the first nodes rolled out (indices of compute nodes)
     target: np.ndarray  # softmax(-log(iteration time) / tau) over them
     later: Episode  # the fastest rollout's steps after the first
 
 
-def first_node_lesson(agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig,
-                      rng: np.random.Generator) -> FirstNodeLesson | None:
+def first_node_lesson(
+    agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig, rng: np.random.Generator
+) -> FirstNodeLesson | None:
     """Greedy rollouts from `cfg.first_rollouts` first nodes — half the policy's highest-rated,
     half drawn from the rest — and from network-aware's: how fast each first node makes the
     policy's own placement is known only by rolling out from it (what a first node leads to
@@ -491,9 +534,10 @@ def first_node_lesson(agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig,
     policy = Policy(agent, graph)
     obs = ep0.observe()
     ranked = policy.ranked(obs)
-    top, rest = ranked[:cfg.first_rollouts // 2], ranked[cfg.first_rollouts // 2:]
-    nodes = list(top) + list(rng.choice(rest, min(len(rest), cfg.first_rollouts - len(top)),
-                                        replace=False))
+    top, rest = ranked[: cfg.first_rollouts // 2], ranked[cfg.first_rollouts // 2 :]
+    nodes = list(top) + list(
+        rng.choice(rest, min(len(rest), cfg.first_rollouts - len(top)), replace=False)
+    )
     own = network_aware_first(ep0)
     if own is not None and own not in nodes:
         nodes.append(own)
@@ -512,8 +556,12 @@ def first_node_lesson(agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig,
     log_t = np.log(np.where(np.isfinite(t), t, 2 * t[np.isfinite(t)].max()))
     target = np.exp(-(log_t - log_t.min()) / cfg.first_tau)
     best = runs[int(log_t.argmin())]
-    return FirstNodeLesson(Episode(graph, best.steps[:1], best.actions[:1]), np.array(nodes),
-                           target / target.sum(), Episode(graph, best.steps[1:], best.actions[1:]))
+    return FirstNodeLesson(
+        Episode(graph, best.steps[:1], best.actions[:1]),
+        np.array(nodes),
+        target / target.sum(),
+        Episode(graph, best.steps[1:], best.actions[1:]),
+    )
 
 
 def first_node_losses(agent: Agent, lessons: list[FirstNodeLesson]) -> tuple[Tensor, Tensor]:
@@ -543,8 +591,9 @@ def validate(agent: Agent, instances: list[tuple[Cluster, Job]]) -> float:
     ratios = []
     for cluster, job in instances:
         try:
-            ref = predicted_iteration_s(cluster, job,
-                                        make_algorithm("network-aware").place(cluster, job))
+            ref = predicted_iteration_s(
+                cluster, job, make_algorithm("network-aware").place(cluster, job)
+            )
         except CannotPlace:
             continue
         ep = PlacementEpisode(cluster, job)
@@ -556,10 +605,18 @@ def validate(agent: Agent, instances: list[tuple[Cluster, Job]]) -> float:
 
 
 # --- checkpoints ----------------------------------------------------------------------------------
-def save(agent: Agent, cfg: PPOConfig, env_cfg: EnvConfig, path: str | Path,
-         meta: dict | None = None) -> None:
-    torch.save({"ppo": asdict(cfg), "env": _plain(asdict(env_cfg)),
-                "state_dict": agent.state_dict(), "meta": meta or {}}, path)
+def save(
+    agent: Agent, cfg: PPOConfig, env_cfg: EnvConfig, path: str | Path, meta: dict | None = None
+) -> None:
+    torch.save(
+        {
+            "ppo": asdict(cfg),
+            "env": _plain(asdict(env_cfg)),
+            "state_dict": agent.state_dict(),
+            "meta": meta or {},
+        },
+        path,
+    )
 
 
 def _plain(x):
@@ -579,8 +636,10 @@ def load(path: str | Path = CHECKPOINT) -> tuple[Agent, PPOConfig, dict]:
     try:
         agent.load_state_dict(data["state_dict"])
     except RuntimeError as e:  # missing or misshapen weights: another version's observation
-        raise ValueError(f"{path}: not a checkpoint of this CES-PPO (its weights do not fit the "
-                         "network; train one: python -m scheduler.train_ppo --seed 0)") from e
+        raise ValueError(
+            f"{path}: not a checkpoint of this CES-PPO (its weights do not fit the "
+            "network; train one: python -m scheduler.train_ppo --seed 0)"
+        ) from e
     agent.eval()
     return agent, cfg, data.get("meta", {})
 
@@ -602,6 +661,7 @@ class CesPPO:
     is the candidate with the shortest predicted iteration time; between candidates it rates
     the same, one on no more nodes whose flows have more room to spare (`metrics.Rank`), else
     the earliest. The policy alone: `compare=False` and a budget below 2×N×T."""
+
     name: str = "ces-ppo"
     seed: int = 0  # unused: decoding draws nothing
     checkpoint: str | Path = CHECKPOINT
@@ -611,8 +671,10 @@ class CesPPO:
 
     def __post_init__(self) -> None:
         if not Path(self.checkpoint).exists():
-            raise FileNotFoundError(f"{self.checkpoint}: no CES-PPO checkpoint (train one: "
-                                    "python -m scheduler.train_ppo --seed 0)")
+            raise FileNotFoundError(
+                f"{self.checkpoint}: no CES-PPO checkpoint (train one: "
+                "python -m scheduler.train_ppo --seed 0)"
+            )
         if self.decode_budget < 0:
             raise ValueError(f"decode_budget: expected ≥ 0 node-steps, got {self.decode_budget}")
         self.agent, _, _ = load(self.checkpoint)
@@ -623,8 +685,9 @@ class CesPPO:
             ep0 = PlacementEpisode(cluster, job)
             if ep0.done:
                 raise CannotPlace(f"job {job.name}: {ep0.failed}")
-            decoding = _Decoding(cluster, job, ep0, Policy(self.agent, ep0.graph_input()),
-                                 self.decode_budget)
+            decoding = _Decoding(
+                cluster, job, ep0, Policy(self.agent, ep0.graph_input()), self.decode_budget
+            )
             decoding.greedy(0)
             if self.compare:
                 decoding.network_aware()
@@ -637,8 +700,9 @@ class CesPPO:
 class _Decoding:
     """The candidates of one decision and the budget left (`CesPPO`)."""
 
-    def __init__(self, cluster: Cluster, job: Job, ep0: PlacementEpisode, policy: Policy,
-                 budget: int):
+    def __init__(
+        self, cluster: Cluster, job: Job, ep0: PlacementEpisode, policy: Policy, budget: int
+    ):
         self.cluster, self.job, self.ep0, self.policy = cluster, job, ep0, policy
         self.rollout_cost = len(ep0.compute) * len(job.tasks)
         self.budget = budget
@@ -660,8 +724,9 @@ class _Decoding:
             return
         self.seen.add(key)
         try:
-            d = Decision(self.job.name, placement,
-                         route_placement(self.cluster, self.job, placement))
+            d = Decision(
+                self.job.name, placement, route_placement(self.cluster, self.job, placement)
+            )
         except CannotPlace as e:
             self.reason = self.reason or str(e)
             return
@@ -682,10 +747,8 @@ class _Decoding:
 
     def network_aware(self) -> None:
         self._spend(always=True)
-        try:
+        with suppress(CannotPlace):
             self._consider(NetworkAware().positions(self.cluster, self.job))
-        except CannotPlace:
-            pass
 
     def other_first_nodes(self) -> None:
         for rank in range(1, len(self.ranked)):
@@ -694,11 +757,16 @@ class _Decoding:
 
     def improved(self) -> Decision:
         if self.best is None:
-            raise CannotPlace(self.reason or f"job {self.job.name}: no placement the policy "
-                              "found has paths with bandwidth")
+            raise CannotPlace(
+                self.reason
+                or f"job {self.job.name}: no placement the policy found has paths with bandwidth"
+            )
         evaluations = self.budget // self.rollout_cost
-        return improve(self.cluster, self.job, self.best.decision, evaluations) if evaluations > 0 \
+        return (
+            improve(self.cluster, self.job, self.best.decision, evaluations)
+            if evaluations > 0
             else self.best.decision
+        )
 
 
 _POOLS: list[ThreadpoolController] = []

@@ -7,17 +7,18 @@ with `try_place` / `commit` / `preempt` / `hold`. A `Round` needs nothing but a 
 the simulator's engine and the Master's Scheduler drive the same policies. Every decision passes
 `check_decision`.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 from .baselines import Algorithm
 from .model import CannotPlace, Cluster, Decision, Job, Resources, Task, check_decision
 from .perfmodel import IterationModel, collective_steps, compute_time_s
-
 
 State = Literal["pending", "queued", "running", "finished", "failed", "rejected"]
 
@@ -81,8 +82,9 @@ class JobState:
 
     def service(self, now: float) -> float:
         """Attained service up to `now`."""
-        return self.attained + (self.workers * (now - self.last_update)
-                                if self.state == "running" else 0.0)
+        return self.attained + (
+            self.workers * (now - self.last_update) if self.state == "running" else 0.0
+        )
 
     def remaining_iters(self) -> float:
         return max((self.job.iterations or 0) - self.done_iters, 0.0)
@@ -124,14 +126,17 @@ ELASTIC_SHARES = (1.0, 1.5, 2.0, 3.0, 4.0)
 def scale_job(job: Job, cpu: float = 1.0, bw: float = 1.0) -> Job:
     """An elastic share of `job`: every task's cpu × `cpu`, every flow's demanded rate × `bw`
     (memory and gpu as asked). Committed as `granted`, it is what the job runs with."""
-    return replace(job, tasks=[Task(t.name, replace(t.demand, cpu=t.demand.cpu * cpu))
-                               for t in job.tasks],
-                   flows=[replace(f, demand_mbps=f.demand_mbps * bw) for f in job.flows])
+    return replace(
+        job,
+        tasks=[Task(t.name, replace(t.demand, cpu=t.demand.cpu * cpu)) for t in job.tasks],
+        flows=[replace(f, demand_mbps=f.demand_mbps * bw) for f in job.flows],
+    )
 
 
 class QueuePolicy(Protocol):
     """Optional: `reallocates = True` for policies that re-allocate running jobs (elastic shares,
     migrations) and so want a round on every event, also with an empty queue."""
+
     name: str
     algorithm: Algorithm  # places each job the policy starts
     period_s: float | None  # also run a round every period_s while jobs run (None: on events only)
@@ -148,8 +153,15 @@ class Round:
     were released since the last round (it lets `try_place` skip retrying hopeless jobs).
     """
 
-    def __init__(self, now: float, cluster: Cluster, algorithm: Algorithm,
-                 queue: Sequence[JobState], running: Sequence[JobState], epoch: int = 0):
+    def __init__(
+        self,
+        now: float,
+        cluster: Cluster,
+        algorithm: Algorithm,
+        queue: Sequence[JobState],
+        running: Sequence[JobState],
+        epoch: int = 0,
+    ):
         self.now, self.cluster, self.algorithm, self.epoch = now, cluster, algorithm, epoch
         self.queue, self.running = list(queue), list(running)
         self.placed: list[JobState] = []
@@ -168,8 +180,9 @@ class Round:
     def _holds_against(self, js: JobState | None) -> frozenset:
         """The owners of the holds that bind `js`."""
         done_by = self.now + js.estimated_remaining_s() if js else math.inf
-        return frozenset(o.name for o, (_, until) in self.holds.items()
-                         if o is not js and done_by > until)
+        return frozenset(
+            o.name for o, (_, until) in self.holds.items() if o is not js and done_by > until
+        )
 
     def view(self, js: JobState | None = None) -> Cluster:
         """The cluster as `js` may use it: without the resources held for other jobs."""
@@ -195,8 +208,12 @@ class Round:
             self._views[key] = (view, FreeSpace.of(view))
         return self._views[key]
 
-    def try_place(self, js: JobState, accept: Callable[[Decision], bool] | None = None,
-                  avoid: Callable[[Cluster], set[str]] | None = None) -> Decision | None:
+    def try_place(
+        self,
+        js: JobState,
+        accept: Callable[[Decision], bool] | None = None,
+        avoid: Callable[[Cluster], set[str]] | None = None,
+    ) -> Decision | None:
         """Place `js` with the policy's algorithm and commit it; None if it does not fit now
         (or the policy does not `accept` the decision the algorithm found). With `avoid`, the
         algorithm first places it without the nodes `avoid(view)` names, then, if that fails,
@@ -289,6 +306,7 @@ class Round:
 @dataclass(frozen=True)
 class FreeSpace:
     """The free resources of a cluster's online nodes, for cheap necessary fit checks."""
+
     nodes: tuple[Resources, ...]
     total: Resources
 
@@ -297,9 +315,14 @@ class FreeSpace:
         free = tuple(cluster.free(n) for n in cluster.compute_nodes(online_only=True))
         # A node that a hold over-commits (its running job's resources and those held for a
         # waiting job) has nothing free, not less than nothing for the others to make up.
-        return cls(free, Resources(sum(max(f.cpu, 0.0) for f in free),
-                                   sum(max(f.mem_mb, 0.0) for f in free),
-                                   sum(max(f.gpu, 0.0) for f in free)))
+        return cls(
+            free,
+            Resources(
+                sum(max(f.cpu, 0.0) for f in free),
+                sum(max(f.mem_mb, 0.0) for f in free),
+                sum(max(f.gpu, 0.0) for f in free),
+            ),
+        )
 
     def may_fit(self, job: Job) -> bool:
         """Every task fits some node and the job's total fits the total: spares calling an
@@ -312,6 +335,8 @@ class FreeSpace:
             return f"job {job.name}: its tasks together need more than the online nodes have free"
         for t in job.tasks:
             if not any(t.demand.fits_in(f) for f in self.nodes):
-                return (f"job {job.name}: task {t.name} (cpu {t.demand.cpu:g}, mem "
-                        f"{t.demand.mem_mb:g} MB, gpu {t.demand.gpu:g}) fits on no online node")
+                return (
+                    f"job {job.name}: task {t.name} (cpu {t.demand.cpu:g}, mem "
+                    f"{t.demand.mem_mb:g} MB, gpu {t.demand.gpu:g}) fits on no online node"
+                )
         return ""

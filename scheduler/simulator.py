@@ -21,14 +21,16 @@ What happens in simulated time:
 
 Queue policies see the world through a `Round` (`rounds.py`), as they do on the live Master.
 """
+
 from __future__ import annotations
 
 import heapq
 import math
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -39,6 +41,7 @@ from .perfmodel import IterationModel
 from .rounds import JobState, QueuePolicy, Round, State, estimated_iteration_s
 
 # --- scenario events (besides job arrivals) -----------------------------------------------------
+
 
 @dataclass(frozen=True)
 class NodeLeave:
@@ -55,6 +58,7 @@ class NodeJoin:
 @dataclass(frozen=True)
 class LinkChange:
     """Link u–v gets capacity `bw_mbps` (each direction)."""
+
     time: float
     u: str
     v: str
@@ -65,6 +69,7 @@ class LinkChange:
 class BackgroundFlow:
     """Unscheduled traffic from compute node `src` to `dst` over `path` (default: a shortest path)
     for `duration_s`, taking up to `demand_mbps` (inf: whatever max-min fairness leaves it)."""
+
     time: float
     src: str
     dst: str
@@ -77,6 +82,7 @@ ScenarioEvent = NodeLeave | NodeJoin | LinkChange | BackgroundFlow
 
 
 # --- the simulator ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -108,7 +114,9 @@ class SimResult:
     balance_std_queued: float | None
     queued_share: float
     utilisation: float  # time average of the mean node utilisation
-    starts: list[tuple[float, str, tuple[tuple[str, str], ...]]]  # (time, job, placement): the schedule
+    starts: list[
+        tuple[float, str, tuple[tuple[str, str], ...]]
+    ]  # (time, job, placement): the schedule
 
     @property
     def events_per_s(self) -> float:
@@ -130,25 +138,32 @@ class SimResult:
         waits = sorted(js.wait(self.end_time) for js in jobs)
         done = [js for js in jobs if js.state == "finished"]
         jct = [js.finish - js.submit for js in done]
-        slow = [(js.finish - js.submit) / (js.job.iterations * estimated_iteration_s(js.job))
-                for js in done]
+        slow = [
+            (js.finish - js.submit) / (js.job.iterations * estimated_iteration_s(js.job))
+            for js in done
+        ]
         due = [js for js in jobs if js.job.deadline is not None]
-        hits = sum(js.state == "finished" and js.finish <= js.submit + js.job.deadline + 1e-9
-                   for js in due)
+        hits = sum(
+            js.state == "finished" and js.finish <= js.submit + js.job.deadline + 1e-9 for js in due
+        )
         submitted_due = sum(js.job.deadline is not None for js in self.jobs)
         started = [js for js in jobs if js.first_start is not None]
         decisions = [d for js in jobs for d in js.decision_s]
         out = {
-            "jobs": len(self.jobs), "finished": len(done), "rejected": len(self.jobs) - len(jobs),
+            "jobs": len(self.jobs),
+            "finished": len(done),
+            "rejected": len(self.jobs) - len(jobs),
             "failed": sum(js.state == "failed" for js in jobs),
             "unfinished": sum(js.state in ("queued", "running") for js in jobs),
             "avg_wait_s": statistics.fmean(waits) if waits else 0.0,
             "p95_wait_s": waits[min(len(waits) - 1, math.ceil(0.95 * len(waits)) - 1)]
-            if waits else 0.0,
+            if waits
+            else 0.0,
             "max_wait_s": waits[-1] if waits else 0.0,
             "jct_s": statistics.fmean(jct) if jct else None,
             "bw_satisfaction": statistics.fmean(js.bw_satisfaction for js in started)
-            if started else None,
+            if started
+            else None,
             "balance_std": self.balance_std,
             "balance_std_arrivals": self.balance_std_arrivals,
             "balance_std_queued": self.balance_std_queued,
@@ -194,8 +209,10 @@ class Simulator:
         self._queued_area = self._queued_time = 0.0
         self._last_arrival = max((j.submit_time for j in jobs), default=0.0)
         self._balance: tuple[float, float] | None = None  # (std, mean) of _util, when fresh
-        self._util = {n: node_utilisation(self.cluster, n)  # Ū_n of the online nodes
-                      for n in self.cluster.compute_nodes(online_only=True)}
+        self._util = {
+            n: node_utilisation(self.cluster, n)  # Ū_n of the online nodes
+            for n in self.cluster.compute_nodes(online_only=True)
+        }
         self._open = 0  # jobs not yet finished, failed or rejected
         self._packable: dict[tuple, bool] = {}  # task demands -> fits the empty cluster
         for i, job in enumerate(sorted(jobs, key=lambda j: j.submit_time)):
@@ -232,11 +249,18 @@ class Simulator:
         start = self._clock_start if self._clock_start is not None else end
         span, arrivals_span = end - start, min(end, self._last_arrival) - start
         balance = self._balance_area / span if span > 0 else 0.0
-        return SimResult(self.states, end, self.job_events, time.perf_counter() - wall, balance,
-                         self._arrivals_area / arrivals_span if arrivals_span > 0 else balance,
-                         self._queued_area / self._queued_time if self._queued_time > 0 else None,
-                         self._queued_time / span if span > 0 else 0.0,
-                         self._util_area / span if span > 0 else 0.0, self.starts)
+        return SimResult(
+            self.states,
+            end,
+            self.job_events,
+            time.perf_counter() - wall,
+            balance,
+            self._arrivals_area / arrivals_span if arrivals_span > 0 else balance,
+            self._queued_area / self._queued_time if self._queued_time > 0 else None,
+            self._queued_time / span if span > 0 else 0.0,
+            self._util_area / span if span > 0 else 0.0,
+            self.starts,
+        )
 
     def _push(self, t: float, kind: int, payload: object) -> None:
         self._seq += 1
@@ -323,8 +347,9 @@ class Simulator:
         hot = {lk for lk, r in self.cluster.reserved.items() if r > g.edges[lk]["bw_mbps"] + 1e-9}
         for js in sorted(self.running.values(), key=lambda j: j.name):
             d = js.decision
-            if d.network != ENFORCED or not any(lk in hot for f in d.flows
-                                                for lk in f.directed_links()):
+            if d.network != ENFORCED or not any(
+                lk in hot for f in d.flows for lk in f.directed_links()
+            ):
                 continue
             view = self.cluster.copy(share_graph=True)
             view.release(js.name)
@@ -346,8 +371,14 @@ class Simulator:
 
     # --- scheduling --------------------------------------------------------------------------------
     def _round(self) -> None:
-        rnd = Round(self.now, self.cluster, self.policy.algorithm, self.queue,
-                    list(self.running.values()), self.epoch)
+        rnd = Round(
+            self.now,
+            self.cluster,
+            self.policy.algorithm,
+            self.queue,
+            list(self.running.values()),
+            self.epoch,
+        )
         self.policy.schedule(rnd)
         self.epoch = rnd.epoch
         for js in rnd.preempted:
@@ -375,8 +406,12 @@ class Simulator:
         self._touch(js.decision.placement.values())
         self._net_dirty |= self._shares_network(js)
         if not self._net_dirty:  # its flows get exactly their granted rates
-            self._set_pace(js, predicted_iteration_s(self.cluster, js.allocated_job, js.decision,
-                                                     self.config.model))
+            self._set_pace(
+                js,
+                predicted_iteration_s(
+                    self.cluster, js.allocated_job, js.decision, self.config.model
+                ),
+            )
         self._ensure_tick()
 
     def _migrated(self, js: JobState) -> bool:
@@ -401,8 +436,12 @@ class Simulator:
         js.iter_s = js.expected_end = math.inf
         self._net_dirty |= not self.config.metered or self._shares_network(js)
         if not self._net_dirty:
-            self._set_pace(js, predicted_iteration_s(self.cluster, js.allocated_job, js.decision,
-                                                     self.config.model))
+            self._set_pace(
+                js,
+                predicted_iteration_s(
+                    self.cluster, js.allocated_job, js.decision, self.config.model
+                ),
+            )
 
     def _stop(self, js: JobState, state: State, released: bool = False) -> None:
         """End a job's run: finished, failed, or back in the queue (progress kept)."""
@@ -428,16 +467,20 @@ class Simulator:
         """Bring a running job's progress up to now at its current pace."""
         start = max(js.last_update, js.ready_at)
         if self.now > start and js.iter_s < math.inf:
-            js.done_iters = min(js.done_iters + (self.now - start) / js.iter_s,
-                                float(js.job.iterations))
+            js.done_iters = min(
+                js.done_iters + (self.now - start) / js.iter_s, float(js.job.iterations)
+            )
         js.attained += js.workers * max(self.now - js.last_update, 0.0)
         js.last_update = self.now
 
     def _set_pace(self, js: JobState, iter_s: float) -> None:
         js.iter_s = iter_s
         js.version += 1
-        js.expected_end = max(self.now, js.ready_at) + js.remaining_iters() * iter_s \
-            if iter_s < math.inf else math.inf
+        js.expected_end = (
+            max(self.now, js.ready_at) + js.remaining_iters() * iter_s
+            if iter_s < math.inf
+            else math.inf
+        )
         if js.expected_end < math.inf:
             self._push(js.expected_end, _FINISH, (js, js.version))
 
@@ -449,7 +492,9 @@ class Simulator:
 
     def _oversubscribed(self) -> bool:
         g = self.cluster.graph
-        return self._links_changed and any(r > g.edges[link]["bw_mbps"] + 1e-9 for link, r in self.cluster.reserved.items())
+        return self._links_changed and any(
+            r > g.edges[link]["bw_mbps"] + 1e-9 for link, r in self.cluster.reserved.items()
+        )
 
     def _refresh_rates(self) -> None:
         """Recompute every job flow's actual rate; re-pace the jobs whose iteration time changed.
@@ -462,11 +507,17 @@ class Simulator:
         g = self.cluster.graph
         moving = [js for js in self.running.values() if js.decision.flows]
         if self.config.metered:
-            scale = {lk: min(1.0, g.edges[lk]["bw_mbps"] / r)
-                     for lk, r in self.cluster.reserved.items() if r > 1e-12}
-            actual = {(js.name, f.src, f.dst): f.rate_mbps * min(scale.get(lk, 1.0)
-                                                                for lk in f.directed_links())
-                      for js in moving for f in js.decision.flows}
+            scale = {
+                lk: min(1.0, g.edges[lk]["bw_mbps"] / r)
+                for lk, r in self.cluster.reserved.items()
+                if r > 1e-12
+            }
+            actual = {
+                (js.name, f.src, f.dst): f.rate_mbps
+                * min(scale.get(lk, 1.0) for lk in f.directed_links())
+                for js in moving
+                for f in js.decision.flows
+            }
         else:
             paths: dict[object, tuple[str, ...]] = {}
             demand: dict[object, float] = {}
@@ -480,10 +531,12 @@ class Simulator:
             bare.reserved = {}  # nothing is reserved: every flow competes for the capacity
             actual = fair_rates(bare, paths, demand)
         for js in moving:
-            flows = [replace(f, rate_mbps=actual[(js.name, f.src, f.dst)])
-                     for f in js.decision.flows]
-            iter_s = predicted_iteration_s(self.cluster, js.allocated_job,
-                                           replace(js.decision, flows=flows), self.config.model)
+            flows = [
+                replace(f, rate_mbps=actual[(js.name, f.src, f.dst)]) for f in js.decision.flows
+            ]
+            iter_s = predicted_iteration_s(
+                self.cluster, js.allocated_job, replace(js.decision, flows=flows), self.config.model
+            )
             if not math.isclose(iter_s, js.iter_s, rel_tol=1e-12):
                 self._advance(js)
                 self._set_pace(js, iter_s)
@@ -506,8 +559,9 @@ class Simulator:
                 u = np.fromiter(self._util.values(), float)
                 self._balance = (float(u.std()), float(u.mean())) if u.size else (0.0, 0.0)
             self._balance_area += self._balance[0] * (t - self._clock)
-            self._arrivals_area += self._balance[0] * max(0.0, min(t, self._last_arrival)
-                                                          - self._clock)
+            self._arrivals_area += self._balance[0] * max(
+                0.0, min(t, self._last_arrival) - self._clock
+            )
             self._util_area += self._balance[1] * (t - self._clock)
             if self.queue:
                 self._queued_area += self._balance[0] * (t - self._clock)

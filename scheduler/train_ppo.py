@@ -9,6 +9,7 @@ with the validation figure — the greedy policy's iteration time over network-a
 mean over instances drawn apart from training — and the checkpoint the `ces-ppo` algorithm loads.
 Bad arguments exit with code 2 and a one-line reason.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,37 +29,68 @@ from .trace import MACHINE_TABLE, load_machine_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "ppo"
-COLUMNS = ("phase", "instances", "seconds", "cpu_seconds", "loss", "entropy", "ret", "anchor",
-           "vs_network_aware")
+COLUMNS = (
+    "phase",
+    "instances",
+    "seconds",
+    "cpu_seconds",
+    "loss",
+    "entropy",
+    "ret",
+    "anchor",
+    "vs_network_aware",
+)
 VALIDATION_SEED = 10_000  # + the training seed: instances training never draws
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m scheduler.train_ppo",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m scheduler.train_ppo", description=__doc__.split("\n\n")[0]
+    )
     d = PPOConfig()
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--imitation", type=int, default=d.imitation,
-                   help="instances of phase 1, imitation of the teacher")
+    p.add_argument(
+        "--imitation",
+        type=int,
+        default=d.imitation,
+        help="instances of phase 1, imitation of the teacher",
+    )
     p.add_argument("--ppo", type=int, default=d.ppo, help="instances of phase 2, PPO")
-    p.add_argument("--first-nodes", type=int, default=d.first_nodes,
-                   help="instances of phase 3, the first node from rollouts begun on many")
+    p.add_argument(
+        "--first-nodes",
+        type=int,
+        default=d.first_nodes,
+        help="instances of phase 3, the first node from rollouts begun on many",
+    )
     p.add_argument("--encoder", choices=("gnn", "mlp"), default=d.encoder)
-    p.add_argument("--layers", type=int, default=d.layers,
-                   help="message-passing rounds of the gnn encoder")
+    p.add_argument(
+        "--layers", type=int, default=d.layers, help="message-passing rounds of the gnn encoder"
+    )
     p.add_argument("--hidden", type=int, default=d.hidden)
     p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--validation", type=int, default=160,
-                   help="instances of the validation figure (0: none)")
-    p.add_argument("--machines", type=Path, default=MACHINE_TABLE,
-                   help="machine table (Alibaba PAI format) for GPU clusters")
+    p.add_argument(
+        "--validation", type=int, default=160, help="instances of the validation figure (0: none)"
+    )
+    p.add_argument(
+        "--machines",
+        type=Path,
+        default=MACHINE_TABLE,
+        help="machine table (Alibaba PAI format) for GPU clusters",
+    )
     p.add_argument("--out", type=Path, default=CHECKPOINT, help="checkpoint to write")
     p.add_argument("--csv", type=Path, default=RESULTS / "learning_curve.csv")
     p.add_argument("--png", type=Path, default=RESULTS / "learning_curve.png")
     args = p.parse_args(argv)
     problems = []
-    for opt, low in (("imitation", 0), ("ppo", 0), ("first_nodes", 0), ("layers", 1),
-                     ("hidden", 4), ("threads", 1), ("validation", 0)):
+    for opt, low in (
+        ("imitation", 0),
+        ("ppo", 0),
+        ("first_nodes", 0),
+        ("layers", 1),
+        ("hidden", 4),
+        ("threads", 1),
+        ("validation", 0),
+    ):
         if getattr(args, opt) < low:
             flag = "--" + opt.replace("_", "-")
             problems.append(f"{flag} must be ≥ {low}, got {getattr(args, opt)}")
@@ -75,37 +107,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def validation_instances(env_cfg: EnvConfig, seed: int, n: int,
-                         machines: list) -> list[tuple[Cluster, Job]]:
+def validation_instances(
+    env_cfg: EnvConfig, seed: int, n: int, machines: list
+) -> list[tuple[Cluster, Job]]:
     """n instances of jobs no node can hold, drawn apart from training (another seed)."""
-    draw = TrainingInstances(replace(env_cfg, spread_share=1.0, episodes_per_topology=1),
-                             VALIDATION_SEED + seed, machines)
+    draw = TrainingInstances(
+        replace(env_cfg, spread_share=1.0, episodes_per_topology=1),
+        VALIDATION_SEED + seed,
+        machines,
+    )
     return [draw.next() for _ in range(n)]
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
     """Training loss per phase, and the validation figure."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for phase, color in (("imitation", "tab:blue"), ("ppo", "tab:orange"),
-                         ("first node", "tab:green")):
+    for phase, color in (
+        ("imitation", "tab:blue"),
+        ("ppo", "tab:orange"),
+        ("first node", "tab:green"),
+    ):
         pts = [(r["instances"], r["loss"]) for r in rows if r["phase"] == phase]
         if pts:
             ax_loss.plot(*zip(*pts), lw=1, color=color, label=phase)
-    ax_loss.set_title("loss — imitation: −log p of the teacher's node; ppo: clipped "
-                      "objective;\nfirst node: cross-entropy to the target from the rollouts",
-                      fontsize=9)
+    ax_loss.set_title(
+        "loss — imitation: −log p of the teacher's node; ppo: clipped "
+        "objective;\nfirst node: cross-entropy to the target from the rollouts",
+        fontsize=9,
+    )
     ax_loss.legend(fontsize=8)
-    val = [(r["instances"], r["vs_network_aware"]) for r in rows
-           if r.get("vs_network_aware") is not None]
+    val = [
+        (r["instances"], r["vs_network_aware"])
+        for r in rows
+        if r.get("vs_network_aware") is not None
+    ]
     if val:
         ax_val.plot(*zip(*val), marker="o", ms=3, lw=1.4)
     ax_val.axhline(1.0, color="grey", ls="--", lw=1)
-    ax_val.set_title("validation: greedy policy's iteration time / network-aware's "
-                     "(geometric mean)", fontsize=9)
+    ax_val.set_title(
+        "validation: greedy policy's iteration time / network-aware's (geometric mean)", fontsize=9
+    )
     for ax in (ax_loss, ax_val):
         ax.set_xlabel("training instances")
         ax.grid(alpha=0.3)
@@ -117,8 +163,10 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = replace(PPOConfig(), **{f.name: getattr(args, f.name) for f in fields(PPOConfig)
-                                  if hasattr(args, f.name)})
+    cfg = replace(
+        PPOConfig(),
+        **{f.name: getattr(args, f.name) for f in fields(PPOConfig) if hasattr(args, f.name)},
+    )
     env_cfg = EnvConfig()
     machines = load_machine_spec(args.machines)
     validation = validation_instances(env_cfg, cfg.seed, args.validation, machines)
@@ -126,11 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     total = cfg.imitation + cfg.ppo + cfg.first_nodes
-    with args.csv.open("w", newline="") as fh, Progress(
+    with (
+        args.csv.open("w", newline="") as fh,
+        Progress(
             TextColumn("[bold]CES-PPO[/] seed {task.fields[seed]} {task.fields[phase]:10}"),
-            BarColumn(), TextColumn("{task.completed:>5.0f}/{task.total:.0f} instances"),
+            BarColumn(),
+            TextColumn("{task.completed:>5.0f}/{task.total:.0f} instances"),
             TextColumn("loss {task.fields[loss]:>6.3f}  validation {task.fields[val]}"),
-            TimeElapsedColumn(), TimeRemainingColumn()) as progress:
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        ) as progress,
+    ):
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         bar = progress.add_task("train", total=total, seed=cfg.seed, phase="", loss=0.0, val="–")
@@ -140,25 +194,37 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerow(row)
             fh.flush()
             val = row.get("vs_network_aware")
-            progress.update(bar, completed=row["instances"], phase=row["phase"],
-                            loss=row["loss"], **({"val": f"{val:.3f}"} if val else {}))
+            progress.update(
+                bar,
+                completed=row["instances"],
+                phase=row["phase"],
+                loss=row["loss"],
+                **({"val": f"{val:.3f}"} if val else {}),
+            )
 
         agent = train(cfg, env_cfg, machines, log, validation)
     # train() returns the weights of the best validation figure
     final = min((r["vs_network_aware"] for r in rows if "vs_network_aware" in r), default=None)
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {cfg.threads} thread(s), "
-                       f"load average {os.getloadavg()[2]:.1f} (15 min) at the end",
-            "seconds": rows[-1]["seconds"] if rows else 0.0,
-            "cpu_seconds": rows[-1]["cpu_seconds"] if rows else 0.0,
-            "validation_vs_network_aware": final,
-            "command": "python -m scheduler.train_ppo " + " ".join(sys.argv[1:] if argv is None
-                                                                   else argv)}
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {cfg.threads} thread(s), "
+        f"load average {os.getloadavg()[2]:.1f} (15 min) at the end",
+        "seconds": rows[-1]["seconds"] if rows else 0.0,
+        "cpu_seconds": rows[-1]["cpu_seconds"] if rows else 0.0,
+        "validation_vs_network_aware": final,
+        "command": "python -m scheduler.train_ppo "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+    }
     save(agent, cfg, env_cfg, args.out, meta)
     minutes = meta["seconds"] / 60
-    plot(rows, args.png, f"CES-PPO ({cfg.encoder} encoder, seed {cfg.seed}): {minutes:.1f} min "
-                         f"on {meta['machine']}")
-    print(f"checkpoint {args.out} ({minutes:.1f} min, validation {final}); learning curve "
-          f"{args.csv}, {args.png}")
+    plot(
+        rows,
+        args.png,
+        f"CES-PPO ({cfg.encoder} encoder, seed {cfg.seed}): {minutes:.1f} min on {meta['machine']}",
+    )
+    print(
+        f"checkpoint {args.out} ({minutes:.1f} min, validation {final}); learning curve "
+        f"{args.csv}, {args.png}"
+    )
     return 0
 
 

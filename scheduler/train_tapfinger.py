@@ -5,6 +5,7 @@ setting and in CES's simulator (`tapfinger.mappo`), seeded, one thread.
 
 --smoke trains a few episodes only (tests, CI). Bad input: one line, exit code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,9 @@ from .tapfinger.policy import CHECKPOINT
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scheduler.train_tapfinger",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scheduler.train_tapfinger", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--out", default=str(CHECKPOINT), help="where to write the checkpoint")
     ap.add_argument("--smoke", action="store_true", help="a few short episodes (tests, CI)")
     args = ap.parse_args(argv)
@@ -33,15 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     hp = mappo.Hyper()
     if args.smoke:
-        hp = replace(hp, paper_episodes=1, paper_tasks=12, ces_episodes=1, epochs=1,
-                     episodes_per_update=1, ces_arrivals="poisson:n=6,load=0.8",
-                     validation_episodes=1)
+        hp = replace(
+            hp,
+            paper_episodes=1,
+            paper_tasks=12,
+            ces_episodes=1,
+            epochs=1,
+            episodes_per_update=1,
+            ces_arrivals="poisson:n=6,load=0.8",
+            validation_episodes=1,
+        )
     start = time.perf_counter()
     saved = mappo.train_all(hp, lambda line: print(line, file=sys.stderr, flush=True))
     saved["wall_s"] = time.perf_counter() - start
     torch.save(saved, out)
-    print(json.dumps({k: saved[k]["training"] for k in ("paper", "ces")}
-                     | {"wall_s": round(saved["wall_s"], 1), "out": str(out)}))
+    print(
+        json.dumps(
+            {k: saved[k]["training"] for k in ("paper", "ces")}
+            | {"wall_s": round(saved["wall_s"], 1), "out": str(out)}
+        )
+    )
     return 0
 
 

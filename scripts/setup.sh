@@ -53,9 +53,9 @@ fi
 PY=/usr/bin/python3
 [ -d .venv ] || { log "creating .venv"; "$PY" -m venv .venv; }
 stamp=.venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+want=$(cat pyproject.toml requirements*.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "installing Python packages (requirements.txt)"
+  log "installing Python packages (pyproject.toml, requirements*.txt)"
   torch_pin=$(grep -E '^torch==' requirements.txt)
   # A CPU-only torch: from PyTorch's CPU index when it is reachable, else from what pip is
   # configured with (a local wheel here). PyPI's default torch pulls gigabytes of CUDA libraries.
@@ -65,7 +65,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   else
     .venv/bin/pip install -q "$torch_pin"
   fi
-  .venv/bin/pip install -q -r requirements.txt
+  # The project itself, editable: its packages importable from anywhere with .venv's python
+  # (a Containernet user's script outside the checkout), its console scripts in .venv/bin.
+  .venv/bin/pip install -q -e '.[testbed,dev]'
   echo "$want" > "$stamp"
 fi
 

@@ -4,6 +4,7 @@ os-ken ships no `osken-manager`, so this starts the app the way `ryu-manager` do
 through `AppManager`, instantiate them, serve until SIGINT/SIGTERM. Every input is checked before
 anything starts; a bad one is a one-line error and exit code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,26 +29,48 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sdn_app", description=__doc__.split("\n")[0])
     p.add_argument("--topo", default="campus", help="topology name or file (default: campus)")
     p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port (6653)")
-    p.add_argument("--of-host", default="0.0.0.0",
-                   help="OpenFlow listen address (default 0.0.0.0: physical switches connect "
-                        "from other hosts)")
+    p.add_argument(
+        "--of-host",
+        default="0.0.0.0",
+        help="OpenFlow listen address (default 0.0.0.0: physical switches connect "
+        "from other hosts)",
+    )
     p.add_argument("--rest", default="127.0.0.1:8080", help="REST listen HOST:PORT")
-    p.add_argument("--stats-interval", type=float, default=1.0,
-                   help="statistics polling interval in seconds (1.0)")
-    p.add_argument("--state", default="",
-                   help="job state file: jobs survive a controller restart (default: none; the "
-                        "client then re-PUTs its jobs)")
-    p.add_argument("--burst-s", type=float, default=MeterPolicy.burst_s,
-                   help="meter burst in seconds of traffic at the granted rate "
-                        f"({MeterPolicy.burst_s})")
-    p.add_argument("--barrier-timeout", type=float, default=5.0,
-                   help="seconds to wait for a switch to confirm a change (5)")
-    p.add_argument("--lldp", action="store_true",
-                   help="discover links with LLDP and check them against the topology "
-                        "(GET /switches → lldp)")
-    p.add_argument("--token-file", default=default_token_file(),
-                   help="the shared secret the REST API requires (default $CES_TOKEN_FILE; "
-                        "needed when --rest is beyond loopback)")
+    p.add_argument(
+        "--stats-interval",
+        type=float,
+        default=1.0,
+        help="statistics polling interval in seconds (1.0)",
+    )
+    p.add_argument(
+        "--state",
+        default="",
+        help="job state file: jobs survive a controller restart (default: none; the "
+        "client then re-PUTs its jobs)",
+    )
+    p.add_argument(
+        "--burst-s",
+        type=float,
+        default=MeterPolicy.burst_s,
+        help=f"meter burst in seconds of traffic at the granted rate ({MeterPolicy.burst_s})",
+    )
+    p.add_argument(
+        "--barrier-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for a switch to confirm a change (5)",
+    )
+    p.add_argument(
+        "--lldp",
+        action="store_true",
+        help="discover links with LLDP and check them against the topology (GET /switches → lldp)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=default_token_file(),
+        help="the shared secret the REST API requires (default $CES_TOKEN_FILE; "
+        "needed when --rest is beyond loopback)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -79,16 +102,18 @@ def _check_free(what: str, addr: tuple[str, int]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     try:
         check(args)
     except (TopologyError, StateError, ValueError, OSError) as e:
         print(f"sdn_app: error: {e}", file=sys.stderr)
         return 2
 
-    from .compat import TOPOLOGY_APP, app_manager, cfg
     from . import app  # noqa: F401  (registers the app's options before the configuration is read)
+    from .compat import TOPOLOGY_APP, app_manager, cfg
 
     apps = ["sdn_app.app"]
     if args.lldp:
@@ -98,10 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     conf(args=[], project="ces-sdn", default_config_files=[])
     conf.set_override("ofp_tcp_listen_port", args.of_port)
     conf.set_override("ofp_listen_host", args.of_host)
-    for name, value in (("topo", args.topo), ("rest", args.rest),
-                        ("stats_interval", args.stats_interval), ("state", args.state),
-                        ("burst_s", args.burst_s), ("barrier_timeout", args.barrier_timeout),
-                        ("token_file", args.token_file)):
+    for name, value in (
+        ("topo", args.topo),
+        ("rest", args.rest),
+        ("stats_interval", args.stats_interval),
+        ("state", args.state),
+        ("burst_s", args.burst_s),
+        ("barrier_timeout", args.barrier_timeout),
+        ("token_file", args.token_file),
+    ):
         conf.set_override(name, value, group="ces_sdn")
     if args.lldp:
         conf.set_override("observe_links", True)
@@ -116,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         manager.instantiate_apps(**manager.create_contexts())
         while not stop.wait(3600):
             pass
-    except Exception as e:  # noqa: BLE001  (start-up failure: one line, not a traceback)
+    except Exception as e:
         logging.getLogger("sdn_app").exception("controller failed")
         print(f"sdn_app: error: {e}", file=sys.stderr)
         _exit(1)

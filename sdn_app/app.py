@@ -8,17 +8,42 @@
   if a switch refuses it: never a half-installed job.
 - The REST API (rest.py) calls `put_job`, `delete_job` and the views; errors are `RequestError`s.
 """
+
 from __future__ import annotations
 
 import functools
 import time
 from typing import Any
 
-from .compat import (BaseApp, CONFIG_DISPATCHER, DEAD_DISPATCHER, FRAMEWORK, MAIN_DISPATCHER,
-                     WsgiServer, app_manager, hub, lldp_enabled, new_event, new_lock, ofp_event,
-                     ofproto_v1_3, set_ev_cls)
-from .flows import (MAX_METER_ID, Meter, Plan, RequestError, Rule, job_cookie, job_rules,
-                    lldp_rules, parse_flows, parse_job_id, plan_change)
+from .compat import (
+    CONFIG_DISPATCHER,
+    DEAD_DISPATCHER,
+    FRAMEWORK,
+    MAIN_DISPATCHER,
+    BaseApp,
+    WsgiServer,
+    app_manager,
+    hub,
+    lldp_enabled,
+    new_event,
+    new_lock,
+    ofp_event,
+    ofproto_v1_3,
+    set_ev_cls,
+)
+from .flows import (
+    MAX_METER_ID,
+    Meter,
+    Plan,
+    RequestError,
+    Rule,
+    job_cookie,
+    job_rules,
+    lldp_rules,
+    parse_flows,
+    parse_job_id,
+    plan_change,
+)
 from .jobs import Job, JobTable
 from .monitor import NetworkMonitor
 from .rest import rest_api
@@ -56,12 +81,19 @@ class CesSdnApp(BaseApp):
 
     def start(self) -> Any:
         thread = super().start()
-        self.rest = WsgiServer(rest_api(self, self.settings.token), self.settings.rest_host,
-                               self.settings.rest_port)
-        self.logger.info("OpenFlow 1.3 app on %s: topology '%s' (%d switches), %d job(s) from "
-                         "state, REST on http://%s:%d", FRAMEWORK, self.topo.name,
-                         len(self.topo.switches), len(self.table.jobs), self.settings.rest_host,
-                         self.rest.port)
+        self.rest = WsgiServer(
+            rest_api(self, self.settings.token), self.settings.rest_host, self.settings.rest_port
+        )
+        self.logger.info(
+            "OpenFlow 1.3 app on %s: topology '%s' (%d switches), %d job(s) from "
+            "state, REST on http://%s:%d",
+            FRAMEWORK,
+            self.topo.name,
+            len(self.topo.switches),
+            len(self.table.jobs),
+            self.settings.rest_host,
+            self.rest.port,
+        )
         return thread
 
     def stop(self) -> None:
@@ -90,9 +122,16 @@ class CesSdnApp(BaseApp):
             if lldp_enabled():
                 rules += [r for r in lldp_rules(self.topo) if r.dpid == dp.id]
             plan = plan_change([], [], rules, meters)
-            wipe = [parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
-                                      out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY),
-                    parser.OFPMeterMod(dp, command=ofp.OFPMC_DELETE, meter_id=ofp.OFPM_ALL)]
+            wipe = [
+                parser.OFPFlowMod(
+                    dp,
+                    command=ofp.OFPFC_DELETE,
+                    table_id=ofp.OFPTT_ALL,
+                    out_port=ofp.OFPP_ANY,
+                    out_group=ofp.OFPG_ANY,
+                ),
+                parser.OFPMeterMod(dp, command=ofp.OFPMC_DELETE, meter_id=ofp.OFPM_ALL),
+            ]
             t0 = time.monotonic()
             try:
                 self._confirm({dp.id: (dp, wipe)})
@@ -102,8 +141,13 @@ class CesSdnApp(BaseApp):
                 return
             if dp.is_active:
                 self.synced = self.synced | {dp.id}
-            self.logger.info("resync %s: %d entries, %d meters in %.0f ms", self.names[dp.id],
-                             len(rules), len(meters), (time.monotonic() - t0) * 1000)
+            self.logger.info(
+                "resync %s: %d entries, %d meters in %.0f ms",
+                self.names[dp.id],
+                len(rules),
+                len(meters),
+                (time.monotonic() - t0) * 1000,
+            )
 
     # --- job changes ----------------------------------------------------------------------------
 
@@ -114,26 +158,41 @@ class CesSdnApp(BaseApp):
         with self._job_lock:
             old = self.table.jobs.get(job_id)
             new = self.table.propose(job_id, specs, self._meter_limit)
-            plan = plan_change(self.table.rules(old), self.table.meters(old),
-                               self.table.rules(new), self.table.meters(new))
-            needed = {r.dpid for r in plan.prepare + plan.steer} | \
-                {m.dpid for m in plan.meters_add + plan.meters_modify}
+            plan = plan_change(
+                self.table.rules(old),
+                self.table.meters(old),
+                self.table.rules(new),
+                self.table.meters(new),
+            )
+            needed = {r.dpid for r in plan.prepare + plan.steer} | {
+                m.dpid for m in plan.meters_add + plan.meters_modify
+            }
             down = sorted(self.names[d] for d in needed if d not in self.synced)
             if down:
-                raise RequestError(f"switch(es) not connected or not yet synchronised: "
-                                   f"{', '.join(down)}; nothing was changed", status=503)
+                raise RequestError(
+                    f"switch(es) not connected or not yet synchronised: "
+                    f"{', '.join(down)}; nothing was changed",
+                    status=503,
+                )
 
             def undo() -> None:
-                self._apply_or_resync(plan_change(self.table.rules(new), self.table.meters(new),
-                                       self.table.rules(old), self.table.meters(old)))
+                self._apply_or_resync(
+                    plan_change(
+                        self.table.rules(new),
+                        self.table.meters(new),
+                        self.table.rules(old),
+                        self.table.meters(old),
+                    )
+                )
 
             t0 = time.monotonic()
             try:
                 self._execute(plan, self._connected())
             except InstallError as e:
                 undo()
-                raise RequestError(f"a switch refused the change ({e}); rolled back",
-                                   status=502) from None
+                raise RequestError(
+                    f"a switch refused the change ({e}); rolled back", status=502
+                ) from None
             previous = self.table.jobs  # copy-on-write: this mapping stays as it is
             self.table.commit(new)
             try:
@@ -141,12 +200,17 @@ class CesSdnApp(BaseApp):
             except OSError as e:
                 self.table.jobs = previous
                 undo()
-                raise RequestError(f"cannot write the state file ({e}); rolled back",
-                                   status=500) from None
+                raise RequestError(
+                    f"cannot write the state file ({e}); rolled back", status=500
+                ) from None
             elapsed = (time.monotonic() - t0) * 1000
         self.logger.info("job %s: %d flows installed in %.1f ms", job_id, len(specs), elapsed)
-        return {"job": job_id, "updated": new.updated, "install_ms": round(elapsed, 2),
-                "flows": [self._flow_view(new, f, counters=False) for f in new.flows]}
+        return {
+            "job": job_id,
+            "updated": new.updated,
+            "install_ms": round(elapsed, 2),
+            "flows": [self._flow_view(new, f, counters=False) for f in new.flows],
+        }
 
     def delete_job(self, job_id: str) -> dict[str, Any]:
         """Remove all flows and meters of a job. Switches that are down lose them when they
@@ -163,8 +227,9 @@ class CesSdnApp(BaseApp):
                 self._save()
             except OSError as e:
                 self.table.jobs = previous
-                raise RequestError(f"cannot write the state file ({e}); nothing was changed",
-                                   status=500) from None
+                raise RequestError(
+                    f"cannot write the state file ({e}); nothing was changed", status=500
+                ) from None
             self._apply_or_resync(plan)
         return {"job": job_id, "removed_flows": len(old.flows)}
 
@@ -195,15 +260,21 @@ class CesSdnApp(BaseApp):
     def _execute(self, plan: Plan, dps: dict[int, Any]) -> None:
         """Run `plan` on the switches in `dps` (others are skipped), one barrier per phase."""
         phases: list[list[tuple[int, Any]]] = [
-            [(m.dpid, lambda dp, m=m: _meter_mod(dp, m, dp.ofproto.OFPMC_ADD))
-             for m in plan.meters_add]
-            + [(m.dpid, lambda dp, m=m: _meter_mod(dp, m, dp.ofproto.OFPMC_MODIFY))
-               for m in plan.meters_modify]
+            [
+                (m.dpid, lambda dp, m=m: _meter_mod(dp, m, dp.ofproto.OFPMC_ADD))
+                for m in plan.meters_add
+            ]
+            + [
+                (m.dpid, lambda dp, m=m: _meter_mod(dp, m, dp.ofproto.OFPMC_MODIFY))
+                for m in plan.meters_modify
+            ]
             + [(r.dpid, lambda dp, r=r: _flow_add(dp, r)) for r in plan.prepare],
             [(r.dpid, lambda dp, r=r: _flow_add(dp, r)) for r in plan.steer],
             [(r.dpid, lambda dp, r=r: _flow_delete(dp, r)) for r in plan.remove]
-            + [(m.dpid, lambda dp, m=m: _meter_mod(dp, m, dp.ofproto.OFPMC_DELETE))
-               for m in plan.meters_remove],
+            + [
+                (m.dpid, lambda dp, m=m: _meter_mod(dp, m, dp.ofproto.OFPMC_DELETE))
+                for m in plan.meters_remove
+            ],
         ]
         for phase in phases:
             batches: dict[int, tuple[Any, list[Any]]] = {}
@@ -243,10 +314,15 @@ class CesSdnApp(BaseApp):
         for dpid, event in waits.items():
             if not event.wait(max(0.0, deadline - time.monotonic())):
                 problems.setdefault(dpid, []).append(
-                    f"no barrier reply within {self.settings.barrier_timeout_s:g} s")
-        self.logger.debug("%d messages to %d switches: built and sent in %.1f ms, confirmed "
-                          "%.1f ms later", len(tracked), len(batches), (sent - t0) * 1000,
-                          (time.monotonic() - sent) * 1000)
+                    f"no barrier reply within {self.settings.barrier_timeout_s:g} s"
+                )
+        self.logger.debug(
+            "%d messages to %d switches: built and sent in %.1f ms, confirmed %.1f ms later",
+            len(tracked),
+            len(batches),
+            (sent - t0) * 1000,
+            (time.monotonic() - sent) * 1000,
+        )
         for key in barriers:
             self._barriers.pop(key, None)
         for key in tracked:
@@ -266,30 +342,45 @@ class CesSdnApp(BaseApp):
         msg = ev.msg
         ofp = msg.datapath.ofproto
         try:
-            text = f"{ofp.ofp_error_type_to_str(msg.type)}/" \
-                   f"{ofp.ofp_error_code_to_str(msg.type, msg.code)}"
+            text = (
+                f"{ofp.ofp_error_type_to_str(msg.type)}/"
+                f"{ofp.ofp_error_code_to_str(msg.type, msg.code)}"
+            )
         except (KeyError, AttributeError):
             text = f"error type {msg.type} code {msg.code}"
         errors = self._errors.get((msg.datapath.id, msg.xid))
         if errors is None:
-            self.logger.warning("switch %s: %s (xid %s)",
-                                self.names.get(msg.datapath.id, msg.datapath.id), text, msg.xid)
+            self.logger.warning(
+                "switch %s: %s (xid %s)",
+                self.names.get(msg.datapath.id, msg.datapath.id),
+                text,
+                msg.xid,
+            )
         else:
             errors.append(text)
 
     # --- views (the REST API's GETs) ------------------------------------------------------------
 
     def jobs_view(self) -> list[dict[str, Any]]:
-        return [{"job": j.job_id, "flows": len(j.flows), "updated": j.updated,
-                 "cookie": f"{job_cookie(j.seq, 0):#018x}"}
-                for j in self.table.jobs.values()]
+        return [
+            {
+                "job": j.job_id,
+                "flows": len(j.flows),
+                "updated": j.updated,
+                "cookie": f"{job_cookie(j.seq, 0):#018x}",
+            }
+            for j in self.table.jobs.values()
+        ]
 
     def job_view(self, job_id: str) -> dict[str, Any]:
         job = self.table.jobs.get(parse_job_id(job_id))
         if job is None:
             raise RequestError(f"no job '{job_id}'", "job", status=404)
-        return {"job": job.job_id, "updated": job.updated,
-                "flows": [self._flow_view(job, f) for f in job.flows]}
+        return {
+            "job": job.job_id,
+            "updated": job.updated,
+            "flows": [self._flow_view(job, f) for f in job.flows],
+        }
 
     def _flow_view(self, job: Job, flow: Any, counters: bool = True) -> dict[str, Any]:
         """A flow as installed: its request, cookie and meter, and with `counters` what the
@@ -300,16 +391,25 @@ class CesSdnApp(BaseApp):
         first = self.topo.switch(spec.path[0]).dpid
         rate_kbps, burst_kbit = self.table.policy.params(spec.rate_mbps)
         view = spec.to_json() | {
-            "src_ip": self.topo.node(spec.src).ip, "dst_ip": self.topo.node(spec.dst).ip,
+            "src_ip": self.topo.node(spec.src).ip,
+            "dst_ip": self.topo.node(spec.dst).ip,
             "cookie": f"{cookie:#018x}",
-            "meter": {"switch": spec.path[0], "dpid": first, "meter_id": flow.meter_id,
-                      "rate_kbps": rate_kbps, "burst_kbit": burst_kbit}}
+            "meter": {
+                "switch": spec.path[0],
+                "dpid": first,
+                "meter_id": flow.meter_id,
+                "rate_kbps": rate_kbps,
+                "burst_kbit": burst_kbit,
+            },
+        }
         if not counters:
             return view
         meter_in = mon.meters_in.rate((first, flow.meter_id))
         dropped = mon.meters_dropped.rate((first, flow.meter_id))
-        view["meter"] |= {"in_mbps": None if meter_in is None else round(meter_in, 3),
-                          "dropped_mbps": None if dropped is None else round(dropped, 3)}
+        view["meter"] |= {
+            "in_mbps": None if meter_in is None else round(meter_in, 3),
+            "dropped_mbps": None if dropped is None else round(dropped, 3),
+        }
         path, back = job_rules(spec, self.topo, job.seq, flow.flow_no, flow.meter_id)
         view["hops"] = self._hops(path)
         if spec.symmetric:
@@ -322,22 +422,38 @@ class CesSdnApp(BaseApp):
         for rule in rules:
             key = (rule.dpid, rule.cookie)
             mbps = mon.flows.rate(key)
-            hops.append({"switch": self.names[rule.dpid], "dpid": rule.dpid,
-                         "out_port": rule.out_port, "packets": mon.flow_packets.get(key),
-                         "bytes": mon.flows.value(key),
-                         "mbps": None if mbps is None else round(mbps, 3)})
+            hops.append(
+                {
+                    "switch": self.names[rule.dpid],
+                    "dpid": rule.dpid,
+                    "out_port": rule.out_port,
+                    "packets": mon.flow_packets.get(key),
+                    "bytes": mon.flows.value(key),
+                    "mbps": None if mbps is None else round(mbps, 3),
+                }
+            )
         return hops
 
     def switches_view(self) -> dict[str, Any]:
         mon = self.monitor
-        switches = [{"name": s.name, "dpid": s.dpid, "dpid_hex": f"{s.dpid:016x}",
-                     "connected": s.dpid in mon.datapaths, "synced": s.dpid in self.synced,
-                     "connected_at": mon.connected_at.get(s.dpid),
-                     "address": _address(mon.datapaths.get(s.dpid)),
-                     "max_meters": mon.meter_limit.get(s.dpid)}
-                    for s in self.topo.switches]
-        unknown = [{"dpid": d, "dpid_hex": f"{d:016x}", "address": _address(dp)}
-                   for d, dp in mon.datapaths.items() if d not in self.names]
+        switches = [
+            {
+                "name": s.name,
+                "dpid": s.dpid,
+                "dpid_hex": f"{s.dpid:016x}",
+                "connected": s.dpid in mon.datapaths,
+                "synced": s.dpid in self.synced,
+                "connected_at": mon.connected_at.get(s.dpid),
+                "address": _address(mon.datapaths.get(s.dpid)),
+                "max_meters": mon.meter_limit.get(s.dpid),
+            }
+            for s in self.topo.switches
+        ]
+        unknown = [
+            {"dpid": d, "dpid_hex": f"{d:016x}", "address": _address(dp)}
+            for d, dp in mon.datapaths.items()
+            if d not in self.names
+        ]
         view = {"switches": switches, "unknown": unknown, "events": list(mon.switch_events)}
         discovery = app_manager.lookup_service_brick("LinkDiscovery")
         if discovery is not None:
@@ -349,13 +465,18 @@ class CesSdnApp(BaseApp):
 
     def health_view(self) -> dict[str, Any]:
         connected = sum(d in self.monitor.datapaths for d in self.names)
-        return {"status": "ok", "framework": FRAMEWORK, "topology": self.topo.name,
-                "switches": len(self.names), "connected": connected,
-                "synced": len(self.synced & set(self.names)),
-                "ready": len(self.synced & set(self.names)) == len(self.names),
-                "jobs": len(self.table.jobs),
-                "flows": sum(len(j.flows) for j in self.table.jobs.values()),
-                "uptime_s": round(time.time() - self.started, 3)}
+        return {
+            "status": "ok",
+            "framework": FRAMEWORK,
+            "topology": self.topo.name,
+            "switches": len(self.names),
+            "connected": connected,
+            "synced": len(self.synced & set(self.names)),
+            "ready": len(self.synced & set(self.names)) == len(self.names),
+            "jobs": len(self.table.jobs),
+            "flows": sum(len(j.flows) for j in self.table.jobs.values()),
+            "uptime_s": round(time.time() - self.started, 3),
+        }
 
 
 def _address(dp: Any) -> str | None:
@@ -371,26 +492,46 @@ def _match(parser: Any, fields: tuple[tuple[str, int | str], ...]) -> Any:
 
 def _flow_add(dp: Any, rule: Rule) -> Any:
     ofp, parser = dp.ofproto, dp.ofproto_parser
-    instructions = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
-                                                 [parser.OFPActionOutput(rule.out_port)])]
+    instructions = [
+        parser.OFPInstructionActions(
+            ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionOutput(rule.out_port)]
+        )
+    ]
     if rule.meter_id:
         instructions.insert(0, parser.OFPInstructionMeter(rule.meter_id, ofp.OFPIT_METER))
-    return parser.OFPFlowMod(dp, cookie=rule.cookie, command=ofp.OFPFC_ADD,
-                             priority=rule.priority, match=_match(parser, rule.match),
-                             instructions=instructions)
+    return parser.OFPFlowMod(
+        dp,
+        cookie=rule.cookie,
+        command=ofp.OFPFC_ADD,
+        priority=rule.priority,
+        match=_match(parser, rule.match),
+        instructions=instructions,
+    )
 
 
 def _flow_delete(dp: Any, rule: Rule) -> Any:
     ofp, parser = dp.ofproto, dp.ofproto_parser
-    return parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE_STRICT, priority=rule.priority,
-                             match=_match(parser, rule.match),
-                             out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY)
+    return parser.OFPFlowMod(
+        dp,
+        command=ofp.OFPFC_DELETE_STRICT,
+        priority=rule.priority,
+        match=_match(parser, rule.match),
+        out_port=ofp.OFPP_ANY,
+        out_group=ofp.OFPG_ANY,
+    )
 
 
 def _meter_mod(dp: Any, meter: Meter, command: int) -> Any:
     ofp, parser = dp.ofproto, dp.ofproto_parser
-    bands = [] if command == ofp.OFPMC_DELETE else \
-        [parser.OFPMeterBandDrop(rate=meter.rate_kbps, burst_size=meter.burst_kbit)]
-    return parser.OFPMeterMod(dp, command=command,
-                              flags=ofp.OFPMF_KBPS | ofp.OFPMF_BURST | ofp.OFPMF_STATS,
-                              meter_id=meter.meter_id, bands=bands)
+    bands = (
+        []
+        if command == ofp.OFPMC_DELETE
+        else [parser.OFPMeterBandDrop(rate=meter.rate_kbps, burst_size=meter.burst_kbit)]
+    )
+    return parser.OFPMeterMod(
+        dp,
+        command=command,
+        flags=ofp.OFPMF_KBPS | ofp.OFPMF_BURST | ofp.OFPMF_STATS,
+        meter_id=meter.meter_id,
+        bands=bands,
+    )

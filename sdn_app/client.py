@@ -1,18 +1,20 @@
 """Typed client of the SDN app's REST API (`protocol.http`), for the Network Controller.
 
-    from sdn_app.client import FlowRequest, SdnClient
-    sdn = SdnClient("http://127.0.0.1:8080")
-    sdn.wait_ready()
-    sdn.put_job_flows("job7", [FlowRequest("lab1", "srv1", ["acc1", "agg1", "acc4"], 20)])
-    sdn.links()            # [LinkUsage(src='acc1', dst='agg1', mbps=19.2, ...), ...]
-    sdn.delete_job_flows("job7")
+from sdn_app.client import FlowRequest, SdnClient
+sdn = SdnClient("http://127.0.0.1:8080")
+sdn.wait_ready()
+sdn.put_job_flows("job7", [FlowRequest("lab1", "srv1", ["acc1", "agg1", "acc4"], 20)])
+sdn.links()            # [LinkUsage(src='acc1', dst='agg1', mbps=19.2, ...), ...]
+sdn.delete_job_flows("job7")
 """
+
 from __future__ import annotations
 
 import time
 import urllib.parse
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from protocol.http import ApiError, Unreachable, call
 
@@ -34,6 +36,7 @@ class FlowRequest:
     from the src's switch to the dst's), policed at `rate_mbps`; optionally only one TCP
     connection's packets (`tcp_src`/`tcp_dst`), and with `symmetric` the packets answering it
     back along the same switches (unmetered)."""
+
     src: str
     dst: str
     path: Sequence[str | int]
@@ -44,8 +47,12 @@ class FlowRequest:
     symmetric: bool = False  # dst → src (its acknowledgements) back along the same switches
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"src": self.src, "dst": self.dst, "path": list(self.path),
-                               "rate_mbps": self.rate_mbps}
+        doc: dict[str, Any] = {
+            "src": self.src,
+            "dst": self.dst,
+            "path": list(self.path),
+            "rate_mbps": self.rate_mbps,
+        }
         for key in ("tcp_src", "tcp_dst", "name", "symmetric"):
             if getattr(self, key):
                 doc[key] = getattr(self, key)
@@ -55,6 +62,7 @@ class FlowRequest:
 @dataclass(frozen=True)
 class LinkUsage:
     """One direction of a link, as the switches' port counters measured it."""
+
     src: str
     dst: str
     capacity_mbps: float
@@ -64,13 +72,15 @@ class LinkUsage:
 
 
 class SdnClient:
-    def __init__(self, url: str = "http://127.0.0.1:8080", timeout_s: float = 10.0,
-                 token: str | None = None):
+    def __init__(
+        self, url: str = "http://127.0.0.1:8080", timeout_s: float = 10.0, token: str | None = None
+    ):
         self.url = url.rstrip("/")
         self.timeout_s, self.token = timeout_s, token
 
-    def put_job_flows(self, job_id: str, flows: Iterable[FlowRequest | dict[str, Any]]) \
-            -> dict[str, Any]:
+    def put_job_flows(
+        self, job_id: str, flows: Iterable[FlowRequest | dict[str, Any]]
+    ) -> dict[str, Any]:
         """Install or replace all flows of a job (atomically); returns the job's flows and
         `install_ms`, measured by the app from the first message to the last barrier reply."""
         body = {"flows": [f.to_json() if isinstance(f, FlowRequest) else f for f in flows]}
@@ -87,8 +97,10 @@ class SdnClient:
         return self._call("GET", f"/jobs/{_quote(job_id)}/flows")["flows"]
 
     def links(self) -> list[LinkUsage]:
-        return [LinkUsage(x["src"], x["dst"], x["capacity_mbps"], x["mbps"], x["utilisation"],
-                          x["up"]) for x in self._call("GET", "/links")["links"]]
+        return [
+            LinkUsage(x["src"], x["dst"], x["capacity_mbps"], x["mbps"], x["utilisation"], x["up"])
+            for x in self._call("GET", "/links")["links"]
+        ]
 
     def switches(self) -> dict[str, Any]:
         return self._call("GET", "/switches")

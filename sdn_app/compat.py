@@ -4,12 +4,14 @@ The app imports every framework name from here and nothing else. Under `ryu-mana
 `app_manager` is already imported when our module loads, so Ryu is chosen even if os-ken is also
 installed (an `OSKenApp` subclass would be invisible to Ryu's loader, and vice versa).
 """
+
 from __future__ import annotations
 
 import importlib.util
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from protocol.http import Server
 
@@ -22,8 +24,12 @@ if FRAMEWORK == "os-ken":
     from os_ken import cfg
     from os_ken.base import app_manager
     from os_ken.controller import ofp_event
-    from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER,
-                                           MAIN_DISPATCHER, set_ev_cls)
+    from os_ken.controller.handler import (
+        CONFIG_DISPATCHER,
+        DEAD_DISPATCHER,
+        MAIN_DISPATCHER,
+        set_ev_cls,
+    )
     from os_ken.lib import hub
     from os_ken.ofproto import ofproto_v1_3
     from os_ken.topology import event as topology_event
@@ -34,8 +40,12 @@ else:
     from ryu import cfg  # type: ignore[no-redef]
     from ryu.base import app_manager  # type: ignore[no-redef]
     from ryu.controller import ofp_event  # type: ignore[no-redef]
-    from ryu.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER,  # type: ignore
-                                        MAIN_DISPATCHER, set_ev_cls)
+    from ryu.controller.handler import (  # type: ignore
+        CONFIG_DISPATCHER,
+        DEAD_DISPATCHER,
+        MAIN_DISPATCHER,
+        set_ev_cls,
+    )
     from ryu.lib import hub  # type: ignore[no-redef]
     from ryu.ofproto import ofproto_v1_3  # type: ignore[no-redef]
     from ryu.topology import event as topology_event  # type: ignore[no-redef]
@@ -45,9 +55,25 @@ else:
 
 GREEN = hub.HUB_TYPE == "eventlet"
 
-__all__ = ["BaseApp", "CONFIG_DISPATCHER", "DEAD_DISPATCHER", "FRAMEWORK", "MAIN_DISPATCHER",
-           "TOPOLOGY_APP", "WsgiServer", "app_manager", "cfg", "hub", "lldp_enabled", "new_event",
-           "new_lock", "ofp_event", "ofproto_v1_3", "set_ev_cls", "topology_event"]
+__all__ = [
+    "CONFIG_DISPATCHER",
+    "DEAD_DISPATCHER",
+    "FRAMEWORK",
+    "MAIN_DISPATCHER",
+    "TOPOLOGY_APP",
+    "BaseApp",
+    "WsgiServer",
+    "app_manager",
+    "cfg",
+    "hub",
+    "lldp_enabled",
+    "new_event",
+    "new_lock",
+    "ofp_event",
+    "ofproto_v1_3",
+    "set_ev_cls",
+    "topology_event",
+]
 
 
 def lldp_enabled() -> bool:

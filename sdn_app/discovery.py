@@ -5,13 +5,13 @@ file shows up: a link the file has but LLDP does not see, or one LLDP sees that 
 The discovery itself is the framework's `topology.switches` app (loaded alongside, with
 `observe_links`); CesSdnApp's resync installs the LLDP-to-controller entry on every switch.
 """
+
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from .compat import (BaseApp, app_manager, hub, new_event, ofproto_v1_3, set_ev_cls,
-                     topology_event)
+from .compat import BaseApp, app_manager, hub, new_event, ofproto_v1_3, set_ev_cls, topology_event
 from .settings import settings
 
 Port = tuple[int, int]  # (dpid, port number)
@@ -70,11 +70,17 @@ class LinkDiscovery(BaseApp):
     def report(self) -> dict[str, Any]:
         seen = {(src, dst) for src, (dst, _) in self.seen.items()}
         expected = self.expected()
-        return {"discovered": [self._describe(x) for x in sorted(seen)],
-                "missing": [self._describe(x) for x in sorted(expected - seen)],
-                "unexpected": [self._describe(x) for x in sorted(seen - expected)]}
+        return {
+            "discovered": [self._describe(x) for x in sorted(seen)],
+            "missing": [self._describe(x) for x in sorted(expected - seen)],
+            "unexpected": [self._describe(x) for x in sorted(seen - expected)],
+        }
 
     def _describe(self, link: tuple[Port, Port]) -> dict[str, Any]:
         (a, pa), (b, pb) = link
-        return {"src": self.names.get(a, f"{a:016x}"), "src_port": pa,
-                "dst": self.names.get(b, f"{b:016x}"), "dst_port": pb}
+        return {
+            "src": self.names.get(a, f"{a:016x}"),
+            "src_port": pa,
+            "dst": self.names.get(b, f"{b:016x}"),
+            "dst_port": pb,
+        }

@@ -9,13 +9,15 @@ acknowledgements could cross a link another tenant fills and hold the flow back,
 its own path. Unscheduled traffic follows proactive per-destination default rules, which also
 keep every packet deliverable while a job's path is being replaced.
 """
+
 from __future__ import annotations
 
+import itertools
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
-
+from typing import Any
 
 from protocol.http import ApiError
 from topologies import Topology
@@ -64,6 +66,7 @@ FlowKey = tuple[str, str, "int | None", "int | None"]  # src, dst, tcp_src, tcp_
 @dataclass(frozen=True)
 class FlowSpec:
     """One scheduled flow of a job, validated against the topology (names, not addresses)."""
+
     src: str
     dst: str
     path: tuple[str, ...]  # switch names; the src's access switch first, the dst's last
@@ -79,13 +82,20 @@ class FlowSpec:
         return self.src, self.dst, self.tcp_src, self.tcp_dst
 
     def describe(self) -> str:
-        ports = "".join(f" {k}={v}" for k, v in (("tcp_src", self.tcp_src),
-                                                 ("tcp_dst", self.tcp_dst)) if v is not None)
+        ports = "".join(
+            f" {k}={v}"
+            for k, v in (("tcp_src", self.tcp_src), ("tcp_dst", self.tcp_dst))
+            if v is not None
+        )
         return f"{self.src}->{self.dst}{ports}"
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"src": self.src, "dst": self.dst, "path": list(self.path),
-                               "rate_mbps": self.rate_mbps}
+        doc: dict[str, Any] = {
+            "src": self.src,
+            "dst": self.dst,
+            "path": list(self.path),
+            "rate_mbps": self.rate_mbps,
+        }
         for k in ("tcp_src", "tcp_dst"):
             if getattr(self, k) is not None:
                 doc[k] = getattr(self, k)
@@ -99,6 +109,7 @@ class FlowSpec:
 @dataclass(frozen=True)
 class Rule:
     """One flow entry in table 0 of switch `dpid`."""
+
     dpid: int
     priority: int
     match: tuple[tuple[str, int | str], ...]  # OXM field → value, as OFPMatch(**dict(match)) takes
@@ -129,6 +140,7 @@ class MeterPolicy:
     0.1 s of traffic it collapses to ~0.5-0.7 R, 0.25 s gives ~0.97 R, 0.5 s gives 0.92-1.0 R, and
     1 s overshoots (1.06 R over 8 s: the full bucket is extra) — measured on the userspace
     datapath, see docs/sdn_app.md."""
+
     burst_s: float = 0.5
     min_burst_kbit: int = 64
 
@@ -140,10 +152,14 @@ class MeterPolicy:
 
 # --- parsing -------------------------------------------------------------------------------------
 
+
 def parse_job_id(text: str) -> str:
     if not JOB_ID_RE.fullmatch(text):
-        raise RequestError("a job id is 1-64 letters, digits, '_', '.' or '-', starting with a "
-                           f"letter or digit; got {text!r}", "job")
+        raise RequestError(
+            "a job id is 1-64 letters, digits, '_', '.' or '-', starting with a "
+            f"letter or digit; got {text!r}",
+            "job",
+        )
     return text
 
 
@@ -165,20 +181,23 @@ def parse_flows(doc: Any, topo: Topology) -> list[FlowSpec]:
     for i, item in enumerate(flows):
         spec = parse_flow(item, resolver, f"flows[{i}]")
         if spec.key in seen:
-            raise RequestError(f"same src, dst and TCP ports as flows[{seen[spec.key]}] "
-                               f"({spec.describe()})", f"flows[{i}]")
+            raise RequestError(
+                f"same src, dst and TCP ports as flows[{seen[spec.key]}] ({spec.describe()})",
+                f"flows[{i}]",
+            )
         seen[spec.key] = i
         specs.append(spec)
     return specs
 
 
-def parse_flow(item: Any, resolver: "_Resolver", where: str) -> FlowSpec:
+def parse_flow(item: Any, resolver: _Resolver, where: str) -> FlowSpec:
     if not isinstance(item, dict):
         raise RequestError("expected an object with src, dst, path and rate_mbps", where)
     unknown = sorted(set(item) - set(FLOW_KEYS))
     if unknown:
-        raise RequestError(f"unknown field (allowed: {', '.join(FLOW_KEYS)})",
-                           f"{where}.{unknown[0]}")
+        raise RequestError(
+            f"unknown field (allowed: {', '.join(FLOW_KEYS)})", f"{where}.{unknown[0]}"
+        )
     for key in ("src", "dst", "path", "rate_mbps"):
         if key not in item:
             raise RequestError("missing", f"{where}.{key}")
@@ -187,21 +206,26 @@ def parse_flow(item: Any, resolver: "_Resolver", where: str) -> FlowSpec:
     if src == dst:
         raise RequestError(f"src and dst are the same node '{src}'", where)
     rate = item["rate_mbps"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) \
-            or not MIN_RATE_MBPS <= rate <= MAX_RATE_MBPS:  # also refuses nan and inf
-        raise RequestError(f"expected a number from {MIN_RATE_MBPS} to {MAX_RATE_MBPS:g}, "
-                           f"got {rate!r}", f"{where}.rate_mbps")
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, (int, float))
+        or not MIN_RATE_MBPS <= rate <= MAX_RATE_MBPS
+    ):  # also refuses nan and inf
+        raise RequestError(
+            f"expected a number from {MIN_RATE_MBPS} to {MAX_RATE_MBPS:g}, got {rate!r}",
+            f"{where}.rate_mbps",
+        )
     ports = {k: _tcp_port(item.get(k), f"{where}.{k}") for k in ("tcp_src", "tcp_dst")}
     name = item.get("name", "")
     if not isinstance(name, str) or len(name) > MAX_NAME:
-        raise RequestError(f"expected a string of at most {MAX_NAME} characters",
-                           f"{where}.name")
+        raise RequestError(f"expected a string of at most {MAX_NAME} characters", f"{where}.name")
     symmetric = item.get("symmetric", False)
     if not isinstance(symmetric, bool):
         raise RequestError(f"expected true or false, got {symmetric!r}", f"{where}.symmetric")
     path = resolver.path(item["path"], src, dst, f"{where}.path")
-    return FlowSpec(src, dst, path, float(rate), ports["tcp_src"], ports["tcp_dst"], name,
-                    symmetric)
+    return FlowSpec(
+        src, dst, path, float(rate), ports["tcp_src"], ports["tcp_dst"], name, symmetric
+    )
 
 
 def _tcp_port(value: Any, where: str) -> int | None:
@@ -226,8 +250,11 @@ class _Resolver:
     def node(self, value: Any, where: str) -> str:
         if isinstance(value, str) and value in self.nodes:
             return self.nodes[value]
-        raise RequestError(f"unknown compute node {value!r} (expected a node name or its IP "
-                           f"in topology '{self.topo.name}')", where)
+        raise RequestError(
+            f"unknown compute node {value!r} (expected a node name or its IP "
+            f"in topology '{self.topo.name}')",
+            where,
+        )
 
     def switch(self, value: Any, where: str) -> str:
         if isinstance(value, str) and value in self.switch_names:
@@ -235,28 +262,39 @@ class _Resolver:
         dpid = parse_dpid(value)
         if dpid is not None and dpid in self.by_dpid:
             return self.by_dpid[dpid]
-        hint = " (a compute node, not a switch)" if isinstance(value, str) and \
-            value in self.nodes else ""
-        raise RequestError(f"unknown switch {value!r}{hint} (expected a switch name or dpid "
-                           f"in topology '{self.topo.name}')", where)
+        hint = (
+            " (a compute node, not a switch)"
+            if isinstance(value, str) and value in self.nodes
+            else ""
+        )
+        raise RequestError(
+            f"unknown switch {value!r}{hint} (expected a switch name or dpid "
+            f"in topology '{self.topo.name}')",
+            where,
+        )
 
     def path(self, value: Any, src: str, dst: str, where: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not value:
             raise RequestError("expected a non-empty list of switch names or dpids", where)
         path = [self.switch(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        for i, (a, b) in enumerate(zip(path, path[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(path)):
             if not self.graph.has_edge(a, b):
-                raise RequestError(f"not contiguous: no link between '{a}' and '{b}'",
-                                   f"{where}[{i + 1}]")
+                raise RequestError(
+                    f"not contiguous: no link between '{a}' and '{b}'", f"{where}[{i + 1}]"
+                )
         if len(set(path)) != len(path):
             twice = next(s for s in path if path.count(s) > 1)
             raise RequestError(f"visits switch '{twice}' twice", where)
         if path[0] != self.access[src]:
-            raise RequestError(f"must start at '{self.access[src]}', the switch of src '{src}', "
-                               f"not '{path[0]}'", f"{where}[0]")
+            raise RequestError(
+                f"must start at '{self.access[src]}', the switch of src '{src}', not '{path[0]}'",
+                f"{where}[0]",
+            )
         if path[-1] != self.access[dst]:
-            raise RequestError(f"must end at '{self.access[dst]}', the switch of dst '{dst}', "
-                               f"not '{path[-1]}'", f"{where}[{len(path) - 1}]")
+            raise RequestError(
+                f"must end at '{self.access[dst]}', the switch of dst '{dst}', not '{path[-1]}'",
+                f"{where}[{len(path) - 1}]",
+            )
         return tuple(path)
 
 
@@ -276,18 +314,22 @@ def parse_dpid(value: Any) -> int | None:
 
 # --- rules ---------------------------------------------------------------------------------------
 
-def flow_match(spec: FlowSpec, topo: Topology,
-               back: bool = False) -> tuple[tuple[str, int | str], ...]:
+
+def flow_match(
+    spec: FlowSpec, topo: Topology, back: bool = False
+) -> tuple[tuple[str, int | str], ...]:
     """The flow's packets, or with `back` those that answer them (ends and ports swapped)."""
-    src, dst, tcp_src, tcp_dst = spec.key if not back else \
-        (spec.dst, spec.src, spec.tcp_dst, spec.tcp_src)
-    fields: list[tuple[str, int | str]] = [("eth_type", ETH_IPV4),
-                                           ("ipv4_src", topo.node(src).ip),
-                                           ("ipv4_dst", topo.node(dst).ip)]
+    src, dst, tcp_src, tcp_dst = (
+        spec.key if not back else (spec.dst, spec.src, spec.tcp_dst, spec.tcp_src)
+    )
+    fields: list[tuple[str, int | str]] = [
+        ("eth_type", ETH_IPV4),
+        ("ipv4_src", topo.node(src).ip),
+        ("ipv4_dst", topo.node(dst).ip),
+    ]
     if tcp_src is not None or tcp_dst is not None:
         fields.append(("ip_proto", IPPROTO_TCP))
-        fields += [(k, v) for k, v in (("tcp_src", tcp_src), ("tcp_dst", tcp_dst))
-                   if v is not None]
+        fields += [(k, v) for k, v in (("tcp_src", tcp_src), ("tcp_dst", tcp_dst)) if v is not None]
     return tuple(fields)
 
 
@@ -303,20 +345,36 @@ def job_cookie(job_seq: int, flow_no: int, kind: int = COOKIE_JOB) -> int:
     return kind | (job_seq & MAX_SEQ) << 24 | (flow_no & MAX_SEQ)
 
 
-def _path_rules(topo: Topology, hops: list[str], match: tuple, priority: int, cookie: int,
-                meter_id: int = 0) -> list[Rule]:
+def _path_rules(
+    topo: Topology, hops: list[str], match: tuple, priority: int, cookie: int, meter_id: int = 0
+) -> list[Rule]:
     """One entry per switch of `hops` (switches, then the compute node they deliver to), each
     forwarding to the next; the first is the path's entry and applies `meter_id`."""
     g = topo.graph()
-    return [Rule(topo.switch(here).dpid, priority, match, g.edges[here, nxt]["ports"][here],
-                 meter_id if i == 0 else 0, cookie, entry=i == 0)
-            for i, (here, nxt) in enumerate(zip(hops, hops[1:]))]
+    return [
+        Rule(
+            topo.switch(here).dpid,
+            priority,
+            match,
+            g.edges[here, nxt]["ports"][here],
+            meter_id if i == 0 else 0,
+            cookie,
+            entry=i == 0,
+        )
+        for i, (here, nxt) in enumerate(itertools.pairwise(hops))
+    ]
 
 
 def flow_rules(spec: FlowSpec, topo: Topology, cookie: int, meter_id: int) -> list[Rule]:
     """One entry per switch of the path; the first one also applies the flow's meter."""
-    return _path_rules(topo, list(spec.path) + [spec.dst], flow_match(spec, topo),
-                       flow_priority(spec), cookie, meter_id)
+    return _path_rules(
+        topo,
+        list(spec.path) + [spec.dst],
+        flow_match(spec, topo),
+        flow_priority(spec),
+        cookie,
+        meter_id,
+    )
 
 
 def return_rules(spec: FlowSpec, topo: Topology, cookie: int) -> list[Rule]:
@@ -325,17 +383,24 @@ def return_rules(spec: FlowSpec, topo: Topology, cookie: int) -> list[Rule]:
     one) (none for a flow that is not symmetric)."""
     if not spec.symmetric:
         return []
-    return _path_rules(topo, list(spec.path[::-1]) + [spec.src],
-                       flow_match(spec, topo, back=True), PRIORITY_RETURN + 3 * _ports(spec),
-                       cookie)
+    return _path_rules(
+        topo,
+        list(spec.path[::-1]) + [spec.src],
+        flow_match(spec, topo, back=True),
+        PRIORITY_RETURN + 3 * _ports(spec),
+        cookie,
+    )
 
 
-def job_rules(spec: FlowSpec, topo: Topology, job_seq: int, flow_no: int,
-              meter_id: int) -> tuple[list[Rule], list[Rule]]:
+def job_rules(
+    spec: FlowSpec, topo: Topology, job_seq: int, flow_no: int, meter_id: int
+) -> tuple[list[Rule], list[Rule]]:
     """A job's flow as entries: its path (`flow_rules`) and its way back (`return_rules`), each
     with its own cookie."""
-    return (flow_rules(spec, topo, job_cookie(job_seq, flow_no), meter_id),
-            return_rules(spec, topo, job_cookie(job_seq, flow_no, COOKIE_RETURN)))
+    return (
+        flow_rules(spec, topo, job_cookie(job_seq, flow_no), meter_id),
+        return_rules(spec, topo, job_cookie(job_seq, flow_no, COOKIE_RETURN)),
+    )
 
 
 def default_rules(topo: Topology) -> list[Rule]:
@@ -351,22 +416,46 @@ def default_rules(topo: Topology) -> list[Rule]:
             nxt = path[1] if len(path) > 1 else node.name
             port = g.edges[sw_name, nxt]["ports"][sw_name]
             dpid = topo.switch(sw_name).dpid
-            rules.append(Rule(dpid, PRIORITY_DEFAULT,
-                              (("eth_type", ETH_IPV4), ("ipv4_dst", node.ip)), port, 0,
-                              COOKIE_DEFAULT))
-            rules.append(Rule(dpid, PRIORITY_DEFAULT,
-                              (("eth_type", ETH_ARP), ("arp_tpa", node.ip)), port, 0,
-                              COOKIE_DEFAULT))
+            rules.append(
+                Rule(
+                    dpid,
+                    PRIORITY_DEFAULT,
+                    (("eth_type", ETH_IPV4), ("ipv4_dst", node.ip)),
+                    port,
+                    0,
+                    COOKIE_DEFAULT,
+                )
+            )
+            rules.append(
+                Rule(
+                    dpid,
+                    PRIORITY_DEFAULT,
+                    (("eth_type", ETH_ARP), ("arp_tpa", node.ip)),
+                    port,
+                    0,
+                    COOKIE_DEFAULT,
+                )
+            )
     return rules
 
 
 def lldp_rules(topo: Topology) -> list[Rule]:
     """LLDP frames to the controller, on every switch (only when link discovery runs)."""
-    return [Rule(s.dpid, PRIORITY_LLDP, (("eth_type", ETH_LLDP), ("eth_dst", LLDP_MAC)),
-                 OFPP_CONTROLLER, 0, COOKIE_DEFAULT) for s in topo.switches]
+    return [
+        Rule(
+            s.dpid,
+            PRIORITY_LLDP,
+            (("eth_type", ETH_LLDP), ("eth_dst", LLDP_MAC)),
+            OFPP_CONTROLLER,
+            0,
+            COOKIE_DEFAULT,
+        )
+        for s in topo.switches
+    ]
 
 
 # --- changes ------------------------------------------------------------------------------------
+
 
 @dataclass
 class Plan:
@@ -374,6 +463,7 @@ class Plan:
     `meters` and `prepare` (entries that do not steer traffic yet) → barrier →
     `steer` (first-switch entries: traffic moves onto the new path only now) → barrier →
     `remove` (entries no longer wanted), then `meters_remove` → barrier."""
+
     meters_add: list[Meter] = field(default_factory=list)
     meters_modify: list[Meter] = field(default_factory=list)
     prepare: list[Rule] = field(default_factory=list)
@@ -382,17 +472,35 @@ class Plan:
     meters_remove: list[Meter] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not any((self.meters_add, self.meters_modify, self.prepare, self.steer,
-                        self.remove, self.meters_remove))
+        return not any(
+            (
+                self.meters_add,
+                self.meters_modify,
+                self.prepare,
+                self.steer,
+                self.remove,
+                self.meters_remove,
+            )
+        )
 
     def dpids(self) -> set[int]:
-        items: Iterable[Rule | Meter] = [*self.meters_add, *self.meters_modify, *self.prepare,
-                                         *self.steer, *self.remove, *self.meters_remove]
+        items: Iterable[Rule | Meter] = [
+            *self.meters_add,
+            *self.meters_modify,
+            *self.prepare,
+            *self.steer,
+            *self.remove,
+            *self.meters_remove,
+        ]
         return {x.dpid for x in items}
 
 
-def plan_change(old_rules: Iterable[Rule], old_meters: Iterable[Meter],
-                new_rules: Iterable[Rule], new_meters: Iterable[Meter]) -> Plan:
+def plan_change(
+    old_rules: Iterable[Rule],
+    old_meters: Iterable[Meter],
+    new_rules: Iterable[Rule],
+    new_meters: Iterable[Meter],
+) -> Plan:
     old_r = {r.key: r for r in old_rules}
     new_r = {r.key: r for r in new_rules}
     old_m = {(m.dpid, m.meter_id): m for m in old_meters}

@@ -1,20 +1,34 @@
 """The jobs the network must carry: their flows, the meter ids and cookies they hold, what every
 switch must contain, and the state file that lets a restarted controller re-learn them.
 Pure logic, no framework imports."""
+
 from __future__ import annotations
 
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from topologies import Topology
 
-from .flows import (MAX_METER_ID, MAX_SEQ, FlowKey, FlowSpec, Meter, MeterPolicy, RequestError,
-                    Rule, default_rules, job_rules, parse_flows, parse_job_id)
+from .flows import (
+    MAX_METER_ID,
+    MAX_SEQ,
+    FlowKey,
+    FlowSpec,
+    Meter,
+    MeterPolicy,
+    RequestError,
+    Rule,
+    default_rules,
+    job_rules,
+    parse_flows,
+    parse_job_id,
+)
 
 STATE_VERSION = 1
 
@@ -54,19 +68,27 @@ class JobTable:
 
     # --- building the next state ---------------------------------------------------------------
 
-    def propose(self, job_id: str, specs: list[FlowSpec],
-                meter_limit: Callable[[int], int] = lambda dpid: MAX_METER_ID) -> Job:
+    def propose(
+        self,
+        job_id: str,
+        specs: list[FlowSpec],
+        meter_limit: Callable[[int], int] = lambda dpid: MAX_METER_ID,
+    ) -> Job:
         """The job as it would be with `specs`: flow numbers and meter ids kept for flows it
         already had, new ones allocated otherwise. Nothing is stored. Raises `RequestError` (409)
         when a flow belongs to another job or a switch has no free meter."""
         old = self.jobs.get(job_id)
         kept = old.by_key() if old else {}
-        owner = {f.spec.key: j.job_id for j in self.jobs.values() if j.job_id != job_id
-                 for f in j.flows}
+        owner = {
+            f.spec.key: j.job_id for j in self.jobs.values() if j.job_id != job_id for f in j.flows
+        }
         for i, spec in enumerate(specs):
             if spec.key in owner:
-                raise RequestError(f"{spec.describe()} is already scheduled by job "
-                                   f"'{owner[spec.key]}'", f"flows[{i}]", status=409)
+                raise RequestError(
+                    f"{spec.describe()} is already scheduled by job '{owner[spec.key]}'",
+                    f"flows[{i}]",
+                    status=409,
+                )
         # Ids of every current flow stay reserved, including those this change removes: their
         # meters are deleted last, after the new entries are in (deleting a meter also deletes
         # the entries that use it).
@@ -92,15 +114,17 @@ class JobTable:
             while meter_id in used:
                 meter_id += 1
             if meter_id > meter_limit(dpid):
-                raise RequestError(f"switch '{spec.path[0]}' has no free meter (it supports "
-                                   f"{meter_limit(dpid)})", f"flows[{i}]", status=409)
+                raise RequestError(
+                    f"switch '{spec.path[0]}' has no free meter (it supports {meter_limit(dpid)})",
+                    f"flows[{i}]",
+                    status=409,
+                )
             used.add(meter_id)
             next_meter[dpid] = meter_id + 1
             flows.append(InstalledFlow(spec, next_no, meter_id))
         seq = old.seq if old else self.next_seq
         if seq > MAX_SEQ:
-            raise RequestError("job numbers exhausted; restart with a fresh state file",
-                               status=409)
+            raise RequestError("job numbers exhausted; restart with a fresh state file", status=409)
         return Job(job_id, seq, tuple(flows))
 
     def commit(self, job: Job) -> None:
@@ -115,15 +139,20 @@ class JobTable:
     def rules(self, job: Job | None) -> list[Rule]:
         if job is None:
             return []
-        return [r for f in job.flows
-                for rules in job_rules(f.spec, self.topo, job.seq, f.flow_no, f.meter_id)
-                for r in rules]
+        return [
+            r
+            for f in job.flows
+            for rules in job_rules(f.spec, self.topo, job.seq, f.flow_no, f.meter_id)
+            for r in rules
+        ]
 
     def meters(self, job: Job | None) -> list[Meter]:
         if job is None:
             return []
-        return [Meter(self._first_dpid(f.spec), f.meter_id, *self.policy.params(f.spec.rate_mbps))
-                for f in job.flows]
+        return [
+            Meter(self._first_dpid(f.spec), f.meter_id, *self.policy.params(f.spec.rate_mbps))
+            for f in job.flows
+        ]
 
     def switch_contents(self, dpid: int) -> tuple[list[Rule], list[Meter]]:
         """Everything switch `dpid` must hold: the default rules and every job's entries."""
@@ -140,12 +169,23 @@ class JobTable:
     # --- the state file -------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "topology": self.topo.name, "next_seq": self.next_seq,
-                "jobs": [{"job": j.job_id, "seq": j.seq, "updated": j.updated,
-                          "flows": [f.spec.to_json() | {"flow_no": f.flow_no,
-                                                        "meter_id": f.meter_id}
-                                    for f in j.flows]}
-                         for j in self.jobs.values()]}
+        return {
+            "version": STATE_VERSION,
+            "topology": self.topo.name,
+            "next_seq": self.next_seq,
+            "jobs": [
+                {
+                    "job": j.job_id,
+                    "seq": j.seq,
+                    "updated": j.updated,
+                    "flows": [
+                        f.spec.to_json() | {"flow_no": f.flow_no, "meter_id": f.meter_id}
+                        for f in j.flows
+                    ],
+                }
+                for j in self.jobs.values()
+            ],
+        }
 
     def save(self, path: Path) -> None:
         """Write atomically (temp file + rename): a crash leaves the old or the new file."""
@@ -170,24 +210,39 @@ class JobTable:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise StateError(f"{path}: cannot read the state file: {e}") from None
-        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION \
-                or not isinstance(doc.get("jobs"), list):
-            raise StateError(f"{path}: not a state file of version {STATE_VERSION} "
-                             "(expected {\"version\": 1, \"jobs\": [...]})")
+        if (
+            not isinstance(doc, dict)
+            or doc.get("version") != STATE_VERSION
+            or not isinstance(doc.get("jobs"), list)
+        ):
+            raise StateError(
+                f"{path}: not a state file of version {STATE_VERSION} "
+                '(expected {"version": 1, "jobs": [...]})'
+            )
         if doc.get("topology") != self.topo.name:
-            raise StateError(f"{path}: written for topology '{doc.get('topology')}', not "
-                             f"'{self.topo.name}'; use another --state file or delete it")
+            raise StateError(
+                f"{path}: written for topology '{doc.get('topology')}', not "
+                f"'{self.topo.name}'; use another --state file or delete it"
+            )
         self.jobs, self.next_seq = {}, 1
         for i, item in enumerate(doc["jobs"]):
             where = f"{path}: jobs[{i}]"
             try:
                 job_id = parse_job_id(str(item["job"]))
                 raw = item["flows"]
-                specs = parse_flows({"flows": [{k: v for k, v in f.items()
-                                                if k not in ("flow_no", "meter_id")}
-                                               for f in raw]}, self.topo)
-                flows = tuple(InstalledFlow(s, int(f["flow_no"]), int(f["meter_id"]))
-                              for s, f in zip(specs, raw))
+                specs = parse_flows(
+                    {
+                        "flows": [
+                            {k: v for k, v in f.items() if k not in ("flow_no", "meter_id")}
+                            for f in raw
+                        ]
+                    },
+                    self.topo,
+                )
+                flows = tuple(
+                    InstalledFlow(s, int(f["flow_no"]), int(f["meter_id"]))
+                    for s, f in zip(specs, raw)
+                )
                 self.commit(Job(job_id, int(item["seq"]), flows, float(item["updated"])))
             except RequestError as e:
                 raise StateError(f"{where}: {e}") from None

@@ -4,14 +4,23 @@ Every `stats_interval` seconds each connected switch is asked for its port, flow
 only) and meter counters; the replies become rates (Mbit/s). Port counters are mapped onto the
 topology's links, one rate per direction.
 """
+
 from __future__ import annotations
 
 import time
 from collections import deque
 from typing import Any
 
-from .compat import (BaseApp, DEAD_DISPATCHER, MAIN_DISPATCHER, hub, new_event, ofp_event,
-                     ofproto_v1_3, set_ev_cls)
+from .compat import (
+    DEAD_DISPATCHER,
+    MAIN_DISPATCHER,
+    BaseApp,
+    hub,
+    new_event,
+    ofp_event,
+    ofproto_v1_3,
+    set_ev_cls,
+)
 from .flows import COOKIE_COUNTED_MASK, COOKIE_JOB
 from .settings import settings
 from .stats import Rates, Sample, link_ends, sample_time
@@ -63,8 +72,9 @@ class NetworkMonitor(BaseApp):
             self.connected_at = {**self.connected_at, dp.id: time.time()}
             self._event("connect", dp.id, address=f"{dp.address[0]}:{dp.address[1]}")
             if dp.id not in self.known:
-                self.logger.warning("switch %016x is not in topology '%s': left alone",
-                                    dp.id, self.topo.name)
+                self.logger.warning(
+                    "switch %016x is not in topology '%s': left alone", dp.id, self.topo.name
+                )
             parser = dp.ofproto_parser
             dp.send_msg(parser.OFPMeterFeaturesStatsRequest(dp, 0))
             dp.send_msg(parser.OFPPortDescStatsRequest(dp, 0))  # which ports have a link
@@ -80,8 +90,11 @@ class NetworkMonitor(BaseApp):
     def port_status_handler(self, ev: Any) -> None:
         msg = ev.msg
         ofp = msg.datapath.ofproto
-        reason = {ofp.OFPPR_ADD: "port_add", ofp.OFPPR_DELETE: "port_delete",
-                  ofp.OFPPR_MODIFY: "port_modify"}.get(msg.reason, "port_status")
+        reason = {
+            ofp.OFPPR_ADD: "port_add",
+            ofp.OFPPR_DELETE: "port_delete",
+            ofp.OFPPR_MODIFY: "port_modify",
+        }.get(msg.reason, "port_status")
         down = bool(msg.desc.state & ofp.OFPPS_LINK_DOWN) or msg.reason == ofp.OFPPR_DELETE
         self._port_state(msg.datapath.id, [(msg.desc.port_no, down)])
         self._event(reason, msg.datapath.id, port=msg.desc.port_no, link_down=down)
@@ -89,8 +102,10 @@ class NetworkMonitor(BaseApp):
     @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, MAIN_DISPATCHER)
     def port_desc_stats_reply_handler(self, ev: Any) -> None:
         ofp = ev.msg.datapath.ofproto
-        self._port_state(ev.msg.datapath.id, [(p.port_no, bool(p.state & ofp.OFPPS_LINK_DOWN))
-                                              for p in ev.msg.body])
+        self._port_state(
+            ev.msg.datapath.id,
+            [(p.port_no, bool(p.state & ofp.OFPPS_LINK_DOWN)) for p in ev.msg.body],
+        )
 
     def _port_state(self, dpid: int, ports: list[tuple[int, bool]]) -> None:
         down = set(self.down)
@@ -99,8 +114,15 @@ class NetworkMonitor(BaseApp):
         self.down = frozenset(down)
 
     def _event(self, kind: str, dpid: int, **extra: Any) -> None:
-        self.switch_events.append({"time": time.time(), "event": kind, "dpid": dpid,
-                            "switch": self.known.get(dpid), **extra})
+        self.switch_events.append(
+            {
+                "time": time.time(),
+                "event": kind,
+                "dpid": dpid,
+                "switch": self.known.get(dpid),
+                **extra,
+            }
+        )
         self.logger.info("%s %s %s", kind, self.known.get(dpid, f"{dpid:016x}"), extra or "")
 
     # --- polling --------------------------------------------------------------------------------
@@ -113,8 +135,11 @@ class NetworkMonitor(BaseApp):
     def request_stats(self, dp: Any) -> None:
         ofp, parser = dp.ofproto, dp.ofproto_parser
         dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
-        dp.send_msg(parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
-                                               COOKIE_JOB, COOKIE_COUNTED_MASK))
+        dp.send_msg(
+            parser.OFPFlowStatsRequest(
+                dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, COOKIE_JOB, COOKIE_COUNTED_MASK
+            )
+        )
         dp.send_msg(parser.OFPMeterStatsRequest(dp, 0, ofp.OFPM_ALL))
 
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
@@ -135,8 +160,9 @@ class NetworkMonitor(BaseApp):
         cookies = self._complete(ev.msg, "flows", {st.cookie for st in ev.msg.body})
         if cookies is not None:  # entries of removed jobs: forget their counters
             self.flows.forget(lambda key: key[0] == dpid and key[1] not in cookies)
-            self.flow_packets = {k: v for k, v in self.flow_packets.items()
-                                 if k[0] != dpid or k[1] in cookies}
+            self.flow_packets = {
+                k: v for k, v in self.flow_packets.items() if k[0] != dpid or k[1] in cookies
+            }
 
     @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
     def meter_stats_reply_handler(self, ev: Any) -> None:
@@ -172,11 +198,17 @@ class NetworkMonitor(BaseApp):
         usage = []
         for end in self.ends:
             mbps = self.ports.rate((end.dpid, end.port, end.counter))
-            usage.append({"src": end.src, "dst": end.dst, "switch": self.known[end.dpid],
-                          "port": end.port, "counter": end.counter,
-                          "capacity_mbps": end.capacity_mbps,
-                          "up": not self.down.intersection(end.ports),
-                          "mbps": None if mbps is None else round(mbps, 3),
-                          "utilisation": None if mbps is None
-                          else round(mbps / end.capacity_mbps, 4)})
+            usage.append(
+                {
+                    "src": end.src,
+                    "dst": end.dst,
+                    "switch": self.known[end.dpid],
+                    "port": end.port,
+                    "counter": end.counter,
+                    "capacity_mbps": end.capacity_mbps,
+                    "up": not self.down.intersection(end.ports),
+                    "mbps": None if mbps is None else round(mbps, 3),
+                    "utilisation": None if mbps is None else round(mbps / end.capacity_mbps, 4),
+                }
+            )
         return usage

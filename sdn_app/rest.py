@@ -12,6 +12,7 @@
 Errors are `{"error": "...", "field": "flows[1].path[2]"}` with a 4xx status (5xx when a switch
 fails); a refused request changes nothing.
 """
+
 from __future__ import annotations
 
 from protocol.http import JsonApp

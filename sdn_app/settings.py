@@ -1,5 +1,6 @@
 """The app's settings: oslo.config options in group [ces_sdn], so that they come from our launcher
 (`python -m sdn_app --topo ...` sets them) or, under `ryu-manager`, from a `--config-file`."""
+
 from __future__ import annotations
 
 import functools
@@ -14,18 +15,26 @@ from .compat import cfg
 from .flows import MeterPolicy
 
 GROUP = "ces_sdn"
-cfg.CONF.register_opts([
-    cfg.StrOpt("topo", default="campus", help="topology name or file (see topologies/)"),
-    cfg.StrOpt("rest", default="127.0.0.1:8080", help="REST API listen address HOST:PORT"),
-    cfg.FloatOpt("stats_interval", default=1.0, help="statistics polling interval, seconds"),
-    cfg.StrOpt("state", default="", help="job state file (JSON); empty: jobs live in memory"),
-    cfg.FloatOpt("burst_s", default=MeterPolicy.burst_s,
-                 help="meter burst as seconds of traffic at the granted rate"),
-    cfg.FloatOpt("barrier_timeout", default=5.0, help="seconds to wait for a switch's barrier"),
-    cfg.StrOpt("token_file", default="",
-               help="file holding the shared secret the REST API requires (needed beyond "
-                    "loopback)"),
-], group=GROUP)
+cfg.CONF.register_opts(
+    [
+        cfg.StrOpt("topo", default="campus", help="topology name or file (see topologies/)"),
+        cfg.StrOpt("rest", default="127.0.0.1:8080", help="REST API listen address HOST:PORT"),
+        cfg.FloatOpt("stats_interval", default=1.0, help="statistics polling interval, seconds"),
+        cfg.StrOpt("state", default="", help="job state file (JSON); empty: jobs live in memory"),
+        cfg.FloatOpt(
+            "burst_s",
+            default=MeterPolicy.burst_s,
+            help="meter burst as seconds of traffic at the granted rate",
+        ),
+        cfg.FloatOpt("barrier_timeout", default=5.0, help="seconds to wait for a switch's barrier"),
+        cfg.StrOpt(
+            "token_file",
+            default="",
+            help="file holding the shared secret the REST API requires (needed beyond loopback)",
+        ),
+    ],
+    group=GROUP,
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +59,9 @@ def parse_address(text: str) -> tuple[str, int]:
         ipaddress.ip_address(host)
         number = int(port)
     except ValueError:
-        raise ValueError(f"expected HOST:PORT with an IP address, e.g. 127.0.0.1:8080; "
-                         f"got {text!r}") from None
+        raise ValueError(
+            f"expected HOST:PORT with an IP address, e.g. 127.0.0.1:8080; got {text!r}"
+        ) from None
     if not 0 <= number <= 65535:
         raise ValueError(f"port must be 0-65535, got {number}")
     return host, number
@@ -64,9 +74,13 @@ def settings() -> Settings:
     host, port = parse_address(conf.rest)
     if conf.stats_interval <= 0 or conf.burst_s <= 0 or conf.barrier_timeout <= 0:
         raise ValueError("stats_interval, burst_s and barrier_timeout must be > 0")
-    return Settings(topo=load_topology(conf.topo), rest_host=host, rest_port=port,
-                    stats_interval=conf.stats_interval,
-                    state=Path(conf.state) if conf.state else None,
-                    policy=MeterPolicy(burst_s=conf.burst_s),
-                    barrier_timeout_s=conf.barrier_timeout,
-                    token=listen_token(host, conf.token_file))
+    return Settings(
+        topo=load_topology(conf.topo),
+        rest_host=host,
+        rest_port=port,
+        stats_interval=conf.stats_interval,
+        state=Path(conf.state) if conf.state else None,
+        policy=MeterPolicy(burst_s=conf.burst_s),
+        barrier_timeout_s=conf.barrier_timeout,
+        token=listen_token(host, conf.token_file),
+    )

@@ -1,9 +1,10 @@
 """Counters → rates, and switch ports → directed links. Pure logic, no framework imports."""
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Hashable
 
 from topologies import Topology
 
@@ -74,6 +75,7 @@ class Rates:
 class LinkEnd:
     """Where the traffic of one direction of a link is counted: the port a switch sends it from
     (tx), or — when the sender is a compute node — the port the switch receives it on (rx)."""
+
     src: str
     dst: str
     dpid: int

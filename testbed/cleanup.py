@@ -12,6 +12,7 @@ processes in them), then the Mininet shells that still hold their network namesp
 bridges and ports, then veths left in the root namespace (their qdiscs go with them), then the
 nodes' cgroup parents.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,7 +53,7 @@ class Removed:
             text += f" (kept the live runs {', '.join(self.live_runs_kept)})"
         return text
 
-    def add(self, other: "Removed") -> None:
+    def add(self, other: Removed) -> None:
         for k, v in vars(other).items():
             getattr(self, k).extend(v)
 
@@ -97,7 +98,7 @@ def run_prefixes(client: docker.DockerClient) -> list[str]:
     names = [name for name, _ in _matching_containers(client, FAMILY_RE)]
     names += _vsctl("list-br").split() + _root_interfaces()
     names += [p.lstrip("/") for p in cgroups.find(FAMILY_RE)]
-    names += [arg[len("mininet:"):] for _, arg in _shell_pids(FAMILY_RE)]
+    names += [arg[len("mininet:") :] for _, arg in _shell_pids(FAMILY_RE)]
     names += [run for _, run in _run_processes(FAMILY_RE)]
     return sorted({n[:7] for n in names if FAMILY_RE.match(n)})
 
@@ -107,8 +108,10 @@ def run_alive(prefix: str, client: docker.DockerClient) -> bool:
     parent of its Mininet shells or of the processes it started — after a crash those are
     re-parented away)."""
     pattern = pattern_for(prefix)
-    pids = {(c.attrs.get("Labels") or {}).get(PID_LABEL)
-            for _, c in _matching_containers(client, pattern)}
+    pids = {
+        (c.attrs.get("Labels") or {}).get(PID_LABEL)
+        for _, c in _matching_containers(client, pattern)
+    }
     pids |= {_parent_pid(pid) for pid, _ in _shell_pids(pattern) + _run_processes(pattern)}
     return any(_is_owner(pid) for pid in pids if pid)
 
@@ -131,7 +134,9 @@ def _is_owner(pid: str) -> bool:
         return False
 
 
-def leftovers(prefix: str | None = None, client: docker.DockerClient | None = None) -> dict[str, list]:
+def leftovers(
+    prefix: str | None = None, client: docker.DockerClient | None = None
+) -> dict[str, list]:
     """What still exists with the prefix (empty lists after a clean teardown)."""
     pattern = pattern_for(prefix)
     client = client or docker.from_env()
@@ -140,17 +145,25 @@ def leftovers(prefix: str | None = None, client: docker.DockerClient | None = No
         "containers": [name for name, _ in _matching_containers(client, pattern)],
         "shells": [pid for pid, _ in _shell_pids(pattern)],
         "bridges": [b for b in _vsctl("list-br").split() if pattern.match(b)],
-        "ports": [p for b in _vsctl("list-br").split() for p in _vsctl("list-ports", b).split()
-                  if pattern.match(p)],
+        "ports": [
+            p
+            for b in _vsctl("list-br").split()
+            for p in _vsctl("list-ports", b).split()
+            if pattern.match(p)
+        ],
         "interfaces": [i for i in _root_interfaces() if pattern.match(i)],
-        "qdiscs": [line for line in _run(["tc", "qdisc", "show"]).splitlines()
-                   if any(pattern.match(w) for w in line.split())],
+        "qdiscs": [
+            line
+            for line in _run(["tc", "qdisc", "show"]).splitlines()
+            if any(pattern.match(w) for w in line.split())
+        ],
         "cgroups": cgroups.find(pattern),
     }
 
 
-def _matching_containers(client: docker.DockerClient,
-                         pattern: re.Pattern[str]) -> list[tuple[str, object]]:
+def _matching_containers(
+    client: docker.DockerClient, pattern: re.Pattern[str]
+) -> list[tuple[str, object]]:
     """(name, container) of every container, in any state, whose name matches. Listed without
     inspecting each one (`sparse`): inspecting a container that another run removes meanwhile
     raises NotFound, and what is gone is no leftover."""
@@ -190,7 +203,7 @@ def _run_processes(pattern: re.Pattern[str]) -> list[tuple[int, str]]:
             continue
         for var in env:
             if var.startswith(key):
-                run = var[len(key):].decode(errors="replace")
+                run = var[len(key) :].decode(errors="replace")
                 if pattern.match(run):
                     found.append((int(proc.name), run))
     return found
@@ -273,7 +286,9 @@ def _root_interfaces() -> list[str]:
 
 def _interfaces(pattern: re.Pattern[str], removed: Removed) -> None:
     for name in _root_interfaces():
-        if pattern.match(name):
-            # Deleting one end of a veth deletes its peer too, so failures here are expected.
-            if subprocess.run(["ip", "link", "del", name], capture_output=True).returncode == 0:
-                removed.interfaces.append(name)
+        # Deleting one end of a veth deletes its peer too, so failures here are expected.
+        if (
+            pattern.match(name)
+            and subprocess.run(["ip", "link", "del", name], capture_output=True).returncode == 0
+        ):
+            removed.interfaces.append(name)

@@ -25,9 +25,11 @@ warning where the kernel has no sch_netem. `testbed.Emulation` builds on these c
 attached at run time and runs RSTP in standalone mode (topologies have redundant paths; without
 a controller a loop would flood forever).
 """
+
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import shlex
 import shutil
@@ -70,8 +72,10 @@ def allow_congestion_control(name: str) -> None:
     if name in allowed:
         return
     if name not in _AVAILABLE_CC.read_text().split():
-        raise ValueError(f"TCP congestion control '{name}' is not in this kernel "
-                         f"(available: {_AVAILABLE_CC.read_text().strip()})")
+        raise ValueError(
+            f"TCP congestion control '{name}' is not in this kernel "
+            f"(available: {_AVAILABLE_CC.read_text().strip()})"
+        )
     _ALLOWED_CC.write_text(" ".join(allowed + [name]))
     log.info("added %s to the host's net.ipv4.tcp_allowed_congestion_control", name)
 
@@ -87,17 +91,31 @@ class Docker(Host):
     Extensions: `client` (a docker.DockerClient), `container_name` (default `mn.<name>`, as
     Containernet), `cgroup_parent`, `labels`, `hostname`."""
 
-    def __init__(self, name: str, dimage: str | None = None, dcmd: str | None = None,
-                 client: docker.DockerClient | None = None, container_name: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        dimage: str | None = None,
+        dcmd: str | None = None,
+        client: docker.DockerClient | None = None,
+        container_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not dimage:
             raise ValueError(f"{name}: addDocker needs dimage= (the image to run)")
         self.dimage = dimage
         self.dcmd = dcmd or "/bin/bash"
         self.client = client or docker.from_env()
-        self.resources = {k: kwargs.get(k) for k in ("cpu_quota", "cpu_period", "cpu_shares",
-                                                     "cpuset_cpus", "mem_limit",
-                                                     "memswap_limit")}
+        self.resources = {
+            k: kwargs.get(k)
+            for k in (
+                "cpu_quota",
+                "cpu_period",
+                "cpu_shares",
+                "cpuset_cpus",
+                "mem_limit",
+                "memswap_limit",
+            )
+        }
         cap_add = list(kwargs.get("cap_add") or [])
         if "NET_ADMIN" not in (c.upper() for c in cap_add):
             cap_add.append("NET_ADMIN")  # the shell configures the container's interfaces
@@ -105,23 +123,34 @@ class Docker(Host):
         bindings = dict(kwargs.get("port_bindings") or {})
         cpus = kwargs.get("cpus")
         self.container = self.client.containers.run(
-            dimage, shlex.split(self.dcmd), name=container_name or f"mn.{name}",
-            hostname=kwargs.get("hostname", name), detach=True, tty=True, stdin_open=True,
+            dimage,
+            shlex.split(self.dcmd),
+            name=container_name or f"mn.{name}",
+            hostname=kwargs.get("hostname", name),
+            detach=True,
+            tty=True,
+            stdin_open=True,
             # The image's entrypoint is run by start(), once the network is up (Containernet).
             entrypoint=[""],
             labels=kwargs.get("labels") or {CONTAINERNET_LABEL: ""},
             environment=kwargs.get("environment") or {},
-            volumes=list(kwargs.get("volumes") or []), tmpfs=_tmpfs(kwargs.get("tmpfs")),
+            volumes=list(kwargs.get("volumes") or []),
+            tmpfs=_tmpfs(kwargs.get("tmpfs")),
             network_mode=kwargs.get("network_mode"),
             ports={p: bindings.pop(p, None) for p in ports} | bindings,
             publish_all_ports=kwargs.get("publish_all_ports", False),
-            dns=kwargs.get("dns") or None, ipc_mode=kwargs.get("ipc_mode"),
-            devices=kwargs.get("devices") or None, cap_add=cap_add,
-            sysctls=kwargs.get("sysctls") or None, storage_opt=kwargs.get("storage_opt"),
-            shm_size=kwargs.get("shm_size"), cgroup_parent=kwargs.get("cgroup_parent"),
+            dns=kwargs.get("dns") or None,
+            ipc_mode=kwargs.get("ipc_mode"),
+            devices=kwargs.get("devices") or None,
+            cap_add=cap_add,
+            sysctls=kwargs.get("sysctls") or None,
+            storage_opt=kwargs.get("storage_opt"),
+            shm_size=kwargs.get("shm_size"),
+            cgroup_parent=kwargs.get("cgroup_parent"),
             nano_cpus=int(cpus * 1e9) if cpus else None,
             device_requests=kwargs.get("device_requests") or None,
-            **{k: v for k, v in self.resources.items() if v is not None})
+            **{k: v for k, v in self.resources.items() if v is not None},
+        )
         self.container.reload()
         self.container_pid: int = self.container.attrs["State"]["Pid"]
         self.cgroup_parent: str | None = kwargs.get("cgroup_parent")
@@ -153,8 +182,9 @@ class Docker(Host):
         while self.waiting and self.shell and time.monotonic() < deadline:
             self.monitor(timeoutms=200)
         if self.waiting:
-            raise RuntimeError(f"{self.name}: the shell is still running {self.lastCmd!r} "
-                               f"after {SHELL_BUSY_S} s")
+            raise RuntimeError(
+                f"{self.name}: the shell is still running {self.lastCmd!r} after {SHELL_BUSY_S} s"
+            )
         kwargs.setdefault("printPid", False)  # mnexec is a host tool, not in the image
         super().sendCmd(*args, **kwargs)
 
@@ -182,14 +212,21 @@ class Docker(Host):
             info(f"{self.name}: running {argv}\n")
             self.cmd(shlex.join(argv) + " > /proc/1/fd/1 2>&1 &")
 
-    def updateCpuLimit(self, cpu_quota: int | None = None, cpu_period: int | None = None,
-                       cpu_shares: int | None = None, cores: str | None = None) -> None:
+    def updateCpuLimit(
+        self,
+        cpu_quota: int | None = None,
+        cpu_period: int | None = None,
+        cpu_shares: int | None = None,
+        cores: str | None = None,
+    ) -> None:
         """Change CPU limits at run time (None: unchanged); `cores` like '0-1'."""
-        self._update(cpu_quota=cpu_quota, cpu_period=cpu_period, cpu_shares=cpu_shares,
-                     cpuset_cpus=cores)
+        self._update(
+            cpu_quota=cpu_quota, cpu_period=cpu_period, cpu_shares=cpu_shares, cpuset_cpus=cores
+        )
 
-    def updateMemoryLimit(self, mem_limit: int | str | None = None,
-                          memswap_limit: int | str | None = None) -> None:
+    def updateMemoryLimit(
+        self, mem_limit: int | str | None = None, memswap_limit: int | str | None = None
+    ) -> None:
         """Change memory limits at run time (bytes or '512m'; None: unchanged)."""
         self._update(mem_limit=mem_limit, memswap_limit=memswap_limit)
 
@@ -201,10 +238,8 @@ class Docker(Host):
 
     def terminate(self) -> None:
         super().terminate()
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             self.container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
 
 
 def _tmpfs(spec: Any) -> dict[str, str] | None:
@@ -229,8 +264,9 @@ class EdgeSwitch(OVSSwitch):
     def bridgeOpts(self) -> str:
         opts = super().bridgeOpts()
         if self.failMode == "standalone":
-            opts += (" rstp_enable=true other_config:rstp-forward-delay=4"
-                     " other_config:rstp-max-age=6")
+            opts += (
+                " rstp_enable=true other_config:rstp-forward-delay=4 other_config:rstp-max-age=6"
+            )
         return opts
 
     def intfOpts(self, intf) -> str:
@@ -238,7 +274,9 @@ class EdgeSwitch(OVSSwitch):
         port_opts: list[str] = []
         if intf.params.get("bw_mbps"):
             # IEEE 802.1D-2004 path cost: 20 Tbit/s / link speed.
-            port_opts.append(f"other_config:rstp-path-cost={max(1, int(2e7 / intf.params['bw_mbps']))}")
+            port_opts.append(
+                f"other_config:rstp-path-cost={max(1, int(2e7 / intf.params['bw_mbps']))}"
+            )
         if intf.params.get("edge"):
             port_opts.append("other_config:rstp-port-admin-edge=true")
         # OVS replaces an interface's root qdisc unless its QoS is "linux-noop"; links are
@@ -260,8 +298,9 @@ class Containernet(Mininet):
     (default True: a script that dies on an exception or `exit()` still removes its containers,
     switches and links; False for an owner that tears down by itself, as `Emulation`)."""
 
-    def __init__(self, client: docker.DockerClient | None = None, stop_at_exit: bool = True,
-                 **params: Any) -> None:
+    def __init__(
+        self, client: docker.DockerClient | None = None, stop_at_exit: bool = True, **params: Any
+    ) -> None:
         # Mininet.init() would otherwise raise host-wide limits (sysctl, ulimit) on first use.
         Mininet.inited = True
         self.client = client or docker.from_env()
@@ -329,8 +368,10 @@ class Containernet(Mininet):
             for p in asked:
                 params.pop(p)
             if not self._netem_warned:
-                warn(f"*** this kernel has no sch_netem: {', '.join(asked)} of TCLinks are NOT "
-                     f"emulated (first: {node1}-{node2}); bandwidth shaping works\n")
+                warn(
+                    f"*** this kernel has no sch_netem: {', '.join(asked)} of TCLinks are NOT "
+                    f"emulated (first: {node1}-{node2}); bandwidth shaping works\n"
+                )
                 self._netem_warned = True
 
     def ping(self, hosts=None, timeout=None, manualdestip: str | None = None):

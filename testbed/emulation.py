@@ -7,9 +7,11 @@ Names follow the topology exactly where the rest of the project relies on them: 
 the switch's dpid, every port its OpenFlow number, every node's `eth0` its ip/mac. Everything
 created carries the run prefix and is removed on exit, on exceptions, on Ctrl-C and SIGTERM.
 """
+
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -27,15 +29,20 @@ from docker.models.containers import Container
 from mininet.link import Intf
 from mininet.node import RemoteController
 
-from topologies import ComputeNode, Link, Topology
-
 from edge import cgroups, tc, workers
+from topologies import ComputeNode, Link, Topology
 
 from . import ovs_sockets
 from .cleanup import PID_LABEL, cleanup
+from .containernet import (
+    Containernet,
+    Docker,
+    EdgeSwitch,
+    allow_congestion_control,
+    detect_datapath,
+    netns_run,
+)
 from .names import Names, new_prefix
-from .containernet import (Containernet, Docker, EdgeSwitch, allow_congestion_control,
-                           detect_datapath, netns_run)
 
 log = logging.getLogger(__name__)
 PROJECT_LABEL = "ces.run"
@@ -51,11 +58,17 @@ class EmulationError(RuntimeError):
 
 
 class Emulation:
-    def __init__(self, topo: Topology, prefix: str | None = None,
-                 controller: tuple[str, int] | None = None, image: str | None = None,
-                 datapath: str | None = None, client: docker.DockerClient | None = None,
-                 converge_timeout_s: float = 30.0,
-                 tcp_cc: str = TCP_CONGESTION_CONTROL) -> None:
+    def __init__(
+        self,
+        topo: Topology,
+        prefix: str | None = None,
+        controller: tuple[str, int] | None = None,
+        image: str | None = None,
+        datapath: str | None = None,
+        client: docker.DockerClient | None = None,
+        converge_timeout_s: float = 30.0,
+        tcp_cc: str = TCP_CONGESTION_CONTROL,
+    ) -> None:
         self.topo = topo
         self.names = Names(prefix or new_prefix())
         self.prefix = self.names.prefix
@@ -74,7 +87,7 @@ class Emulation:
 
     # --- life cycle ------------------------------------------------------------------------------
 
-    def __enter__(self) -> "Emulation":
+    def __enter__(self) -> Emulation:
         self._trap_signals()
         try:
             self.start()
@@ -106,17 +119,22 @@ class Emulation:
             raise EmulationError(f"TCP congestion control of the nodes: {e}") from None
         t0 = time.monotonic()
         self._systemd_cgroups = self.client.info().get("CgroupDriver") == "systemd"
-        self.net = Containernet(client=self.client, stop_at_exit=False, controller=None,
-                                build=False, listenPort=None)
+        self.net = Containernet(
+            client=self.client, stop_at_exit=False, controller=None, build=False, listenPort=None
+        )
         if self.controller:
             ip, port = self.controller
             self.net.addController("c0", controller=RemoteController, ip=ip, port=port)
         standalone = self.controller is None
         for s in self.topo.switches:
             self.switches[s.name] = self.net.addSwitch(
-                self.names.bridge(s.name), dpid=f"{s.dpid:016x}", protocols="OpenFlow13",
-                failMode="standalone" if standalone else "secure", datapath=self.datapath,
-                batch=True)
+                self.names.bridge(s.name),
+                dpid=f"{s.dpid:016x}",
+                protocols="OpenFlow13",
+                failMode="standalone" if standalone else "secure",
+                datapath=self.datapath,
+                batch=True,
+            )
         # Containers start in parallel: `docker run` is most of the bring-up time.
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(self._add_container, self.topo.nodes))
@@ -130,9 +148,15 @@ class Emulation:
         if standalone:
             self.wait_converged(self.converge_timeout_s)
         self.timings["converged_s"] = time.monotonic() - t0
-        log.info("%s: %d nodes, %d switches, %d links up in %.1f s (%s datapath)", self.prefix,
-                 len(self.nodes), len(self.switches), len(self.topo.links),
-                 self.timings["converged_s"], self.datapath)
+        log.info(
+            "%s: %d nodes, %d switches, %d links up in %.1f s (%s datapath)",
+            self.prefix,
+            len(self.nodes),
+            len(self.switches),
+            len(self.topo.links),
+            self.timings["converged_s"],
+            self.datapath,
+        )
 
     def stop(self) -> None:
         """Tear everything down; safe to call at any point of a bring-up, and twice."""
@@ -147,8 +171,12 @@ class Emulation:
             self.net = None
             self.timings["down_s"] = time.monotonic() - t0
             if removed.total():
-                log.info("%s: removed %s in %.1f s", self.prefix, removed.summary(),
-                         self.timings["down_s"])
+                log.info(
+                    "%s: removed %s in %.1f s",
+                    self.prefix,
+                    removed.summary(),
+                    self.timings["down_s"],
+                )
         finally:
             self._restore_signals(held)
             self._restore_signals(self._saved_handlers)
@@ -183,12 +211,21 @@ class Emulation:
         name = self.names.container(node.name)
         parent = cgroups.parent_name(self.names.cgroup_parent(node.name), self._systemd_cgroups)
         docker_node = self.net.addDocker(
-            name, container_name=name, dimage=self.image, hostname=node.name,
-            network_mode="none", cgroup_parent=parent, labels=self._labels(node=node.name),
-            cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(node.cpu),
-            mem_limit=f"{node.mem_mb}m", memswap_limit=f"{node.mem_mb}m",
+            name,
+            container_name=name,
+            dimage=self.image,
+            hostname=node.name,
+            network_mode="none",
+            cgroup_parent=parent,
+            labels=self._labels(node=node.name),
+            cpu_period=cgroups.PERIOD_US,
+            cpu_quota=cgroups.quota_us(node.cpu),
+            mem_limit=f"{node.mem_mb}m",
+            memswap_limit=f"{node.mem_mb}m",
             sysctls={"net.ipv4.tcp_congestion_control": self.tcp_cc},
-            ip=f"{node.ip}/16", mac=node.mac)
+            ip=f"{node.ip}/16",
+            mac=node.mac,
+        )
         # The parent caps the node container and every worker started under it together.
         cgroups.set_limits(parent, node.cpu, node.mem_mb)
         self.nodes[node.name] = docker_node
@@ -196,8 +233,9 @@ class Emulation:
 
     def _labels(self, **more: str) -> dict[str, str]:
         # The pid tells `cleanup()` that this run is alive (see testbed/cleanup.py).
-        return {PROJECT_LABEL: self.prefix, PID_LABEL: str(os.getpid())} | \
-            {f"ces.{k}": v for k, v in more.items()}
+        return {PROJECT_LABEL: self.prefix, PID_LABEL: str(os.getpid())} | {
+            f"ces.{k}": v for k, v in more.items()
+        }
 
     def _end(self, name: str, port: int) -> tuple[object, str, dict]:
         """(Mininet node, interface name, interface params) of one end of a link."""
@@ -213,10 +251,17 @@ class Emulation:
         node1, if1, p1 = self._end(a, lk.port_of(a))
         node2, if2, p2 = self._end(b, lk.port_of(b))
         macs = {"addr2": self.topo.node(b).mac} if b in self.nodes else {}
-        return self.net.addLink(node1, node2, port1=lk.port_of(a), port2=lk.port_of(b),
-                                intfName1=if1, intfName2=if2, **macs,
-                                params1=p1 | {"bw_mbps": lk.bw_mbps, "edge": "edge" in p2},
-                                params2=p2 | {"bw_mbps": lk.bw_mbps})
+        return self.net.addLink(
+            node1,
+            node2,
+            port1=lk.port_of(a),
+            port2=lk.port_of(b),
+            intfName1=if1,
+            intfName2=if2,
+            **macs,
+            params1=p1 | {"bw_mbps": lk.bw_mbps, "edge": "edge" in p2},
+            params2=p2 | {"bw_mbps": lk.bw_mbps},
+        )
 
     def _pid(self, intf: Intf) -> int | None:
         return intf.node.container_pid if isinstance(intf.node, Docker) else None
@@ -225,8 +270,9 @@ class Emulation:
         """HTB shaping on both ends of `links` (Containernet.addLink did checksum offload)."""
         by_ends = {frozenset((lk.a, lk.b)): lk for lk in self.topo.links}
         for mlink in links:
-            lk = by_ends[frozenset((self._topo_name(mlink.intf1.node),
-                                    self._topo_name(mlink.intf2.node)))]
+            lk = by_ends[
+                frozenset((self._topo_name(mlink.intf1.node), self._topo_name(mlink.intf2.node)))
+            ]
             for intf in (mlink.intf1, mlink.intf2):
                 tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, self._pid(intf))
 
@@ -236,8 +282,12 @@ class Emulation:
         if self.datapath != "user":
             return
         if ports is None:
-            ports = [intf.name for s in self.switches.values() for intf in s.intfList()
-                     if intf.name != "lo"]
+            ports = [
+                intf.name
+                for s in self.switches.values()
+                for intf in s.intfList()
+                if intf.name != "lo"
+            ]
         try:
             ovs_sockets.enlarge_receive_buffers(ports)
         except (ovs_sockets.SocketBufferError, OSError) as e:
@@ -258,14 +308,20 @@ class Emulation:
             if not unsettled:
                 return
             if time.monotonic() > deadline:
-                raise EmulationError(f"RSTP did not converge in {timeout_s:.0f} s: "
-                                     f"{', '.join(unsettled[:5])} still learning")
+                raise EmulationError(
+                    f"RSTP did not converge in {timeout_s:.0f} s: "
+                    f"{', '.join(unsettled[:5])} still learning"
+                )
             time.sleep(0.2)
 
     def _rstp_ports(self) -> dict[str, tuple[str | None, str | None]]:
         """{our switch-side interface: (RSTP role, RSTP state)}."""
-        out = subprocess.run(["ovs-vsctl", "--format=json", "--columns=name,rstp_status",
-                              "list", "Port"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["ovs-vsctl", "--format=json", "--columns=name,rstp_status", "list", "Port"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         ports = {}
         for name, status in json.loads(out)["data"]:
             if not name.startswith(self.prefix) or name in self.names.bridges.values():
@@ -276,8 +332,11 @@ class Emulation:
 
     def _unsettled_ports(self) -> list[str]:
         # Root/Designated ports must forward; Alternate/Backup ports stay discarding.
-        return [name for name, (role, state) in self._rstp_ports().items()
-                if role is None or (role in ("Root", "Designated") and state != "Forwarding")]
+        return [
+            name
+            for name, (role, state) in self._rstp_ports().items()
+            if role is None or (role in ("Root", "Designated") and state != "Forwarding")
+        ]
 
     def forwarding_path(self, src: str, dst: str) -> list[str]:
         """The path traffic from `src` to `dst` takes in standalone mode: the RSTP tree's.
@@ -289,17 +348,21 @@ class Emulation:
         tree = self.topo.graph().copy()
         for lk in self.topo.links:
             ends = [e for e in (lk.a, lk.b) if e in self.switches]
-            if any(ports.get(self.interface_name(e, lk.port_of(e)), (None,))[0]
-                   in ("Alternate", "Backup", "Disabled") for e in ends):
+            if any(
+                ports.get(self.interface_name(e, lk.port_of(e)), (None,))[0]
+                in ("Alternate", "Backup", "Disabled")
+                for e in ends
+            ):
                 tree.remove_edge(lk.a, lk.b)
         return nx.shortest_path(tree, src, dst)
 
     def bottleneck_mbps(self, path: list[str]) -> float:
         g = self.topo.graph()
-        return min(g.edges[u, v]["bw_mbps"] for u, v in zip(path, path[1:]))
+        return min(g.edges[u, v]["bw_mbps"] for u, v in itertools.pairwise(path))
 
-    def iperf(self, src: str, dst: str, seconds: float = 5.0, port: int = 5201,
-              omit_s: int = 0) -> float:
+    def iperf(
+        self, src: str, dst: str, seconds: float = 5.0, port: int = 5201, omit_s: int = 0
+    ) -> float:
         """TCP goodput from `src` to `dst` in Mbit/s, measured by iperf3 at the receiver
         (the first `omit_s` seconds, TCP's slow start, not counted)."""
         dst_node = self._node(dst)
@@ -311,7 +374,9 @@ class Emulation:
             if time.monotonic() > deadline:
                 raise EmulationError(f"iperf3 server on {dst} did not start listening")
             time.sleep(0.05)
-        code, out = self._node(src).exec(f"iperf3 -c {dst_node.ip} -p {port} -t {seconds} -O {omit_s} -J")
+        code, out = self._node(src).exec(
+            f"iperf3 -c {dst_node.ip} -p {port} -t {seconds} -O {omit_s} -J"
+        )
         try:
             result = json.loads(out)
             return result["end"]["sum_received"]["bits_per_second"] / 1e6
@@ -345,13 +410,15 @@ class Emulation:
         if node.name in self.nodes or node.name in self.switches:
             raise EmulationError(f"add_node: '{node.name}' already exists")
         if node.name not in (link.a, link.b) or switch not in self.switches:
-            raise EmulationError(f"add_node: link {link.a}–{link.b} must join '{node.name}' to "
-                                 "an existing switch")
+            raise EmulationError(
+                f"add_node: link {link.a}–{link.b} must join '{node.name}' to an existing switch"
+            )
         port = link.port_of(switch)
         if any(lk.port_of(switch) == port for lk in self.topo.links_of(switch)):
             raise EmulationError(f"add_node: port {port} of '{switch}' is already used")
-        self.topo = dataclasses.replace(self.topo, nodes=self.topo.nodes + [node],
-                                        links=self.topo.links + [link])
+        self.topo = dataclasses.replace(
+            self.topo, nodes=self.topo.nodes + [node], links=self.topo.links + [link]
+        )
         docker_node = self._add_container(node)
         mlink = self._add_link(link)  # attached to the running switch by Containernet
         docker_node.configDefault()
@@ -371,8 +438,10 @@ class Emulation:
         cgroups.remove(docker_node.cgroup_parent)  # its workers are gone already
         del self.nodes[name]
         self.topo = dataclasses.replace(
-            self.topo, nodes=[n for n in self.topo.nodes if n.name != name],
-            links=[lk for lk in self.topo.links if name not in (lk.a, lk.b)])
+            self.topo,
+            nodes=[n for n in self.topo.nodes if n.name != name],
+            links=[lk for lk in self.topo.links if name not in (lk.a, lk.b)],
+        )
 
     def set_link(self, a: str, b: str, bw_mbps: float, delay_ms: float | None = None) -> None:
         """Change a link's capacity (and delay) at run time, both directions."""
@@ -385,10 +454,12 @@ class Emulation:
                 tc.change("eth0", bw_mbps, delay_ms, self.nodes[end].container_pid)
             else:
                 tc.change(self.interface_name(end, lk.port_of(end)), bw_mbps, delay_ms)
-        new = dataclasses.replace(lk, bw_mbps=bw_mbps,
-                                  delay_ms=lk.delay_ms if delay_ms is None else delay_ms)
+        new = dataclasses.replace(
+            lk, bw_mbps=bw_mbps, delay_ms=lk.delay_ms if delay_ms is None else delay_ms
+        )
         self.topo = dataclasses.replace(
-            self.topo, links=[new if x is lk else x for x in self.topo.links])
+            self.topo, links=[new if x is lk else x for x in self.topo.links]
+        )
 
     def set_link_up(self, a: str, b: str, up: bool) -> None:
         """Take a link down (both ends lose carrier: the switches report the ports down to the
@@ -420,12 +491,15 @@ class Emulation:
             raise EmulationError(f"restart_vswitchd: {e}") from None
         argv = argv[:-1] if argv[-1] == "" else argv
         if "--detach" not in argv:  # started in the foreground by someone we cannot replace
-            raise EmulationError(f"restart_vswitchd: ovs-vswitchd ({pid}) runs without "
-                                 "--detach: not restarted, it could not be started the same way")
+            raise EmulationError(
+                f"restart_vswitchd: ovs-vswitchd ({pid}) runs without "
+                "--detach: not restarted, it could not be started the same way"
+            )
         procs = [Path(f"/proc/{pid}")] + ([Path(f"/proc/{ppid}")] if monitor else [])
         try:
-            subprocess.run(["ovs-appctl", "-t", "ovs-vswitchd", "exit"], capture_output=True,
-                           timeout=timeout_s)
+            subprocess.run(
+                ["ovs-appctl", "-t", "ovs-vswitchd", "exit"], capture_output=True, timeout=timeout_s
+            )
             deadline = time.monotonic() + timeout_s
             while any(p.exists() for p in procs) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -433,8 +507,10 @@ class Emulation:
             if not procs[0].exists():  # --detach: returns once the daemon serves
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
                 if done.returncode != 0:
-                    raise EmulationError(f"ovs-vswitchd did not start again "
-                                         f"({' '.join(argv)}): {done.stderr.strip()}")
+                    raise EmulationError(
+                        f"ovs-vswitchd did not start again "
+                        f"({' '.join(argv)}): {done.stderr.strip()}"
+                    )
         if procs[0].exists():
             raise EmulationError(f"ovs-vswitchd ({pid}) did not exit within {timeout_s:g} s")
         self._enlarge_port_buffers()
@@ -451,25 +527,42 @@ class Emulation:
             # narrow it last.
             if cpu >= old_cpu:
                 cgroups.set_limits(parent, cpu, max(mem_mb, old_mem))
-            docker_node.updateCpuLimit(cpu_period=cgroups.PERIOD_US,
-                                       cpu_quota=cgroups.quota_us(cpu))
+            docker_node.updateCpuLimit(
+                cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(cpu)
+            )
             docker_node.updateMemoryLimit(mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
             cgroups.set_limits(parent, cpu, mem_mb)
         except (OSError, docker.errors.APIError) as e:
-            raise EmulationError(f"update_node {name} (cpu={cpu}, mem_mb={mem_mb}): {e} — the "
-                                 "node's workers or its memory in use may exceed the new limit")
+            raise EmulationError(
+                f"update_node {name} (cpu={cpu}, mem_mb={mem_mb}): {e} — the "
+                "node's workers or its memory in use may exceed the new limit"
+            ) from None
 
-    def start_worker(self, node: str, name: str, command: str | list[str], cpu: float,
-                     mem_mb: int, env: dict[str, str] | None = None) -> Container:
+    def start_worker(
+        self,
+        node: str,
+        name: str,
+        command: str | list[str],
+        cpu: float,
+        mem_mb: int,
+        env: dict[str, str] | None = None,
+    ) -> Container:
         """Start a worker container in `node`'s network namespace and cgroup."""
         docker_node = self._node(node)
         # gloo picks the address of the hostname; with --network none that is loopback.
         env = {"GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
         return workers.start_worker(
-            self.client, self.image, self.names.worker(node, name), command, cpu, mem_mb, env,
+            self.client,
+            self.image,
+            self.names.worker(node, name),
+            command,
+            cpu,
+            mem_mb,
+            env,
             node_container=docker_node.container.name,
             cgroup_parent=docker_node.cgroup_parent,
-            labels=self._labels(node=node, worker=name))
+            labels=self._labels(node=node, worker=name),
+        )
 
     def ping_all(self, timeout_s: float = 1.0) -> float:
         """Ping every node from every other node once; the fraction of pings lost."""
@@ -477,8 +570,11 @@ class Emulation:
 
         def from_node(src: str) -> tuple[int, int]:
             targets = " ".join(ip for name, ip in ips.items() if name != src)
-            code, out = self.exec(src, f"for ip in {targets}; do ping -c1 -W{timeout_s} $ip "
-                                       ">/dev/null 2>&1 && echo ok || echo lost; done")
+            _code, out = self.exec(
+                src,
+                f"for ip in {targets}; do ping -c1 -W{timeout_s} $ip "
+                ">/dev/null 2>&1 && echo ok || echo lost; done",
+            )
             return out.split().count("ok"), len(ips) - 1
 
         with ThreadPoolExecutor(max_workers=4) as pool:

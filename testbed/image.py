@@ -5,7 +5,7 @@
     python -m testbed.image tag      # print the tag the current inputs give
 
 Inputs = testbed/image/Dockerfile, testbed/image/packages.txt, the pins of the image's Python
-packages in requirements.txt and the files of workloads/, protocol/ (the worker contract) and edge/
+packages in requirements.txt and requirements-agent.txt and the files of workloads/, protocol/ (the worker contract) and edge/
 (the agent, which runs from this image on real hosts: `lab`). The tag `ces-worker:<hash>` changes
 exactly when one of them does. Layers are ordered system packages → Python wheels → workloads, so
 editing workloads/ rebuilds only the last layer.
@@ -16,6 +16,7 @@ rootfs that already contains packages.txt, `docker import` turns it into `ces-ba
 and the same Dockerfile builds with `--network none`. Python wheels come from a wheelhouse made on
 the host by the venv's pip either way, so both paths give the same contents.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ import docker
 import docker.errors
 
 REPO = Path(__file__).resolve().parent.parent
+PIN_FILES = (REPO / "requirements.txt", REPO / "requirements-agent.txt")
 IMAGE_DIR = REPO / "testbed" / "image"
 PACKAGES = (REPO / "workloads", REPO / "protocol", REPO / "edge")  # the project's code in it
 BUILD_DIR = REPO / "build"
@@ -57,21 +59,29 @@ def log(msg: str) -> None:
 
 
 def pins() -> dict[str, str]:
-    """`name==version` of the image's Python packages, from requirements.txt."""
+    """`name==version` of the image's Python packages, from the requirements files (the
+    system's and the agent's, which runs from this image on real hosts)."""
     found = {}
-    for line in (REPO / "requirements.txt").read_text().splitlines():
-        name, sep, version = line.split("#")[0].strip().partition("==")
-        if sep and name.lower() in PIP_PACKAGES + PIP_NO_DEPS:
-            found[name.lower()] = version.strip()
+    for path in PIN_FILES:
+        for line in path.read_text().splitlines():
+            name, sep, version = line.split("#")[0].strip().partition("==")
+            if sep and name.lower() in PIP_PACKAGES + PIP_NO_DEPS:
+                found[name.lower()] = version.strip()
     missing = [p for p in PIP_PACKAGES + PIP_NO_DEPS if p not in found]
     if missing:
-        raise ImageError(f"requirements.txt: no '==' pin for {', '.join(missing)}")
+        raise ImageError(
+            f"{', '.join(p.name for p in PIN_FILES)}: no '==' pin for {', '.join(missing)}"
+        )
     return found
 
 
 def _workload_files() -> list[Path]:
-    return sorted(p for pkg in PACKAGES for p in pkg.rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return sorted(
+        p
+        for pkg in PACKAGES
+        for p in pkg.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
 
 
 def input_hash() -> str:
@@ -131,9 +141,16 @@ def build(client: docker.DockerClient | None = None) -> str:
     with tempfile.TemporaryDirectory(prefix="image-context-", dir=BUILD_DIR) as ctx:
         _assemble_context(Path(ctx), wheelhouse)
         log(f"building {tag} from {base} ({'offline, --network none' if offline else 'online'})")
-        stream = client.api.build(path=ctx, tag=tag, buildargs={"BASE": base}, rm=True,
-                                  forcerm=True, decode=True, network_mode="none" if offline else None,
-                                  labels={"ces.inputs": tag.split(":")[1]})
+        stream = client.api.build(
+            path=ctx,
+            tag=tag,
+            buildargs={"BASE": base},
+            rm=True,
+            forcerm=True,
+            decode=True,
+            network_mode="none" if offline else None,
+            labels={"ces.inputs": tag.split(":")[1]},
+        )
         for chunk in stream:
             if "error" in chunk:
                 raise ImageError(f"docker build of {tag} failed: {chunk['error'].strip()}")
@@ -171,8 +188,14 @@ def _offline_base(client: docker.DockerClient) -> str:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rootfs-", dir=BUILD_DIR) as rootfs:
         log(f"debootstrap bookworm (minbase + {', '.join(packages)}) from {DEBIAN_MIRROR}")
-        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
-               "bookworm", rootfs, DEBIAN_MIRROR]
+        cmd = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(packages)}",
+            "bookworm",
+            rootfs,
+            DEBIAN_MIRROR,
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise ImageError(f"debootstrap failed: {(done.stderr or done.stdout).strip()[-2000:]}")
@@ -181,12 +204,16 @@ def _offline_base(client: docker.DockerClient) -> str:
                 if f.is_file():
                     f.unlink()
         log(f"rootfs ready in {time.monotonic() - t0:.0f} s; importing as {tag}")
-        tar = subprocess.Popen(["tar", "-C", rootfs, "--numeric-owner", "-c", "."],
-                               stdout=subprocess.PIPE)
+        tar = subprocess.Popen(
+            ["tar", "-C", rootfs, "--numeric-owner", "-c", "."], stdout=subprocess.PIPE
+        )
         repo, _, version = tag.partition(":")
-        client.api.import_image_from_stream(tar.stdout, repository=repo, tag=version,
-                                            changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:"
-                                                     "/usr/sbin:/usr/bin:/sbin:/bin"])
+        client.api.import_image_from_stream(
+            tar.stdout,
+            repository=repo,
+            tag=version,
+            changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        )
         if tar.wait() != 0:
             raise ImageError(f"tar of the rootfs for {tag} failed")
     log(f"base image {tag} made in {time.monotonic() - t0:.0f} s")
@@ -207,8 +234,9 @@ def _wheelhouse() -> Path:
     BUILD_DIR.mkdir(exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=BUILD_DIR))
     try:
-        freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True,
-                                text=True, check=True).stdout.splitlines()
+        freeze = subprocess.run(
+            [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
         ours = PIP_PACKAGES + PIP_NO_DEPS
         constraints = [ln for ln in freeze if "==" in ln and ln.split("==")[0].lower() not in ours]
         (tmp / "constraints.txt").write_text("\n".join(constraints) + "\n")
@@ -251,7 +279,9 @@ def _assemble_context(ctx: Path, wheelhouse: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.image", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.image", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("action", choices=["ensure", "build", "tag"])
     args = parser.parse_args(argv)
     if args.action == "tag":

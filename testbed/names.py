@@ -6,6 +6,7 @@ one prefix never catches another run's names, and `ces[0-9a-f]{4}` matches every
 (and not the images `ces-worker`/`ces-base`). Linux interface names have at most 15 characters, so
 topology names are mapped to short names and the mapping is kept.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,14 +24,16 @@ def new_prefix() -> str:
 
 def check_prefix(prefix: str) -> str:
     if not PREFIX_RE.match(prefix):
-        raise ValueError(f"run prefix {prefix!r}: expected 'ces' followed by 4 hex digits, "
-                         "e.g. 'ces1a2b'")
+        raise ValueError(
+            f"run prefix {prefix!r}: expected 'ces' followed by 4 hex digits, e.g. 'ces1a2b'"
+        )
     return prefix
 
 
 @dataclass
 class Names:
     """Short, prefixed names for one run; the mappings are kept for lookups in both directions."""
+
     prefix: str
     bridges: dict[str, str] = field(default_factory=dict)  # switch → bridge
     interfaces: dict[tuple[str, int], str] = field(default_factory=dict)  # (switch, port) → ifname

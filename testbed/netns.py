@@ -5,6 +5,7 @@ as it is; `testbed.standin` puts stand-in lab hosts on it.
 
 Everything is named with the given prefix and removed by `stop()` (also after a partial start).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ class NetnsNetwork:
     bridges: dict[str, str] = field(default_factory=dict)  # switch → bridge name
     namespaces: dict[str, str] = field(default_factory=dict)  # node → netns name
 
-    def __enter__(self) -> "NetnsNetwork":
+    def __enter__(self) -> NetnsNetwork:
         try:
             self.start()
         except BaseException:
@@ -58,9 +59,20 @@ class NetnsNetwork:
         dp_type = datapath_type()
         for i, sw in enumerate(self.topo.switches):
             br = self.bridges[sw.name] = f"{self.prefix}b{i}"
-            sh("ovs-vsctl", "add-br", br, "--", "set", "bridge", br,
-               f"datapath_type={dp_type}", "protocols=OpenFlow13", "fail-mode=secure",
-               f"other-config:datapath-id={sw.dpid:016x}", "other-config:disable-in-band=true")
+            sh(
+                "ovs-vsctl",
+                "add-br",
+                br,
+                "--",
+                "set",
+                "bridge",
+                br,
+                f"datapath_type={dp_type}",
+                "protocols=OpenFlow13",
+                "fail-mode=secure",
+                f"other-config:datapath-id={sw.dpid:016x}",
+                "other-config:disable-in-band=true",
+            )
         for lk in self.topo.links:
             if lk.a in self.bridges and lk.b in self.bridges:
                 names = [self.port_name(lk.a, lk.port_a), self.port_name(lk.b, lk.port_b)]
@@ -80,9 +92,20 @@ class NetnsNetwork:
     def connect(self, bridge: str) -> None:
         """Point the bridge at the controller, retrying at most every second when it is away
         (OVS's default backoff grows to 8 s)."""
-        sh("ovs-vsctl", "--", "--id=@c", "create", "Controller",
-           'target="tcp:%s:%d"' % self.controller, "max_backoff=1000",
-           "--", "set", "Bridge", bridge, "controller=@c")
+        sh(
+            "ovs-vsctl",
+            "--",
+            "--id=@c",
+            "create",
+            "Controller",
+            f'target="tcp:{self.controller[0]}:{self.controller[1]}"',
+            "max_backoff=1000",
+            "--",
+            "set",
+            "Bridge",
+            bridge,
+            "controller=@c",
+        )
 
     def disconnect(self, bridge: str) -> None:
         sh("ovs-vsctl", "del-controller", bridge)
@@ -92,18 +115,32 @@ class NetnsNetwork:
 
     def _attach(self, switch: str, port: int, name: str) -> None:
         sh("ip", "link", "set", name, "up")
-        sh("ovs-vsctl", "add-port", self.bridges[switch], name, "--", "set", "Interface", name,
-           f"ofport_request={port}")
+        sh(
+            "ovs-vsctl",
+            "add-port",
+            self.bridges[switch],
+            name,
+            "--",
+            "set",
+            "Interface",
+            name,
+            f"ofport_request={port}",
+        )
 
     def _host(self, node: str, veth: str) -> None:
         ns = self.namespaces[node] = f"{self.prefix}-{node}"
         n = self.topo.node(node)
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "set", veth, "netns", ns)
-        for cmd in (f"ip link set {veth} name eth0", f"ip link set eth0 address {n.mac}",
-                    f"ip addr add {n.ip}/16 dev eth0", "ip link set eth0 up", "ip link set lo up",
-                    # the userspace datapath breaks TCP when the sender leaves checksums to the NIC
-                    "ethtool -K eth0 tx off"):
+        for cmd in (
+            f"ip link set {veth} name eth0",
+            f"ip link set eth0 address {n.mac}",
+            f"ip addr add {n.ip}/16 dev eth0",
+            "ip link set eth0 up",
+            "ip link set lo up",
+            # the userspace datapath breaks TCP when the sender leaves checksums to the NIC
+            "ethtool -K eth0 tx off",
+        ):
             sh("ip", "netns", "exec", ns, *cmd.split())
 
     def stop(self) -> None:
@@ -122,29 +159,51 @@ class NetnsNetwork:
     # --- using it -------------------------------------------------------------------------------
 
     def run(self, node: str, cmd: str, check: bool = True, timeout: float = 60) -> str:
-        return sh("ip", "netns", "exec", self.namespaces[node], *cmd.split(), check=check,
-                  timeout=timeout)
+        return sh(
+            "ip", "netns", "exec", self.namespaces[node], *cmd.split(), check=check, timeout=timeout
+        )
 
     def popen(self, node: str, cmd: str) -> subprocess.Popen:
-        return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *cmd.split()],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.namespaces[node], *cmd.split()],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def ping(self, src: str, dst: str, count: int = 1, timeout_s: int = 2) -> bool:
         ip = self.topo.node(dst).ip
-        out = subprocess.run(["ip", "netns", "exec", self.namespaces[src], "ping", "-c",
-                              str(count), "-W", str(timeout_s), ip], capture_output=True)
+        out = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.namespaces[src],
+                "ping",
+                "-c",
+                str(count),
+                "-W",
+                str(timeout_s),
+                ip,
+            ],
+            capture_output=True,
+        )
         return out.returncode == 0
 
-    def iperf(self, src: str, dst: str, seconds: float = 3, port: int = 5201,
-              extra: str = "") -> float:
+    def iperf(
+        self, src: str, dst: str, seconds: float = 3, port: int = 5201, extra: str = ""
+    ) -> float:
         """TCP goodput src → dst in Mbit/s as the receiver counted it."""
         server = self.popen(dst, f"iperf3 -s -1 -p {port}")
         try:
             deadline = time.monotonic() + 5
             while f":{port} " not in self.run(dst, "ss -ltn") and time.monotonic() < deadline:
                 time.sleep(0.05)
-            out = self.run(src, f"iperf3 -c {self.topo.node(dst).ip} -p {port} -t {seconds} "
-                                f"-J {extra}", timeout=seconds + 30)
+            out = self.run(
+                src,
+                f"iperf3 -c {self.topo.node(dst).ip} -p {port} -t {seconds} -J {extra}",
+                timeout=seconds + 30,
+            )
         finally:
             server.kill()
             server.wait()
@@ -155,20 +214,34 @@ class NetnsNetwork:
         out = sh("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", self.bridges[switch])
         flows = []
         for line in out.splitlines():
-            m = re.search(r"cookie=(0x[0-9a-f]+),.*n_bytes=(\d+),.*priority=(\d+),?(\S*) "
-                          r"actions=(\S+)", line)
+            m = re.search(
+                r"cookie=(0x[0-9a-f]+),.*n_bytes=(\d+),.*priority=(\d+),?(\S*) "
+                r"actions=(\S+)",
+                line,
+            )
             if m:
-                flows.append({"cookie": int(m[1], 16), "n_bytes": int(m[2]),
-                              "priority": int(m[3]), "match": m[4], "actions": m[5]})
+                flows.append(
+                    {
+                        "cookie": int(m[1], 16),
+                        "n_bytes": int(m[2]),
+                        "priority": int(m[3]),
+                        "match": m[4],
+                        "actions": m[5],
+                    }
+                )
         return flows
 
     def dump_meters(self, switch: str) -> dict[int, dict[str, int]]:
         """{meter id: {"rate": kbps, "burst": kbit}}."""
         out = sh("ovs-ofctl", "-O", "OpenFlow13", "dump-meters", self.bridges[switch])
-        return {int(m[1]): {"rate": int(m[2]), "burst": int(m[3])}
-                for m in re.finditer(r"meter=(\d+) .*?rate=(\d+) burst_size=(\d+)", out, re.S)}
+        return {
+            int(m[1]): {"rate": int(m[2]), "burst": int(m[3])}
+            for m in re.finditer(r"meter=(\d+) .*?rate=(\d+) burst_size=(\d+)", out, re.S)
+        }
 
     def port_tx_bytes(self, switch: str) -> dict[int, int]:
         out = sh("ovs-ofctl", "-O", "OpenFlow13", "dump-ports", self.bridges[switch])
-        return {int(m[1]): int(m[2])
-                for m in re.finditer(r"port\s+(\d+):.*?tx pkts=\d+, bytes=(\d+)", out, re.S)}
+        return {
+            int(m[1]): int(m[2])
+            for m in re.finditer(r"port\s+(\d+):.*?tx pkts=\d+, bytes=(\d+)", out, re.S)
+        }

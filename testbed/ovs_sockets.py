@@ -8,6 +8,7 @@ of its grant (docs/testbed.md). Enlarging those sockets' buffers, and only those
 loss without changing a host-wide sysctl: `pidfd_getfd(2)` hands us a duplicate of the daemon's
 socket, and a socket option set on the duplicate is set on the one socket both share.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -59,14 +60,16 @@ def set_receive_buffer(pidfd: int, fd: int, nbytes: int) -> None:
     for bookkeeping)."""
     dup = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
     if dup < 0:
-        raise SocketBufferError(f"pidfd_getfd(ovs-vswitchd, fd {fd}): "
-                                f"{os.strerror(ctypes.get_errno())}")
+        raise SocketBufferError(
+            f"pidfd_getfd(ovs-vswitchd, fd {fd}): {os.strerror(ctypes.get_errno())}"
+        )
     with socket.socket(fileno=dup) as sock:  # closes our duplicate only
         sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, nbytes // 2)
 
 
-def enlarge_receive_buffers(interfaces: list[str], nbytes: int = RX_BUFFER_BYTES,
-                            timeout_s: float = 5.0) -> None:
+def enlarge_receive_buffers(
+    interfaces: list[str], nbytes: int = RX_BUFFER_BYTES, timeout_s: float = 5.0
+) -> None:
     """Give ovs-vswitchd's sockets on `interfaces` (host-side ports) `nbytes` of receive buffer.
 
     Waits up to `timeout_s` for the daemon to open a socket on every port it was just given."""
@@ -83,8 +86,9 @@ def enlarge_receive_buffers(interfaces: list[str], nbytes: int = RX_BUFFER_BYTES
             break
         if time.monotonic() > deadline:
             names = ", ".join(sorted(wanted[i] for i in missing))
-            raise SocketBufferError(f"ovs-vswitchd ({pid}) has no packet socket on {names} "
-                                    f"after {timeout_s:.0f} s")
+            raise SocketBufferError(
+                f"ovs-vswitchd ({pid}) has no packet socket on {names} after {timeout_s:.0f} s"
+            )
         time.sleep(0.05)
     pidfd = os.pidfd_open(pid)
     try:

@@ -9,14 +9,15 @@ own engine would.
 Everything is named with the harness's own prefix (not a run's: a run's cleanup must not remove
 the hosts) and removed by `stop()`.
 """
+
 from __future__ import annotations
 
 import secrets
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import docker
 import docker.errors
@@ -30,10 +31,13 @@ from testbed.emulation import TCP_CONGESTION_CONTROL
 from testbed.netns import NetnsNetwork, datapath_type, sh
 from topologies import Topology
 
-DOCKER_CLI = "/usr/local/bin/docker" if Path("/usr/local/bin/docker").exists() else \
-    "/usr/bin/docker"
-SSHD = ("mkdir -p /run/sshd /root/.ssh && printf '%s\\n' \"$PUBKEY\" > /root/.ssh/authorized_keys"
-        " && chmod 600 /root/.ssh/authorized_keys && ssh-keygen -A -q && exec /usr/sbin/sshd -D -e")
+DOCKER_CLI = (
+    "/usr/local/bin/docker" if Path("/usr/local/bin/docker").exists() else "/usr/bin/docker"
+)
+SSHD = (
+    "mkdir -p /run/sshd /root/.ssh && printf '%s\\n' \"$PUBKEY\" > /root/.ssh/authorized_keys"
+    " && chmod 600 /root/.ssh/authorized_keys && ssh-keygen -A -q && exec /usr/sbin/sshd -D -e"
+)
 
 
 def new_key(path: Path) -> str:
@@ -48,6 +52,7 @@ def new_key(path: Path) -> str:
 class LabHosts(NetnsNetwork):
     """`controller`: where the switches connect; the address "" is this machine's on the
     management network (where `experiments/run.py --hosts` listens: the inventory's `master`)."""
+
     image: str = ""
     pubkey: str = ""
     spares: tuple[str, ...] = ()  # extra hosts: SSH only, no Docker, no data interface
@@ -60,14 +65,17 @@ class LabHosts(NetnsNetwork):
     gateway: str = ""
 
     def start(self) -> None:
-        net = self.client.networks.create(f"{self.prefix}-mgmt", driver="bridge",
-                                          labels={"ces.test": self.prefix})
+        net = self.client.networks.create(
+            f"{self.prefix}-mgmt", driver="bridge", labels={"ces.test": self.prefix}
+        )
         self.gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
         if not self.controller[0]:
             self.controller = (self.gateway, self.controller[1])
         allow_congestion_control(TCP_CONGESTION_CONTROL)
-        docker_access = {"/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"},
-                         DOCKER_CLI: {"bind": "/usr/local/bin/docker", "mode": "ro"}}
+        docker_access = {
+            "/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"},
+            DOCKER_CLI: {"bind": "/usr/local/bin/docker", "mode": "ro"},
+        }
         for n in self.topo.nodes:
             self._sshd(net.name, n.name, n.cpu, docker_access)
         for name in self.spares:
@@ -75,8 +83,10 @@ class LabHosts(NetnsNetwork):
         first = self.topo.nodes[0].name
         cli = self.exec(first, "docker version --format '{{.Server.Version}}'")
         if cli.returncode != 0:  # e.g. a dynamically linked CLI built for a newer libc
-            raise RuntimeError(f"this machine's Docker CLI ({DOCKER_CLI}) does not run in the "
-                               f"worker image: {cli.stderr.strip()}")
+            raise RuntimeError(
+                f"this machine's Docker CLI ({DOCKER_CLI}) does not run in the "
+                f"worker image: {cli.stderr.strip()}"
+            )
         super().start()
         if self.shape:
             self._shape()
@@ -95,10 +105,18 @@ class LabHosts(NetnsNetwork):
 
     def _sshd(self, network: str, name: str, cpu: float, volumes: dict) -> None:
         c = self.client.containers.run(
-            self.image, ["bash", "-c", SSHD], name=f"{self.prefix}-h-{name}", hostname=name,
-            detach=True, environment={"PUBKEY": self.pubkey}, network=network, volumes=volumes,
-            nano_cpus=int(cpu * 1e9), labels={"ces.test": self.prefix},
-            sysctls={"net.ipv4.tcp_congestion_control": TCP_CONGESTION_CONTROL})
+            self.image,
+            ["bash", "-c", SSHD],
+            name=f"{self.prefix}-h-{name}",
+            hostname=name,
+            detach=True,
+            environment={"PUBKEY": self.pubkey},
+            network=network,
+            volumes=volumes,
+            nano_cpus=int(cpu * 1e9),
+            labels={"ces.test": self.prefix},
+            sysctls={"net.ipv4.tcp_congestion_control": TCP_CONGESTION_CONTROL},
+        )
         c.reload()
         self.containers[name] = c.name
         self.mgmt[name] = c.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
@@ -110,21 +128,32 @@ class LabHosts(NetnsNetwork):
         n = self.topo.node(node)
         pid = str(self._pid(node))
         sh("ip", "link", "set", veth, "netns", pid)
-        for cmd in (f"ip link set {veth} name eth1", f"ip link set eth1 address {n.mac}",
-                    f"ip addr add {n.ip}/16 dev eth1", "ip link set eth1 up",
-                    "ethtool -K eth1 tx off"):  # see NetnsNetwork._host
+        for cmd in (
+            f"ip link set {veth} name eth1",
+            f"ip link set eth1 address {n.mac}",
+            f"ip addr add {n.ip}/16 dev eth1",
+            "ip link set eth1 up",
+            "ethtool -K eth1 tx off",
+        ):  # see NetnsNetwork._host
             sh("nsenter", "-t", pid, "-n", *cmd.split())
 
     def inventory(self, key_file: Path, known_hosts: Path, **fields: object) -> dict:
         """An inventory document of the hosts (every compute node's), `fields` added on top."""
-        return {"master": self.gateway, "known_hosts": str(known_hosts),
-                "defaults": {"user": "root", "key_file": str(key_file), "iface": "eth1"},
-                "hosts": [{"node": n.name, "address": self.mgmt[n.name]}
-                          for n in self.topo.nodes], **fields}
+        return {
+            "master": self.gateway,
+            "known_hosts": str(known_hosts),
+            "defaults": {"user": "root", "key_file": str(key_file), "iface": "eth1"},
+            "hosts": [{"node": n.name, "address": self.mgmt[n.name]} for n in self.topo.nodes],
+            **fields,
+        }
 
     def exec(self, node: str, cmd: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", "exec", self.containers[node], "bash", "-c", cmd],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            ["docker", "exec", self.containers[node], "bash", "-c", cmd],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def stop(self) -> None:
         mine = {"label": f"ces.test={self.prefix}"}
@@ -136,8 +165,15 @@ class LabHosts(NetnsNetwork):
 
 
 @contextmanager
-def standin_lab(workdir: Path, topo: Topology, image: str, prefix: str, openflow_port: int,
-                master_port: int, shape: bool = True) -> Iterator[tuple[LabHosts, Path, Path]]:
+def standin_lab(
+    workdir: Path,
+    topo: Topology,
+    image: str,
+    prefix: str,
+    openflow_port: int,
+    master_port: int,
+    shape: bool = True,
+) -> Iterator[tuple[LabHosts, Path, Path]]:
     """Stand-in hosts of every compute node of `topo`, and its switches connecting to a
     controller at this machine's management address on `openflow_port`. Yields (the hosts, an
     inventory of them that puts the Master at `master_port`, a token file); the key, the token
@@ -149,12 +185,20 @@ def standin_lab(workdir: Path, topo: Topology, image: str, prefix: str, openflow
         pubkey = new_key(key)
         token.write_text(secrets.token_urlsafe(24) + "\n")
         token.chmod(0o600)
-        with LabHosts(topo, prefix, ("", openflow_port), image=image, pubkey=pubkey,
-                      shape=shape) as hosts:
+        with LabHosts(
+            topo, prefix, ("", openflow_port), image=image, pubkey=pubkey, shape=shape
+        ) as hosts:
             inventory = workdir / "inventory.yaml"
-            inventory.write_text(yaml.safe_dump(hosts.inventory(
-                key, workdir / "known_hosts", master_port=master_port,
-                openflow_port=openflow_port)))
+            inventory.write_text(
+                yaml.safe_dump(
+                    hosts.inventory(
+                        key,
+                        workdir / "known_hosts",
+                        master_port=master_port,
+                        openflow_port=openflow_port,
+                    )
+                )
+            )
             yield hosts, inventory, token
     finally:
         key.unlink(missing_ok=True)

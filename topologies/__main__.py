@@ -1,4 +1,5 @@
 """`python -m topologies check SPEC...`: validate topologies and print a summary of each."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         caps = sorted({lk.bw_mbps for lk in topo.links})
-        print(f"{topo.name}: {len(topo.nodes)} compute nodes, {len(topo.switches)} switches, "
-              f"{len(topo.links)} links ({caps[0]:g}–{caps[-1]:g} Mbit/s) [{topo.source}]")
+        print(
+            f"{topo.name}: {len(topo.nodes)} compute nodes, {len(topo.switches)} switches, "
+            f"{len(topo.links)} links ({caps[0]:g}–{caps[-1]:g} Mbit/s) [{topo.source}]"
+        )
     return 0
 
 

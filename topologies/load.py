@@ -12,6 +12,7 @@ Graph formats describe routers only, so each graph vertex becomes a switch ``s<i
 compute node ``h<i>`` (an edge site) attached to it. Defaults for what they lack are in
 `GraphDefaults` and documented in the README.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,6 +39,7 @@ class TopologyError(ValueError):
 @dataclass(frozen=True)
 class GraphDefaults:
     """Attributes given to graph-format topologies (GML, GraphML, topohub) that lack them."""
+
     node_cpu: float = 4.0
     node_mem_mb: int = 8192
     node_speed: float = 1.0
@@ -63,13 +65,16 @@ def load_topology(spec: str | Path, defaults: GraphDefaults = GraphDefaults()) -
             return _from_yaml(path)
         if suffix in (".gml", ".graphml"):
             return _from_graph_file(path, defaults)
-        raise TopologyError(f"{path}: unknown topology format '{suffix}' "
-                            "(expected .yaml, .yml, .gml or .graphml)")
+        raise TopologyError(
+            f"{path}: unknown topology format '{suffix}' (expected .yaml, .yml, .gml or .graphml)"
+        )
     if "/" in spec and not spec.startswith((".", "/")):
         return _from_topohub(spec, defaults)
-    raise TopologyError(f"{spec}: no such topology file or name (known names: "
-                        f"{', '.join(available_topologies())}; or a .yaml/.gml/.graphml path, "
-                        "a topohub key like topozoo/Abilene, or gen:internet:N)")
+    raise TopologyError(
+        f"{spec}: no such topology file or name (known names: "
+        f"{', '.join(available_topologies())}; or a .yaml/.gml/.graphml path, "
+        "a topohub key like topozoo/Abilene, or gen:internet:N)"
+    )
 
 
 # --- our YAML format -----------------------------------------------------------------------------
@@ -96,8 +101,11 @@ def read_yaml(path: Path, error: type[Exception]) -> Any:
 def is_number(value: Any) -> bool:
     """A YAML/JSON number usable as a float: not a bool, not nan or ±inf, and (an integer) not
     beyond the float range."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) \
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
         and -sys.float_info.max < value < sys.float_info.max
+    )
 
 
 def _from_yaml(path: Path) -> Topology:
@@ -139,13 +147,18 @@ def parse_topology(doc: Any, where: str, default_name: str = "topology") -> Topo
         _no_unknown(n, NODE_KEYS, where, el)
         name = _name(n, where, el, seen)
         ip, mac = node_address(i)
-        nodes.append(ComputeNode(
-            name=name,
-            cpu=_number(n, "cpu", where, el, required=True, low=0.01),
-            mem_mb=int(_number(n, "mem_mb", where, el, required=True, low=16)),
-            gpu=int(_number(n, "gpu", where, el, default=0, low=0)),
-            speed=_number(n, "speed", where, el, default=1.0, low=0.01),
-            ip=str(n.get("ip", ip)), mac=str(n.get("mac", mac)), label=str(n.get("label", ""))))
+        nodes.append(
+            ComputeNode(
+                name=name,
+                cpu=_number(n, "cpu", where, el, required=True, low=0.01),
+                mem_mb=int(_number(n, "mem_mb", where, el, required=True, low=16)),
+                gpu=int(_number(n, "gpu", where, el, default=0, low=0)),
+                speed=_number(n, "speed", where, el, default=1.0, low=0.01),
+                ip=str(n.get("ip", ip)),
+                mac=str(n.get("mac", mac)),
+                label=str(n.get("label", "")),
+            )
+        )
 
     kinds = {s.name: "switch" for s in switches} | {n.name: "compute" for n in nodes}
     next_port = {s.name: 1 for s in switches}
@@ -156,7 +169,9 @@ def parse_topology(doc: Any, where: str, default_name: str = "topology") -> Topo
         _mapping(lk, where, el)
         _no_unknown(lk, LINK_KEYS, where, el)
         ends = lk.get("ends")
-        if not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, str) for e in ends)):
+        if not (
+            isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, str) for e in ends)
+        ):
             raise TopologyError(f"{where}: {el}: 'ends' must be a list of two names, got {ends!r}")
         a, b = ends
         for e in ends:
@@ -165,10 +180,19 @@ def parse_topology(doc: Any, where: str, default_name: str = "topology") -> Topo
         if a == b:
             raise TopologyError(f"{where}: {el}: a link from '{a}' to itself")
         if kinds[a] == kinds[b] == "compute":
-            raise TopologyError(f"{where}: {el}: compute nodes '{a}' and '{b}' must connect "
-                                "through a switch")
-        bw = _number(lk, "bw_mbps", where, el, default=defaults.get("bw_mbps"), required=True,
-                     low=0.001, high=MAX_BW_MBPS)
+            raise TopologyError(
+                f"{where}: {el}: compute nodes '{a}' and '{b}' must connect through a switch"
+            )
+        bw = _number(
+            lk,
+            "bw_mbps",
+            where,
+            el,
+            default=defaults.get("bw_mbps"),
+            required=True,
+            low=0.001,
+            high=MAX_BW_MBPS,
+        )
         delay = _number(lk, "delay_ms", where, el, default=defaults.get("delay_ms", 0.0), low=0)
         ports = lk.get("ports", [None, None])
         if not (isinstance(ports, list) and len(ports) == 2):
@@ -183,8 +207,9 @@ def parse_topology(doc: Any, where: str, default_name: str = "topology") -> Topo
                     next_port[end] += 1
                 port = next_port[end]
             elif not isinstance(port, int) or isinstance(port, bool) or port < 1:
-                raise TopologyError(f"{where}: {el}: port at '{end}' must be an integer ≥ 1, "
-                                    f"got {port!r}")
+                raise TopologyError(
+                    f"{where}: {el}: port at '{end}' must be an integer ≥ 1, got {port!r}"
+                )
             if port in used_ports[end]:
                 raise TopologyError(f"{where}: {el}: port {port} of switch '{end}' is already used")
             used_ports[end].add(port)
@@ -194,17 +219,26 @@ def parse_topology(doc: Any, where: str, default_name: str = "topology") -> Topo
     for n in nodes:
         attached = [lk for lk in links if n.name in (lk.a, lk.b)]
         if len(attached) != 1:
-            raise TopologyError(f"{where}: node '{n.name}': must have exactly one link to a "
-                                f"switch, has {len(attached)}")
-    topo = Topology(str(doc.get("name", default_name)), nodes, switches, links, source=where,
-                    description=str(doc.get("description", "")))
+            raise TopologyError(
+                f"{where}: node '{n.name}': must have exactly one link to a "
+                f"switch, has {len(attached)}"
+            )
+    topo = Topology(
+        str(doc.get("name", default_name)),
+        nodes,
+        switches,
+        links,
+        source=where,
+        description=str(doc.get("description", "")),
+    )
     if not nodes:
         raise TopologyError(f"{where}: nodes: a topology needs at least one compute node")
     if not nx.is_connected(topo.graph()):
         parts = sorted(sorted(c) for c in nx.connected_components(topo.graph()))
-        raise TopologyError(f"{where}: links: the network is not connected; separate parts: "
-                            + "; ".join(", ".join(p[:5]) + (" ..." if len(p) > 5 else "")
-                                        for p in parts))
+        raise TopologyError(
+            f"{where}: links: the network is not connected; separate parts: "
+            + "; ".join(", ".join(p[:5]) + (" ..." if len(p) > 5 else "") for p in parts)
+        )
     return topo
 
 
@@ -212,15 +246,37 @@ def topology_document(topo: Topology) -> dict:
     """The YAML document of `topo`: `parse_topology` of it gives `topo` back (names, capacities,
     delays, dpids, ports, addresses), so a topology made in code can be handed to another
     process as a file."""
+
     def some(**fields: Any) -> dict:
         return {k: v for k, v in fields.items() if v not in ("", None)}
+
     return some(name=topo.name, description=topo.description) | {
-        "switches": [some(name=s.name, dpid=s.dpid, tier=s.tier, label=s.label)
-                     for s in topo.switches],
-        "nodes": [some(name=n.name, cpu=n.cpu, mem_mb=n.mem_mb, gpu=n.gpu, speed=n.speed, ip=n.ip,
-                       mac=n.mac, label=n.label) for n in topo.nodes],
-        "links": [{"ends": [lk.a, lk.b], "bw_mbps": lk.bw_mbps, "delay_ms": lk.delay_ms,
-                   "ports": [lk.port_a or None, lk.port_b or None]} for lk in topo.links]}
+        "switches": [
+            some(name=s.name, dpid=s.dpid, tier=s.tier, label=s.label) for s in topo.switches
+        ],
+        "nodes": [
+            some(
+                name=n.name,
+                cpu=n.cpu,
+                mem_mb=n.mem_mb,
+                gpu=n.gpu,
+                speed=n.speed,
+                ip=n.ip,
+                mac=n.mac,
+                label=n.label,
+            )
+            for n in topo.nodes
+        ],
+        "links": [
+            {
+                "ends": [lk.a, lk.b],
+                "bw_mbps": lk.bw_mbps,
+                "delay_ms": lk.delay_ms,
+                "ports": [lk.port_a or None, lk.port_b or None],
+            }
+            for lk in topo.links
+        ],
+    }
 
 
 def _list(doc: dict, key: str, where: str) -> list:
@@ -245,23 +301,34 @@ def _mapping(item: Any, where: str, el: str) -> None:
 def _no_unknown(item: dict, allowed: set[str], where: str, el: str) -> None:
     unknown = sorted(str(k) for k in set(item) - allowed)  # YAML keys need not be strings
     if unknown:
-        raise TopologyError(f"{where}: {el}: unknown field '{unknown[0]}' "
-                            f"(allowed: {', '.join(sorted(allowed))})")
+        raise TopologyError(
+            f"{where}: {el}: unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})"
+        )
 
 
 def _name(item: dict, where: str, el: str, seen: set[str]) -> str:
     name = item.get("name")
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise TopologyError(f"{where}: {el}: 'name' must be a letter followed by up to 15 "
-                            f"letters, digits or '_', got {name!r}")
+        raise TopologyError(
+            f"{where}: {el}: 'name' must be a letter followed by up to 15 "
+            f"letters, digits or '_', got {name!r}"
+        )
     if name in seen:
         raise TopologyError(f"{where}: {el}: name '{name}' is used twice")
     seen.add(name)
     return name
 
 
-def _number(item: dict, key: str, where: str, el: str, default: Any = None,
-            required: bool = False, low: float | None = None, high: float | None = None) -> float:
+def _number(
+    item: dict,
+    key: str,
+    where: str,
+    el: str,
+    default: Any = None,
+    required: bool = False,
+    low: float | None = None,
+    high: float | None = None,
+) -> float:
     value = item.get(key, default)
     if value is None:
         if required:
@@ -288,19 +355,24 @@ def _dpid(value: Any, where: str, el: str) -> int:
         else:
             raise ValueError
     except ValueError:
-        raise TopologyError(f"{where}: {el}: 'dpid' must be an integer, '0x..' or "
-                            f"'00:00:..:01', got {value!r}") from None
-    if not 0 < dpid < 2 ** 64:
+        raise TopologyError(
+            f"{where}: {el}: 'dpid' must be an integer, '0x..' or '00:00:..:01', got {value!r}"
+        ) from None
+    if not 0 < dpid < 2**64:
         raise TopologyError(f"{where}: {el}: 'dpid' must be between 1 and 2^64-1, got {dpid}")
     return dpid
 
 
 # --- graph formats -------------------------------------------------------------------------------
 
+
 def _from_graph_file(path: Path, defaults: GraphDefaults) -> Topology:
     try:
-        g = nx.read_gml(path, label="id") if path.suffix.lower() == ".gml" \
+        g = (
+            nx.read_gml(path, label="id")
+            if path.suffix.lower() == ".gml"
             else nx.read_graphml(path)
+        )
     except (nx.NetworkXError, OSError, ValueError, SyntaxError) as e:
         raise TopologyError(f"{path}: cannot read {path.suffix[1:].upper()}: {e}") from None
     return from_graph(g, str(path), path.stem, defaults)
@@ -312,10 +384,13 @@ def _from_topohub(key: str, defaults: GraphDefaults) -> Topology:
     try:
         data = topohub.get(key)
     except (KeyError, FileNotFoundError, OSError):
-        raise TopologyError(f"{key}: not a topohub topology (examples: topozoo/Abilene, "
-                            "sndlib/polska, gabriel/100/0)") from None
-    return from_graph(nx.node_link_graph(data, edges="edges"), f"topohub:{key}",
-                      key.replace("/", "-"), defaults)
+        raise TopologyError(
+            f"{key}: not a topohub topology (examples: topozoo/Abilene, "
+            "sndlib/polska, gabriel/100/0)"
+        ) from None
+    return from_graph(
+        nx.node_link_graph(data, edges="edges"), f"topohub:{key}", key.replace("/", "-"), defaults
+    )
 
 
 def _generated(spec: str, defaults: GraphDefaults) -> Topology:
@@ -340,7 +415,7 @@ def from_graph(g: nx.Graph, where: str, name: str, defaults: GraphDefaults) -> T
         g = g.subgraph(max(nx.connected_components(g), key=len)).copy()
     index = {v: i for i, v in enumerate(g.nodes)}
     switches, nodes, links = [], [], []
-    port = {v: 0 for v in g.nodes}
+    port = dict.fromkeys(g.nodes, 0)
 
     def next_port(v: Any) -> int:
         port[v] += 1
@@ -351,14 +426,38 @@ def from_graph(g: nx.Graph, where: str, name: str, defaults: GraphDefaults) -> T
         label = str(attrs.get("name", attrs.get("label", v)))
         switches.append(Switch(f"s{i}", i + 1, "edge", label))
         ip, mac = node_address(i)
-        nodes.append(ComputeNode(f"h{i}", defaults.node_cpu, defaults.node_mem_mb, 0,
-                                 defaults.node_speed, ip, mac, label))
+        nodes.append(
+            ComputeNode(
+                f"h{i}",
+                defaults.node_cpu,
+                defaults.node_mem_mb,
+                0,
+                defaults.node_speed,
+                ip,
+                mac,
+                label,
+            )
+        )
         links.append(Link(f"h{i}", f"s{i}", defaults.access_bw_mbps, 0.0, 0, next_port(v)))
     for u, v, attrs in g.edges(data=True):
-        links.append(Link(f"s{index[u]}", f"s{index[v]}", _capacity(attrs, defaults),
-                          _delay(g, u, v, attrs, defaults), next_port(u), next_port(v)))
-    return Topology(name, nodes, switches, links, source=where,
-                    description=f"{where}: {len(switches)} routers, one edge site each")
+        links.append(
+            Link(
+                f"s{index[u]}",
+                f"s{index[v]}",
+                _capacity(attrs, defaults),
+                _delay(g, u, v, attrs, defaults),
+                next_port(u),
+                next_port(v),
+            )
+        )
+    return Topology(
+        name,
+        nodes,
+        switches,
+        links,
+        source=where,
+        description=f"{where}: {len(switches)} routers, one edge site each",
+    )
 
 
 def _capacity(attrs: dict, defaults: GraphDefaults) -> float:
@@ -382,7 +481,9 @@ def _haversine_km(a: dict, b: dict) -> float | None:
     def lonlat(n: dict) -> tuple[float, float] | None:
         if isinstance(n.get("pos"), (list, tuple)):
             return float(n["pos"][0]), float(n["pos"][1])
-        if isinstance(n.get("Longitude"), (int, float)) and isinstance(n.get("Latitude"), (int, float)):
+        if isinstance(n.get("Longitude"), (int, float)) and isinstance(
+            n.get("Latitude"), (int, float)
+        ):
             return float(n["Longitude"]), float(n["Latitude"])
         return None
 
@@ -390,6 +491,8 @@ def _haversine_km(a: dict, b: dict) -> float | None:
     if pa is None or pb is None:
         return None
     (lon1, lat1), (lon2, lat2) = (map(math.radians, pa)), (map(math.radians, pb))
-    h = math.sin((lat2 - lat1) / 2) ** 2 + \
-        math.cos(lat1) * math.cos(lat2) * math.sin((lon2 - lon1) / 2) ** 2
+    h = (
+        math.sin((lat2 - lat1) / 2) ** 2
+        + math.cos(lat1) * math.cos(lat2) * math.sin((lon2 - lon1) / 2) ** 2
+    )
     return 2 * 6371.0 * math.asin(math.sqrt(h))

@@ -4,6 +4,7 @@ A `Topology` is what every other part is built from: the testbed emulates it, th
 over it, the scheduler models it. Port numbers and addresses are fixed here, once, so that the
 emulated network, the controller and a physical switch described in a file all agree on them.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -87,13 +88,26 @@ class Topology:
         if self._graph is None:
             g = nx.Graph(name=self.name)
             for n in self.nodes:
-                g.add_node(n.name, kind="compute", cpu=n.cpu, mem_mb=n.mem_mb, gpu=n.gpu,
-                           speed=n.speed, ip=n.ip, mac=n.mac)
+                g.add_node(
+                    n.name,
+                    kind="compute",
+                    cpu=n.cpu,
+                    mem_mb=n.mem_mb,
+                    gpu=n.gpu,
+                    speed=n.speed,
+                    ip=n.ip,
+                    mac=n.mac,
+                )
             for s in self.switches:
                 g.add_node(s.name, kind="switch", dpid=s.dpid, tier=s.tier)
             for lk in self.links:
-                g.add_edge(lk.a, lk.b, bw_mbps=lk.bw_mbps, delay_ms=lk.delay_ms,
-                           ports={lk.a: lk.port_a, lk.b: lk.port_b})
+                g.add_edge(
+                    lk.a,
+                    lk.b,
+                    bw_mbps=lk.bw_mbps,
+                    delay_ms=lk.delay_ms,
+                    ports={lk.a: lk.port_a, lk.b: lk.port_b},
+                )
             self._graph = g
         return self._graph
 
@@ -102,5 +116,5 @@ def node_address(index: int) -> tuple[str, str]:
     """(ip, mac) of the compute node at position `index` of a topology's node list."""
     host = index + 1
     ip = str(DATA_NETWORK.network_address + host)
-    mac = "02:ce:00:00:%02x:%02x" % (host >> 8, host & 0xFF)
+    mac = f"02:ce:00:00:{host >> 8:02x}:{host & 0xFF:02x}"
     return ip, mac

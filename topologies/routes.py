@@ -5,6 +5,7 @@ installs these routes as its per-destination default rules; the Master uses them
 links a best-effort job's traffic crosses. Works on any graph with node attribute `kind`
 ('compute' | 'switch') and link attribute `bw_mbps` (`Topology.graph()`, a scheduler `Cluster`'s).
 """
+
 from __future__ import annotations
 
 import networkx as nx
@@ -19,8 +20,9 @@ def paths_to(graph: nx.Graph, node: str) -> dict[str, list[str]]:
     """{switch: the default path from that switch to compute node `node`'s access switch}."""
     switches = graph.subgraph(v for v, d in graph.nodes(data=True) if d["kind"] == "switch")
     # 1 per hop plus a tie-breaker far smaller than a hop: prefer the higher-capacity link.
-    paths = nx.single_source_dijkstra_path(switches, access_switch(graph, node),
-                                           weight=lambda a, b, d: 1.0 + 1e-6 / d["bw_mbps"])
+    paths = nx.single_source_dijkstra_path(
+        switches, access_switch(graph, node), weight=lambda a, b, d: 1.0 + 1e-6 / d["bw_mbps"]
+    )
     return {sw: path[::-1] for sw, path in paths.items()}
 
 

@@ -11,6 +11,7 @@ Both expose the same small interface to the training loop: `wrap(model)`, `after
 `take_window()` (what the last iteration's collective cost) and `sum_(tensor)` (a tiny
 reduction used for the distributed evaluation, over the same pattern as the gradients).
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,6 +29,7 @@ COLLECTIVES = ("ring", "ps")
 @dataclass
 class CommWindow:
     """The collective's share of one iteration."""
+
     first_launch: float | None = None  # perf_counter when the first message was posted
     last_launch: float | None = None  # ... the last one (all gradients were ready by then)
     last_done: float | None = None  # ... when the last one completed
@@ -102,6 +104,7 @@ def _timed_allreduce_hook(ring, bucket):
     def completed(fut: torch.futures.Future) -> torch.Tensor:
         ring._done()
         return fut.value()[0]
+
     return future.then(completed)
 
 
@@ -162,7 +165,7 @@ def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.data.copy_(flat[offset:offset + n].view_as(t))
+        t.data.copy_(flat[offset : offset + n].view_as(t))
         offset += n
 
 

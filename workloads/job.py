@@ -6,11 +6,14 @@ testbed): `net.start_worker(node, name, argv, cpu, mem_mb, env)` starts a contai
 is that address. Each task writes its JSON lines to stdout; they are collected from the
 container's log, so no volume is needed.
 """
+
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from protocol.worker import METRICS_OUT, RENDEZVOUS_PORT, START_ENV
 
@@ -26,13 +29,27 @@ class TestbedJobError(RuntimeError):
 class EmulatedNetwork(Protocol):
     nodes: dict[str, Any]
 
-    def start_worker(self, node: str, name: str, command: str | list[str], cpu: float,
-                     mem_mb: int, env: dict[str, str] | None = None) -> Any: ...
+    def start_worker(
+        self,
+        node: str,
+        name: str,
+        command: str | list[str],
+        cpu: float,
+        mem_mb: int,
+        env: dict[str, str] | None = None,
+    ) -> Any: ...
 
 
-def run_job(net: EmulatedNetwork, placement: Sequence[str], out_dir: str | Path, job: str = "job",
-            cpu: float = 0.6, mem_mb: int = 768, deadline_s: float = 1800.0,
-            **options: Any) -> list[Path]:
+def run_job(
+    net: EmulatedNetwork,
+    placement: Sequence[str],
+    out_dir: str | Path,
+    job: str = "job",
+    cpu: float = 0.6,
+    mem_mb: int = 768,
+    deadline_s: float = 1800.0,
+    **options: Any,
+) -> list[Path]:
     """Start rank r on node placement[r] (rendezvous at rank 0's node), wait for every rank,
     write out_dir/rank<r>.jsonl (+ .stderr) and return the JSONL paths.
 
@@ -41,8 +58,13 @@ def run_job(net: EmulatedNetwork, placement: Sequence[str], out_dir: str | Path,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     k = len(placement)
-    options = {"master_addr": net.nodes[placement[0]].ip, "master_port": RENDEZVOUS_PORT,
-               "iface": "eth0", **options, "out": METRICS_OUT}
+    options = {
+        "master_addr": net.nodes[placement[0]].ip,
+        "master_port": RENDEZVOUS_PORT,
+        "iface": "eth0",
+        **options,
+        "out": METRICS_OUT,
+    }
     containers = []
     try:
         for rank, node in enumerate(placement):
@@ -60,15 +82,15 @@ def run_job(net: EmulatedNetwork, placement: Sequence[str], out_dir: str | Path,
             tails = "; ".join(
                 f"rank {r} ({placement[r]}) exit {codes[r]}: "
                 f"{(out_dir / f'rank{r}.stderr').read_text(errors='replace')[-1500:]}"
-                for r in failed)
+                for r in failed
+            )
             raise TestbedJobError(f"job {job} failed: {tails}")
         return paths
     finally:
         for c in containers:
-            try:
+            # already gone (node removed, cleanup ran): nothing to undo
+            with contextlib.suppress(Exception):
                 c.remove(force=True)
-            except Exception:  # already gone (node removed, cleanup ran): nothing to undo
-                pass
 
 
 def _wait(containers: list, deadline_s: float) -> list[int | None]:

@@ -1,4 +1,5 @@
 """What a task measures about itself: clocks, interface byte counters, CPU quota, JSON lines."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from protocol.worker import START_ENV
-
 
 
 def process_start_time() -> float:
@@ -45,8 +45,10 @@ class InterfaceCounters:
 
     def read(self) -> tuple[int, int] | None:
         try:
-            return (int((self.base / "tx_bytes").read_text()),
-                    int((self.base / "rx_bytes").read_text()))
+            return (
+                int((self.base / "tx_bytes").read_text()),
+                int((self.base / "rx_bytes").read_text()),
+            )
         except OSError:
             return None
 
@@ -84,10 +86,16 @@ def default_threads() -> int:
 # Fields of the kernel's struct tcp_info (linux/tcp.h; append-only, so the offsets are stable):
 # offset → (name, format). busy/rwnd/sndbuf are microseconds (Linux ≥ 4.10), bytes_sent and
 # bytes_retrans Linux ≥ 4.19; segs_out counts every segment sent, pure ACKs included.
-_TCP_INFO_FIELDS = {5: ("options", "B"), 120: ("bytes_acked", "Q"), 136: ("segs_out", "I"),
-                    168: ("busy_us", "Q"), 176: ("rwnd_limited_us", "Q"),
-                    184: ("sndbuf_limited_us", "Q"), 200: ("bytes_sent", "Q"),
-                    208: ("bytes_retrans", "Q")}
+_TCP_INFO_FIELDS = {
+    5: ("options", "B"),
+    120: ("bytes_acked", "Q"),
+    136: ("segs_out", "I"),
+    168: ("busy_us", "Q"),
+    176: ("rwnd_limited_us", "Q"),
+    184: ("sndbuf_limited_us", "Q"),
+    200: ("bytes_sent", "Q"),
+    208: ("bytes_retrans", "Q"),
+}
 _TCP_INFO_LEN = 232
 _TCPI_OPT_TIMESTAMPS = 1
 
@@ -119,8 +127,11 @@ def tcp_send_counters() -> dict:
                 continue
         if peer == local:  # co-located ranks: never on the network
             continue
-        info = {name: struct.unpack_from(fmt, raw, off)[0] for off, (name, fmt)
-                in _TCP_INFO_FIELDS.items() if off + struct.calcsize(fmt) <= len(raw)}
+        info = {
+            name: struct.unpack_from(fmt, raw, off)[0]
+            for off, (name, fmt) in _TCP_INFO_FIELDS.items()
+            if off + struct.calcsize(fmt) <= len(raw)
+        }
         address = local
         if info.get("bytes_acked", 0) >= peers.get(peer, {}).get("bytes_acked", -1):
             peers[peer] = info
@@ -154,7 +165,7 @@ class JsonLines:
             self._file: IO[str] = sys.stdout
         else:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "w", encoding="utf-8")
+            self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115  (closed by close())
 
     def write(self, kind: str, **fields: Any) -> None:
         self._file.write(json.dumps({"type": kind, **fields}) + "\n")
@@ -164,7 +175,7 @@ class JsonLines:
         if self._file is not sys.stdout:
             self._file.close()
 
-    def __enter__(self) -> "JsonLines":
+    def __enter__(self) -> JsonLines:
         return self
 
     def __exit__(self, *exc: object) -> None:

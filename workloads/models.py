@@ -9,9 +9,10 @@
 
 Every model takes (N, 1, H, W) images and returns class logits, for any image size.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
@@ -28,15 +29,24 @@ def mlp(hidden: tuple[int, ...]) -> ModelFactory:
             width = size
         layers.append(nn.Linear(width, classes))
         return nn.Sequential(*layers)
+
     return build
 
 
 def small_cnn(input_shape: tuple[int, int, int], classes: int) -> nn.Module:
     # Adaptive pooling makes the parameter count independent of the image size.
     return nn.Sequential(
-        nn.Conv2d(input_shape[0], 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
-        nn.Flatten(), nn.Linear(64 * 4 * 4, 80), nn.ReLU(), nn.Linear(80, classes))
+        nn.Conv2d(input_shape[0], 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 4 * 4, 80),
+        nn.ReLU(),
+        nn.Linear(80, classes),
+    )
 
 
 MODELS: dict[str, ModelFactory] = {

@@ -1,4 +1,5 @@
 """Reading the tasks' JSON lines back and summarising one job (used by experiments and tests)."""
+
 from __future__ import annotations
 
 import json
@@ -8,15 +9,45 @@ from pathlib import Path
 
 # Records every "type" must carry (the JSONL schema the experiments rely on).
 SCHEMA: dict[str, tuple[str, ...]] = {
-    "start": ("config", "host", "threads", "cpu_quota", "torch", "parameters", "gradient_bytes",
-              "process_start", "container_start"),
+    "start": (
+        "config",
+        "host",
+        "threads",
+        "cpu_quota",
+        "torch",
+        "parameters",
+        "gradient_bytes",
+        "process_start",
+        "container_start",
+    ),
     "data": ("dataset", "train", "test", "shard_eval"),
-    "iter": ("iter", "loss", "iter_s", "compute_s", "comm_s", "tx_bytes", "rx_bytes",
-             "payload_tx_bytes", "payload_rx_bytes"),
+    "iter": (
+        "iter",
+        "loss",
+        "iter_s",
+        "compute_s",
+        "comm_s",
+        "tx_bytes",
+        "rx_bytes",
+        "payload_tx_bytes",
+        "payload_rx_bytes",
+    ),
     "eval": ("iter", "elapsed_s", "eval_s", "accuracy"),
-    "end": ("reached_target", "tta_s", "tta_iter", "target_acc", "stop_reason", "iters",
-            "train_s", "clock_start", "init_s", "startup_s", "container_startup_s", "jct_s",
-            "param_sum"),
+    "end": (
+        "reached_target",
+        "tta_s",
+        "tta_iter",
+        "target_acc",
+        "stop_reason",
+        "iters",
+        "train_s",
+        "clock_start",
+        "init_s",
+        "startup_s",
+        "container_startup_s",
+        "jct_s",
+        "param_sum",
+    ),
     "error": ("message",),
 }
 # The first iterations pay one-off costs (DDP rebuilds its buckets, caches warm up).
@@ -104,23 +135,32 @@ def summarize_job(logs: list[TaskLog]) -> JobSummary:
     def worst_median(key: str) -> float:
         return max(_median([r[key] for r in t.iters[WARMUP_ITERS:] or t.iters]) for t in logs)
 
-    iface = [[r["tx_bytes"] for r in t.iters[WARMUP_ITERS:] or t.iters if r["tx_bytes"] is not None]
-             for t in logs]
+    iface = [
+        [r["tx_bytes"] for r in t.iters[WARMUP_ITERS:] or t.iters if r["tx_bytes"] is not None]
+        for t in logs
+    ]
     reached = all(t.end["reached_target"] for t in logs)
     container = [t.end["container_startup_s"] for t in logs]
     return JobSummary(
-        model=cfg["model"], dataset=cfg["dataset"], collective=cfg["collective"],
-        world_size=cfg["world_size"], parameters=logs[0].start["parameters"],
-        gradient_bytes=logs[0].start["gradient_bytes"], iters=max(t.end["iters"] for t in logs),
+        model=cfg["model"],
+        dataset=cfg["dataset"],
+        collective=cfg["collective"],
+        world_size=cfg["world_size"],
+        parameters=logs[0].start["parameters"],
+        gradient_bytes=logs[0].start["gradient_bytes"],
+        iters=max(t.end["iters"] for t in logs),
         reached_target=reached,
         tta_s=max(t.end["tta_s"] for t in logs) if reached else None,
         tta_iter=max(t.end["tta_iter"] for t in logs) if reached else None,
         jct_s=max(t.end["jct_s"] for t in logs),
         startup_s=max(t.end["startup_s"] for t in logs),
         container_startup_s=None if None in container else max(container),
-        iter_s=worst_median("iter_s"), compute_s=worst_median("compute_s"),
-        comm_s=worst_median("comm_s"), payload_tx_bytes=worst_median("payload_tx_bytes"),
-        iface_tx_bytes=max(_median(x) for x in iface) if all(iface) else None)
+        iter_s=worst_median("iter_s"),
+        compute_s=worst_median("compute_s"),
+        comm_s=worst_median("comm_s"),
+        payload_tx_bytes=worst_median("payload_tx_bytes"),
+        iface_tx_bytes=max(_median(x) for x in iface) if all(iface) else None,
+    )
 
 
 def _median(values: list[float]) -> float:

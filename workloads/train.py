@@ -24,6 +24,7 @@ JSON lines written to --out (one file per task), each with a "type":
          connections per peer address, `metrics.tcp_send_counters`)
 Exit codes: 0 done (converged or not), 1 runtime failure, 2 bad parameters, 130 interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -45,10 +46,23 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from protocol.worker import METRICS_OUT, RENDEZVOUS_PORT
 
 from .collectives import COLLECTIVES, make_collective
-from .data import DATASET_SHAPES, DATASETS, DEFAULT_DATA_DIR, DatasetError, check_available, \
-    load_dataset
-from .metrics import InterfaceCounters, JsonLines, container_start_time, cpu_quota, \
-    default_threads, process_start_time, tcp_send_counters
+from .data import (
+    DATASET_SHAPES,
+    DATASETS,
+    DEFAULT_DATA_DIR,
+    DatasetError,
+    check_available,
+    load_dataset,
+)
+from .metrics import (
+    InterfaceCounters,
+    JsonLines,
+    container_start_time,
+    cpu_quota,
+    default_threads,
+    process_start_time,
+    tcp_send_counters,
+)
 from .models import MODELS, build_model, gradient_bytes, parameter_count
 
 
@@ -81,51 +95,78 @@ class JobError(Exception):
 
 
 # --- command line ---------------------------------------------------------------------------
-def _bounded(kind: type, low: float | None = None, high: float | None = None,
-             low_open: bool = False, what: str = "") -> "argparse._ActionType":
+def _bounded(
+    kind: type,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    what: str = "",
+) -> argparse._ActionType:
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got '{text}'")
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got '{text}'") from None
         too_low = low is not None and (value <= low if low_open else value < low)
         if too_low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{what or 'value'} must be in "
-                                             f"{'(' if low_open else '['}{low}, "
-                                             f"{high if high is not None else 'inf'}], got {text}")
+            raise argparse.ArgumentTypeError(
+                f"{what or 'value'} must be in "
+                f"{'(' if low_open else '['}{low}, "
+                f"{high if high is not None else 'inf'}], got {text}"
+            )
         return value
+
     parse.__name__ = kind.__name__
     return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workloads.train",
-                                description="One task of a DDP training job (gloo, CPU).")
+    p = argparse.ArgumentParser(
+        prog="python -m workloads.train", description="One task of a DDP training job (gloo, CPU)."
+    )
     p.add_argument("--rank", type=_bounded(int, 0, what="rank"), required=True)
     p.add_argument("--world-size", type=_bounded(int, 1, what="world size"), required=True)
     p.add_argument("--master-addr", default="127.0.0.1", help="rank 0's testbed address")
-    p.add_argument("--master-port", type=_bounded(int, 1, 65535, what="port"), default=RENDEZVOUS_PORT)
+    p.add_argument(
+        "--master-port", type=_bounded(int, 1, 65535, what="port"), default=RENDEZVOUS_PORT
+    )
     p.add_argument("--iface", default="lo", help="interface gloo binds to (testbed: eth0)")
     p.add_argument("--model", choices=sorted(MODELS), default="mlp-small")
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--collective", choices=COLLECTIVES, default="ring")
-    p.add_argument("--target-acc", type=_bounded(float, 0, 1, low_open=True,
-                                                 what="target accuracy"), default=0.95)
+    p.add_argument(
+        "--target-acc",
+        type=_bounded(float, 0, 1, low_open=True, what="target accuracy"),
+        default=0.95,
+    )
     p.add_argument("--eval-every", type=_bounded(int, 1, what="eval cadence"), default=10)
     p.add_argument("--max-iters", type=_bounded(int, 1, what="max iterations"), default=2000)
-    p.add_argument("--max-seconds", type=_bounded(float, 0, low_open=True, what="max seconds"),
-                   default=600.0)
+    p.add_argument(
+        "--max-seconds", type=_bounded(float, 0, low_open=True, what="max seconds"), default=600.0
+    )
     p.add_argument("--batch-size", type=_bounded(int, 1, what="batch size"), default=32)
-    p.add_argument("--lr", type=_bounded(float, 0, low_open=True, what="learning rate"),
-                   default=0.05)
+    p.add_argument(
+        "--lr", type=_bounded(float, 0, low_open=True, what="learning rate"), default=0.05
+    )
     p.add_argument("--momentum", type=_bounded(float, 0, 0.999, what="momentum"), default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=_bounded(int, 0, what="threads"), default=0,
-                   help="intra-op threads (0: one per core of the cgroup CPU quota)")
-    p.add_argument("--timeout", dest="timeout_s", default=300.0,
-                   type=_bounded(float, 0, low_open=True, what="timeout"))
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                   help="where optional local datasets (torchvision MNIST raw files) live")
+    p.add_argument(
+        "--threads",
+        type=_bounded(int, 0, what="threads"),
+        default=0,
+        help="intra-op threads (0: one per core of the cgroup CPU quota)",
+    )
+    p.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        default=300.0,
+        type=_bounded(float, 0, low_open=True, what="timeout"),
+    )
+    p.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        help="where optional local datasets (torchvision MNIST raw files) live",
+    )
     p.add_argument("--out", default=METRICS_OUT, help="JSON-lines output file ('-': stdout)")
     return p
 
@@ -153,9 +194,13 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     torch.set_num_threads(threads)
     os.environ["GLOO_SOCKET_IFNAME"] = cfg.iface  # else gloo may bind Docker's or loopback
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
-                                rank=cfg.rank, world_size=cfg.world_size,
-                                timeout=timedelta(seconds=cfg.timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            timeout=timedelta(seconds=cfg.timeout_s),
+        )
     except (RuntimeError, ValueError) as e:
         raise JobError(f"rendezvous at {cfg.master_addr}:{cfg.master_port} failed: {e}") from e
 
@@ -165,20 +210,37 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     collective = make_collective(cfg.collective, cfg.rank, cfg.world_size)
     net = collective.wrap(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    log.write("start", config=asdict(cfg), host=socket.gethostname(), threads=threads,
-              cpu_quota=cpu_quota(), torch=torch.__version__, parameters=parameter_count(model),
-              gradient_bytes=gradient_bytes(model), process_start=started,
-              container_start=container_started)
+    log.write(
+        "start",
+        config=asdict(cfg),
+        host=socket.gethostname(),
+        threads=threads,
+        cpu_quota=cpu_quota(),
+        torch=torch.__version__,
+        parameters=parameter_count(model),
+        gradient_bytes=gradient_bytes(model),
+        process_start=started,
+        container_start=container_started,
+    )
     dist.barrier()
 
     # ---- the clock starts: from here on everything counts toward time-to-accuracy ----
     t0 = time.perf_counter()
     clock_start = time.time()
     data = load_dataset(cfg.dataset, cfg.data_dir)
-    x_eval, y_eval = data.x_test[cfg.rank::cfg.world_size], data.y_test[cfg.rank::cfg.world_size]
+    x_eval, y_eval = (
+        data.x_test[cfg.rank :: cfg.world_size],
+        data.y_test[cfg.rank :: cfg.world_size],
+    )
     batches = _batches(data.x_train, data.y_train, cfg)
-    log.write("data", dataset=data.name, train=len(data.y_train), test=len(data.y_test),
-              shard_eval=len(y_eval), clock_start=clock_start)
+    log.write(
+        "data",
+        dataset=data.name,
+        train=len(data.y_train),
+        test=len(data.y_test),
+        shard_eval=len(y_eval),
+        clock_start=clock_start,
+    )
     counters = InterfaceCounters(cfg.iface)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -204,17 +266,33 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         grads_ready = window.last_launch if window.last_launch is not None else t_synced
         compute_s = (grads_ready - t_start) + (t_end - t_synced)
         tx, rx = counters.delta()
-        log.write("iter", iter=it, loss=round(loss.item(), 5), iter_s=t_end - t_start,
-                  compute_s=compute_s, comm_s=window.seconds, tx_bytes=tx, rx_bytes=rx,
-                  payload_tx_bytes=window.payload_tx, payload_rx_bytes=window.payload_rx)
+        log.write(
+            "iter",
+            iter=it,
+            loss=round(loss.item(), 5),
+            iter_s=t_end - t_start,
+            compute_s=compute_s,
+            comm_s=window.seconds,
+            tx_bytes=tx,
+            rx_bytes=rx,
+            payload_tx_bytes=window.payload_tx,
+            payload_rx_bytes=window.payload_rx,
+        )
 
         if it % cfg.eval_every == 0 or it == cfg.max_iters:
             t_eval = time.perf_counter()
-            accuracy, over_time = _evaluate(model, collective, x_eval, y_eval,
-                                            t_eval - t0 > cfg.max_seconds)
+            accuracy, over_time = _evaluate(
+                model, collective, x_eval, y_eval, t_eval - t0 > cfg.max_seconds
+            )
             elapsed = time.perf_counter() - t0
-            log.write("eval", iter=it, elapsed_s=elapsed, eval_s=time.perf_counter() - t_eval,
-                      accuracy=accuracy, tcp=tcp_send_counters())
+            log.write(
+                "eval",
+                iter=it,
+                elapsed_s=elapsed,
+                eval_s=time.perf_counter() - t_eval,
+                accuracy=accuracy,
+                tcp=tcp_send_counters(),
+            )
             counters.delta()  # evaluation traffic is not the next iteration's
             if accuracy >= cfg.target_acc:
                 tta_s, tta_iter, stop_reason = elapsed, it, "target"
@@ -226,13 +304,19 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     t_finish = time.perf_counter()
     end_wall = time.time()
     result = {
-        "reached_target": tta_s is not None, "tta_s": tta_s, "tta_iter": tta_iter,
-        "target_acc": cfg.target_acc, "stop_reason": stop_reason, "iters": it,
-        "train_s": t_finish - t0, "clock_start": clock_start,
+        "reached_target": tta_s is not None,
+        "tta_s": tta_s,
+        "tta_iter": tta_iter,
+        "target_acc": cfg.target_acc,
+        "stop_reason": stop_reason,
+        "iters": it,
+        "train_s": t_finish - t0,
+        "clock_start": clock_start,
         "init_s": clock_start - started,
         "startup_s": first_iter_wall - started if first_iter_wall else None,
-        "container_startup_s": (first_iter_wall - container_started
-                                if first_iter_wall and container_started else None),
+        "container_startup_s": (
+            first_iter_wall - container_started if first_iter_wall and container_started else None
+        ),
         "jct_s": end_wall - (container_started or started),
         # Equal on every rank when the replicas stayed in sync (a check, not a metric).
         "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
@@ -242,16 +326,24 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     return result
 
 
-def _batches(x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig
-             ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(
+    x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's shard of the training set, reshuffled every epoch, forever."""
     dataset = TensorDataset(x, y)
-    sampler = DistributedSampler(dataset, num_replicas=cfg.world_size, rank=cfg.rank,
-                                 shuffle=True, seed=cfg.seed, drop_last=True)
+    sampler = DistributedSampler(
+        dataset,
+        num_replicas=cfg.world_size,
+        rank=cfg.rank,
+        shuffle=True,
+        seed=cfg.seed,
+        drop_last=True,
+    )
     loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
     if len(loader) == 0:
-        raise JobError(f"batch size {cfg.batch_size} exceeds this rank's shard "
-                       f"({len(sampler)} samples)")
+        raise JobError(
+            f"batch size {cfg.batch_size} exceeds this rank's shard ({len(sampler)} samples)"
+        )
     epoch = 0
     while True:
         sampler.set_epoch(epoch)
@@ -260,8 +352,9 @@ def _batches(x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig
 
 
 @torch.no_grad()
-def _evaluate(model: nn.Module, collective, x: torch.Tensor, y: torch.Tensor,
-              over_time: bool) -> tuple[float, bool]:
+def _evaluate(
+    model: nn.Module, collective, x: torch.Tensor, y: torch.Tensor, over_time: bool
+) -> tuple[float, bool]:
     """Accuracy over the whole held-out split (each rank scores its slice, the counts are
     summed over the job's own pattern), and whether any rank is past --max-seconds: all ranks
     get the same answers, so they stop at the same iteration."""

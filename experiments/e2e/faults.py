@@ -32,15 +32,17 @@ and writes them. `detect_s` runs from the fault to the moment named here:
 `lost`: jobs that did not end as they must (finished; for oom_kill failed with the reason).
 `duplicated`: jobs whose workers ran twice at once or were started again.
 """
+
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import docker
 import yaml
@@ -55,13 +57,18 @@ from topologies import load_topology
 from .scenario import REPO
 from .stack import RunError, Stack, poll
 
-TOPOLOGY = {"name": "faults", "switches": [{"name": "s1"}, {"name": "s2"}],
-            "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 1024} for i in range(1, 5)],
-            "links": [{"ends": ["s1", "s2"], "bw_mbps": 200},
-                      {"ends": ["n1", "s1"], "bw_mbps": 200},
-                      {"ends": ["n2", "s1"], "bw_mbps": 200},
-                      {"ends": ["n3", "s2"], "bw_mbps": 200},
-                      {"ends": ["n4", "s2"], "bw_mbps": 200}]}
+TOPOLOGY = {
+    "name": "faults",
+    "switches": [{"name": "s1"}, {"name": "s2"}],
+    "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 1024} for i in range(1, 5)],
+    "links": [
+        {"ends": ["s1", "s2"], "bw_mbps": 200},
+        {"ends": ["n1", "s1"], "bw_mbps": 200},
+        {"ends": ["n2", "s1"], "bw_mbps": 200},
+        {"ends": ["n3", "s2"], "bw_mbps": 200},
+        {"ends": ["n4", "s2"], "bw_mbps": 200},
+    ],
+}
 ALGORITHM = "network-aware"
 QUEUE = "fifo"  # not the Master's default: master_kill checks that a restarted Master keeps it
 DETECT_S = 10.0  # a node or worker lost is noticed within this
@@ -83,10 +90,16 @@ class Row:
 def job(name: str, seconds: float = TRAIN_S) -> dict:
     """Two 0.75-core workers in a ring, on two nodes (no node holds both), training `seconds`
     and exiting 0 (the target accuracy is out of reach)."""
-    return {"name": name, "collective": "ring", "workers": 2,
-            "task": {"cpu": 0.75, "mem_mb": 600}, "model_params": 85000, "demand_mbps": 50,
-            "target_accuracy": 0.999,
-            "workload": {"model": "mlp-small", "eval_every": 50, "max_seconds": seconds}}
+    return {
+        "name": name,
+        "collective": "ring",
+        "workers": 2,
+        "task": {"cpu": 0.75, "mem_mb": 600},
+        "model_params": 85000,
+        "demand_mbps": 50,
+        "target_accuracy": 0.999,
+        "workload": {"model": "mlp-small", "eval_every": 50, "max_seconds": seconds},
+    }
 
 
 @contextmanager
@@ -123,10 +136,16 @@ def master_kill(stack: Stack) -> Row:
     end = _ended(m, "f-master")
     lost, duplicated = _fate(end, kept)
     lines = _lines(m, "f-master")
-    return Row("master_kill", detect, kept and same and not lost and not lines, lost, duplicated,
-               f"workers {'kept' if kept else 'RESTARTED'}, scheduler "
-               f"{'kept' if same else 'LOST'} ({scheduler} -> {_scheduler(m)}); {_story(end)}; "
-               f"metric lines {lines or 'whole'}")
+    return Row(
+        "master_kill",
+        detect,
+        kept and same and not lost and not lines,
+        lost,
+        duplicated,
+        f"workers {'kept' if kept else 'RESTARTED'}, scheduler "
+        f"{'kept' if same else 'LOST'} ({scheduler} -> {_scheduler(m)}); {_story(end)}; "
+        f"metric lines {lines or 'whole'}",
+    )
 
 
 def agent_kill(stack: Stack) -> Row:
@@ -147,9 +166,15 @@ def agent_kill(stack: Stack) -> Row:
     end = _ended(m, "f-agent")
     lost, duplicated = _fate(end, kept)
     lines = _lines(m, "f-agent")
-    return Row("agent_kill", detect, kept and not lost and not lines, lost, duplicated,
-               f"agent of {node} restarted, {worker} {'adopted' if kept else 'RESTARTED'}; "
-               f"{_story(end)}; metric lines {lines or 'whole'}")
+    return Row(
+        "agent_kill",
+        detect,
+        kept and not lost and not lines,
+        lost,
+        duplicated,
+        f"agent of {node} restarted, {worker} {'adopted' if kept else 'RESTARTED'}; "
+        f"{_story(end)}; metric lines {lines or 'whole'}",
+    )
 
 
 def ovs_restart(stack: Stack) -> Row:
@@ -167,34 +192,62 @@ def ovs_restart(stack: Stack) -> Row:
     poll(synced, 30, "every switch to reconnect and be re-synchronised")
     detect = time.monotonic() - t0
     pings = net.exec(a, f"ping -c1 -W1 {stack.topo.node(b).ip}")[0] == 0
-    poll(lambda: _last_iter(_ask(lambda: m.job("f-ovs", records=True))) > before, 30,
-         "the job to train on")
+    poll(
+        lambda: _last_iter(_ask(lambda: m.job("f-ovs", records=True))) > before,
+        30,
+        "the job to train on",
+    )
     end = _ended(m, "f-ovs")
     lost, duplicated = _fate(end, True)
     lines = _lines(m, "f-ovs")
-    return Row("ovs_restart", detect, pings and not lost and not lines, lost, duplicated,
-               f"switches back in {detect:.1f} s, {a}->{b} ping {'ok' if pings else 'LOST'}, "
-               f"the job trained on past iteration {before}; {_story(end)}; metric lines "
-               f"{lines or 'whole'}")
+    return Row(
+        "ovs_restart",
+        detect,
+        pings and not lost and not lines,
+        lost,
+        duplicated,
+        f"switches back in {detect:.1f} s, {a}->{b} ping {'ok' if pings else 'LOST'}, "
+        f"the job trained on past iteration {before}; {_story(end)}; metric lines "
+        f"{lines or 'whole'}",
+    )
 
 
 def oom_kill(stack: Stack) -> Row:
     m = stack.master
     t0 = time.time()
-    m.submit({"name": "f-oom", "collective": "ring", "workers": 2, "iterations": 10,
-              "task": {"cpu": 0.25, "mem_mb": OOM_MB}, "model_params": 1000,
-              "demand_mbps": 10, "command": f"python3 -c \"x = b'x' * ({4 * OOM_MB} << 20)\""})
+    m.submit(
+        {
+            "name": "f-oom",
+            "collective": "ring",
+            "workers": 2,
+            "iterations": 10,
+            "task": {"cpu": 0.25, "mem_mb": OOM_MB},
+            "model_params": 1000,
+            "demand_mbps": 10,
+            "command": f"python3 -c \"x = b'x' * ({4 * OOM_MB} << 20)\"",
+        }
+    )
     end = _ended(m, "f-oom", 60)
-    events = stack.net.client.events(since=int(t0), until=int(time.time()) + 1, decode=True,
-                                     filters={"type": "container", "event": "oom",
-                                              "label": "ces.job=f-oom"})
+    events = stack.net.client.events(
+        since=int(t0),
+        until=int(time.time()) + 1,
+        decode=True,
+        filters={"type": "container", "event": "oom", "label": "ces.job=f-oom"},
+    )
     oom_at = min((e["timeNano"] / 1e9 for e in events), default=None)
     first = end["attempts"][0]
     detect = first["ended_at"] - oom_at if oom_at and first["ended_at"] else None
-    named = end["state"] == "failed" and \
-        f"out of memory (memory limit {OOM_MB:g} MiB)" in end["reason"]
-    return Row("oom_kill", detect, named, int(not named), _overlapping(end),
-               f"{end['state']}: {end['reason']}")
+    named = (
+        end["state"] == "failed" and f"out of memory (memory limit {OOM_MB:g} MiB)" in end["reason"]
+    )
+    return Row(
+        "oom_kill",
+        detect,
+        named,
+        int(not named),
+        _overlapping(end),
+        f"{end['state']}: {end['reason']}",
+    )
 
 
 def node_stop(stack: Stack) -> Row:
@@ -204,8 +257,11 @@ def node_stop(stack: Stack) -> Row:
     net.client.containers.get(net.node_container_name(node)).stop(timeout=1)
     t0 = time.time()
     offline = f"node {node} stopped heartbeating"
-    v = poll(lambda: (x := _ask(lambda: m.job("f-node"))) and _event_at(x, offline) and x,
-             DETECT_S + 10, "the stopped node to go offline")
+    v = poll(
+        lambda: (x := _ask(lambda: m.job("f-node"))) and _event_at(x, offline) and x,
+        DETECT_S + 10,
+        "the stopped node to go offline",
+    )
     detect = _event_at(v, offline) - t0
     agent = stack.process(f"agent-{node}")
     poll(lambda: agent.poll() is not None, 30, f"the agent of {node} to leave")
@@ -213,17 +269,25 @@ def node_stop(stack: Stack) -> Row:
     v = _training(m, "f-node", attempt=2)
     elsewhere = node not in v["attempts"][1]["placement"].values()
     # Both attempts' workers at once: the job would run twice.
-    twice = [c for c, (_, state) in _containers(stack, "f-node").items()
-             if c.endswith("-a1") and state == "running"]
+    twice = [
+        c
+        for c, (_, state) in _containers(stack, "f-node").items()
+        if c.endswith("-a1") and state == "running"
+    ]
     end = _ended(m, "f-node")
     lost, duplicated = _fate(end, not twice)
-    return Row("node_stop", detect,
-               detect <= DETECT_S and elsewhere and not stale and not lost, lost, duplicated,
-               f"{node} offline after {detect:.1f} s, its agent left (exit code "
-               f"{agent.returncode}) "
-               f"{'removing' if not stale else 'LEAVING'} its workers, attempt 2 on "
-               f"{' '.join(sorted(set(v['attempts'][1]['placement'].values())))}; "
-               f"{_story(end)}")
+    return Row(
+        "node_stop",
+        detect,
+        detect <= DETECT_S and elsewhere and not stale and not lost,
+        lost,
+        duplicated,
+        f"{node} offline after {detect:.1f} s, its agent left (exit code "
+        f"{agent.returncode}) "
+        f"{'removing' if not stale else 'LEAVING'} its workers, attempt 2 on "
+        f"{' '.join(sorted(set(v['attempts'][1]['placement'].values())))}; "
+        f"{_story(end)}",
+    )
 
 
 ON_STACK = [master_kill, agent_kill, ovs_restart, oom_kill, node_stop]  # node_stop kills a node
@@ -237,17 +301,26 @@ def out_unwritable(workdir: Path, prefix: str) -> Row:
     cases = {"a file": in_the_way, "a folder under a file": in_the_way / "results"}
     readonly = workdir / "read-only"
     readonly.mkdir(exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs",
-                              str(readonly)], capture_output=True).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(readonly)],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     if mounted:
         cases["a read-only file system"] = readonly / "results"
     problems, slowest = [], 0.0
     try:
         for what, out in cases.items():
             t0 = time.monotonic()
-            done = subprocess.run(RUN + ["--quick", "--schedulers", "k8s-spread", "--out",
-                                         str(out), "--prefix", prefix],
-                                  capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                RUN
+                + ["--quick", "--schedulers", "k8s-spread", "--out", str(out), "--prefix", prefix],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             slowest = max(slowest, time.monotonic() - t0)
             lines = done.stderr.strip().splitlines()
             if done.returncode != 2 or len(lines) != 1 or "cannot write results" not in lines[0]:
@@ -261,9 +334,16 @@ def out_unwritable(workdir: Path, prefix: str) -> Row:
     finally:
         if mounted:
             subprocess.run(["umount", str(readonly)], check=True)
-    return Row("out_unwritable", slowest, not problems, None, None,
-               "; ".join(problems) or f"{', '.join(cases)}: one line, exit 2, nothing created" +
-               ("" if mounted else " (no read-only mount allowed here: not tried)"))
+    return Row(
+        "out_unwritable",
+        slowest,
+        not problems,
+        None,
+        None,
+        "; ".join(problems)
+        or f"{', '.join(cases)}: one line, exit 2, nothing created"
+        + ("" if mounted else " (no read-only mount allowed here: not tried)"),
+    )
 
 
 def orchestrator_kill(workdir: Path, prefix: str) -> Row:
@@ -271,32 +351,59 @@ def orchestrator_kill(workdir: Path, prefix: str) -> Row:
     topo = workdir / "faults.yaml"
     topo.write_text(yaml.safe_dump(TOPOLOGY))
     scenario = workdir / "kill.yaml"
-    scenario.write_text(yaml.safe_dump({"name": "kill", "topology": str(topo),
-                                        "schedulers": ["k8s-spread"], "seeds": 1,
-                                        "timeout_s": 300, "jobs": [job("f-orch", 300)]}))
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "name": "kill",
+                "topology": str(topo),
+                "schedulers": ["k8s-spread"],
+                "seeds": 1,
+                "timeout_s": 300,
+                "jobs": [job("f-orch", 300)],
+            }
+        )
+    )
     log = (workdir / "run.log").open("w")
-    proc = subprocess.Popen(RUN + ["--scenario", str(scenario), "--prefix", prefix,
-                                   "--out", str(workdir / "out")],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        RUN + ["--scenario", str(scenario), "--prefix", prefix, "--out", str(workdir / "out")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         client = docker.from_env()
-        poll(lambda: proc.poll() is None and len(client.containers.list(
-            filters={"label": "ces.job=f-orch.r0", "name": f"^{prefix}-"})) == 2, 120,
-             "run.py's job to run")
+        poll(
+            lambda: (
+                proc.poll() is None
+                and len(
+                    client.containers.list(
+                        filters={"label": "ces.job=f-orch.r0", "name": f"^{prefix}-"}
+                    )
+                )
+                == 2
+            ),
+            120,
+            "run.py's job to run",
+        )
     finally:
         proc.kill()
         proc.wait()
     before = leftovers_of(prefix)
     t0 = time.monotonic()
-    done = subprocess.run(RUN + ["--cleanup", "--prefix", prefix], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        RUN + ["--cleanup", "--prefix", prefix], capture_output=True, text=True, timeout=120
+    )
     took = time.monotonic() - t0
     after = leftovers_of(prefix)
     survived = len(before.get("processes", []))
-    return Row("orchestrator_kill", took, done.returncode == 0 and not after and survived > 0,
-               None, None,
-               f"after the kill: {', '.join(f'{len(v)} {k}' for k, v in before.items())}; "
-               f"cleanup exit {done.returncode}: {done.stdout.strip()}; left: {after or 'nothing'}")
+    return Row(
+        "orchestrator_kill",
+        took,
+        done.returncode == 0 and not after and survived > 0,
+        None,
+        None,
+        f"after the kill: {', '.join(f'{len(v)} {k}' for k, v in before.items())}; "
+        f"cleanup exit {done.returncode}: {done.stdout.strip()}; left: {after or 'nothing'}",
+    )
 
 
 def leftovers_of(prefix: str) -> dict[str, list]:
@@ -331,8 +438,11 @@ def _training(m: MasterClient, name: str, attempt: int = 1) -> dict:
 
 
 def _ended(m: MasterClient, name: str, timeout_s: float = TRAIN_S + 60) -> dict:
-    return poll(lambda: (v := _ask(lambda: m.job(name))) and Phase(v["state"]) in TERMINAL
-                and v, timeout_s, f"job {name} to end")
+    return poll(
+        lambda: (v := _ask(lambda: m.job(name))) and Phase(v["state"]) in TERMINAL and v,
+        timeout_s,
+        f"job {name} to end",
+    )
 
 
 def _last_iter(v: dict | None) -> int:
@@ -340,8 +450,7 @@ def _last_iter(v: dict | None) -> int:
     if not v or not v["attempts"]:
         return 0
     rank0 = v["attempts"][-1]["workers"]["w0"]
-    return max((r["iter"] for r in v["records"].get(rank0, []) if r["type"] == "iter"),
-               default=0)
+    return max((r["iter"] for r in v["records"].get(rank0, []) if r["type"] == "iter"), default=0)
 
 
 def _lines(m: MasterClient, name: str) -> str:
@@ -352,21 +461,30 @@ def _lines(m: MasterClient, name: str) -> str:
     for task, worker in v["attempts"][-1]["workers"].items():
         kinds = [r["type"] for r in v["records"].get(worker, [])]
         iters = [r["iter"] for r in v["records"].get(worker, []) if r["type"] == "iter"]
-        if iters != list(range(1, len(iters) + 1)) or kinds.count("start") != 1 or \
-                kinds.count("end") != 1:
-            problems.append(f"{task}: {len(iters) - len(set(iters))} iterations doubled, "
-                            f"{max(iters, default=0) - len(set(iters))} missing, "
-                            f"{kinds.count('start')} start and {kinds.count('end')} end lines")
+        if (
+            iters != list(range(1, len(iters) + 1))
+            or kinds.count("start") != 1
+            or kinds.count("end") != 1
+        ):
+            problems.append(
+                f"{task}: {len(iters) - len(set(iters))} iterations doubled, "
+                f"{max(iters, default=0) - len(set(iters))} missing, "
+                f"{kinds.count('start')} start and {kinds.count('end')} end lines"
+            )
     return "; ".join(problems)
 
 
 def _containers(stack: Stack, job_name: str) -> dict[str, tuple[str, str]]:
     """The job's worker containers: name -> (id, state). A worker started again is a new
     container (listed without inspecting each: one being removed meanwhile is no error)."""
-    return {c.attrs["Names"][0].lstrip("/"): (c.id, c.attrs["State"])
-            for c in stack.net.client.containers.list(
-                all=True, sparse=True,
-                filters={"label": f"ces.job={job_name}", "name": f"^{stack.prefix}-"})}
+    return {
+        c.attrs["Names"][0].lstrip("/"): (c.id, c.attrs["State"])
+        for c in stack.net.client.containers.list(
+            all=True,
+            sparse=True,
+            filters={"label": f"ces.job={job_name}", "name": f"^{stack.prefix}-"},
+        )
+    }
 
 
 def _node(m: MasterClient, node: str) -> dict:
@@ -380,8 +498,10 @@ def _reported(m: MasterClient, v: dict) -> bool:
         return False
     by_node = {n["node"]: n for n in nodes}
     a = v["attempts"][-1]
-    return all(by_node[a["placement"][t]]["online"] and w in by_node[a["placement"][t]]["workers"]
-               for t, w in a["workers"].items())
+    return all(
+        by_node[a["placement"][t]]["online"] and w in by_node[a["placement"][t]]["workers"]
+        for t, w in a["workers"].items()
+    )
 
 
 def _scheduler(m: MasterClient) -> tuple:
@@ -397,8 +517,12 @@ def _event_at(v: dict, needle: str) -> float | None:
 def _overlapping(v: dict) -> int:
     """1 if an attempt of the job started before the one before it had ended."""
     a = v["attempts"]
-    return int(any(x["ended_at"] is None or y["started_at"] < x["ended_at"]
-                   for x, y in zip(a, a[1:])))
+    return int(
+        any(
+            x["ended_at"] is None or y["started_at"] < x["ended_at"]
+            for x, y in itertools.pairwise(a)
+        )
+    )
 
 
 def _fate(end: dict, once: bool) -> tuple[int, int]:

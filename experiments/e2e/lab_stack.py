@@ -7,6 +7,7 @@ The switches are the user's: configured to connect to the inventory's `master` a
 a host is a container named with the run prefix, removed at teardown or by `run.py --cleanup
 --hosts FILE --prefix P` after a kill -9.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,9 +41,19 @@ class LabStack(StackBase):
     """Hosts checked, SDN app (its switches connected), Master, agents deployed, background
     traffic: brought up in that order and torn down in reverse."""
 
-    def __init__(self, topo: Topology, prefix: str, out: Path, console: Console, inv: Inventory,
-                 token_file: str, token: str, image: str, accept_new_host_keys: bool = False,
-                 force_copy: bool = False):
+    def __init__(
+        self,
+        topo: Topology,
+        prefix: str,
+        out: Path,
+        console: Console,
+        inv: Inventory,
+        token_file: str,
+        token: str,
+        image: str,
+        accept_new_host_keys: bool = False,
+        force_copy: bool = False,
+    ):
         super().__init__(topo, prefix, out, console)
         self.inv, self.token_file, self.token, self.image = inv, token_file, token, image
         self.accept_new, self.force_copy = accept_new_host_keys, force_copy
@@ -56,43 +67,68 @@ class LabStack(StackBase):
             client = docker.from_env()
             client.images.get(self.image)
         except docker.errors.DockerException as e:
-            raise RunError(f"the worker image {self.image} is not on this machine ({e}); run "
-                           "`python -m testbed.image ensure`") from None
-        self.console.print(f"[bold]bring-up[/] {self.topo.name} on {len(self.inv.hosts)} hosts "
-                           f"of {self.inv.path} (prefix {self.prefix})")
+            raise RunError(
+                f"the worker image {self.image} is not on this machine ({e}); run "
+                "`python -m testbed.image ensure`"
+            ) from None
+        self.console.print(
+            f"[bold]bring-up[/] {self.topo.name} on {len(self.inv.hosts)} hosts "
+            f"of {self.inv.path} (prefix {self.prefix})"
+        )
         self.facts, errors = deploy.check_hosts(self.inv, self.topo, self.accept_new)
         if errors:
             raise HostsRefused(errors)
         topo_arg = self._topology_file()
         self._start_sdn(topo_arg, self.inv.master, self.inv.openflow_port)
         self._wait_switches(60)
-        self._start_master(topo_arg, self.image, self.inv.master, self.inv.master_port,
-                           self.token_file, self.token)
+        self._start_master(
+            topo_arg, self.image, self.inv.master, self.inv.master_port, self.token_file, self.token
+        )
         t1 = time.monotonic()
         self.deployed = True
-        _, errors = deploy.deploy_agents(self.inv, self.topo, self.accept_new, client,
-                                         self.image, self.prefix, self.master.url, self.token,
-                                         self.facts, self.force_copy)
+        _, errors = deploy.deploy_agents(
+            self.inv,
+            self.topo,
+            self.accept_new,
+            client,
+            self.image,
+            self.prefix,
+            self.master.url,
+            self.token,
+            self.facts,
+            self.force_copy,
+        )
         if errors:
             raise HostsRefused(errors)
         self.timings["deploy_s"] = time.monotonic() - t1
         self._wait_agents(60)
         self.timings["register_s"] = time.monotonic() - t1
         self.timings["up_s"] = time.monotonic() - t0
-        self.console.print(f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
-                           f"switches on the SDN app, {len(self.topo.nodes)} agents deployed in "
-                           f"{self.timings['deploy_s']:.1f} s and on the Master")
+        self.console.print(
+            f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
+            f"switches on the SDN app, {len(self.topo.nodes)} agents deployed in "
+            f"{self.timings['deploy_s']:.1f} s and on the Master"
+        )
 
     def _remote(self, node: str) -> Remote:
         if node not in self._remotes:
-            self._remotes[node] = Remote(self.inv.host(node), self.inv.known_hosts,
-                                         self.accept_new).connect()
+            self._remotes[node] = Remote(
+                self.inv.host(node), self.inv.known_hosts, self.accept_new
+            ).connect()
         return self._remotes[node]
 
     def _start_end(self, node: str, name: str, argv: list[str], cpu: float, mem_mb: int):
         try:
-            return node, deploy.start_tool(self._remote(node), self.facts[node], self.prefix,
-                                           f"{name}-{node}", self.image, argv, cpu, mem_mb)
+            return node, deploy.start_tool(
+                self._remote(node),
+                self.facts[node],
+                self.prefix,
+                f"{name}-{node}",
+                self.image,
+                argv,
+                cpu,
+                mem_mb,
+            )
         except HostError as e:
             raise RunError(f"background: {e}") from None
 
@@ -116,11 +152,19 @@ class LabStack(StackBase):
         self._remotes.clear()
         if self.deployed:
             _, errors = deploy.each_host(
-                self.inv, self.accept_new,
-                lambda r: (deploy.stop_agent(r, self.prefix, r.host.node),
-                           deploy.cleanup(r, self.prefix)))
+                self.inv,
+                self.accept_new,
+                lambda r: (
+                    deploy.stop_agent(r, self.prefix, r.host.node),
+                    deploy.cleanup(r, self.prefix),
+                ),
+            )
             for e in errors:
-                log.warning("teardown: %s (clean up later: run.py --cleanup --hosts %s "
-                            "--prefix %s)", e, self.inv.path, self.prefix)
+                log.warning(
+                    "teardown: %s (clean up later: run.py --cleanup --hosts %s --prefix %s)",
+                    e,
+                    self.inv.path,
+                    self.prefix,
+                )
             self.deployed = False
         self._stop_processes()

@@ -1,10 +1,12 @@
 """One results row per job and run (docs/e2e.md "results.json"), from the Master's view of the
 job and the metric lines its workers wrote."""
+
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from workloads.metrics import busy_rate_mbps, wire_rate_mbps
 
@@ -15,8 +17,11 @@ def measured_mbps(records: list[dict], outgoing: int) -> float | None:
     iterations of payload bytes sent / collective time, split evenly over its `outgoing`
     inter-node flows. Application payload only (no TCP/IP headers), and the collective's waits
     for its slowest flow count as time: a lower bound of what the network delivered."""
-    rates = [r["payload_tx_bytes"] * 8 / r["comm_s"] / 1e6 for r in records
-             if r.get("type") == "iter" and r.get("comm_s", 0) > 0 and r.get("payload_tx_bytes")]
+    rates = [
+        r["payload_tx_bytes"] * 8 / r["comm_s"] / 1e6
+        for r in records
+        if r.get("type") == "iter" and r.get("comm_s", 0) > 0 and r.get("payload_tx_bytes")
+    ]
     rates = rates[2:] if len(rates) > 4 else rates  # the first iterations include warm-up
     return round(statistics.median(rates) / max(outgoing, 1), 3) if rates else None
 
@@ -32,9 +37,12 @@ def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
     c = _last_tcp(sender).get("peers", {}).get(_address(receiver))
     if not c or not c.get("busy_us"):
         return {"tcp_mbps": None, "wire_mbps": None}
-    return {"tcp_mbps": busy_rate_mbps(c), "wire_mbps": wire_rate_mbps(c),
-            "tcp_retrans_share": round(c.get("bytes_retrans", 0) / max(c["bytes_acked"], 1), 5),
-            "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4)}
+    return {
+        "tcp_mbps": busy_rate_mbps(c),
+        "wire_mbps": wire_rate_mbps(c),
+        "tcp_retrans_share": round(c.get("bytes_retrans", 0) / max(c["bytes_acked"], 1), 5),
+        "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4),
+    }
 
 
 def _last_tcp(records: list[dict]) -> dict:  # end, or the last evaluation of a stopped task
@@ -46,8 +54,9 @@ def _address(records: list[dict]) -> str | None:
     return _last_tcp(records).get("address")
 
 
-def installed_mbps(history: list, flow: str, start: float,
-                   end: float | None) -> tuple[float, float] | None:
+def installed_mbps(
+    history: list, flow: str, start: float, end: float | None
+) -> tuple[float, float] | None:
     """What the network let `flow` ("src>dst") through from `start` to `end` (its grant and its
     share of the spare capacity; the Master notes each change as [t, {flow: Mbit/s}]): (the
     time-weighted mean, the highest); None without a note."""
@@ -84,9 +93,15 @@ def contended_periods(notes: list, flow: str, end: float | None) -> list[tuple[f
 RING_PACE = 1.01
 
 
-def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str,
-               contended: Sequence[tuple[float, float]] = (), ring: Sequence[str] = (),
-               least_busy_s: float = 0.2) -> tuple[float | None, float | None]:
+def wire_ratio(
+    sender: list[dict],
+    address: str | None,
+    history: list,
+    flow: str,
+    contended: Sequence[tuple[float, float]] = (),
+    ring: Sequence[str] = (),
+    least_busy_s: float = 0.2,
+) -> tuple[float | None, float | None]:
     """What the sender put on the wire against what the network let `flow` through, interval by
     interval: between two of its counter snapshots (each evaluation and the end), the wire rate
     while its socket was busy (`wire_rate_mbps` of the difference) against the installed rate of
@@ -111,17 +126,23 @@ def wire_ratio(sender: list[dict], address: str | None, history: list, flow: str
     if len(snaps) == 1:
         return None, None
     on_wire = expected = judged_us = left_out_us = 0.0
-    for (t0, before), (t1, after) in zip(snaps, snaps[1:]):
-        diff = {k: after.get(k, 0) - before.get(k, 0) for k in ("busy_us", "bytes_sent",
-                                                                "segs_out")}
+    for (t0, before), (t1, after) in itertools.pairwise(snaps):
+        diff = {
+            k: after.get(k, 0) - before.get(k, 0) for k in ("busy_us", "bytes_sent", "segs_out")
+        }
         rates = installed_mbps(history, flow, t0, t1)
         wire = wire_rate_mbps({**diff, "options": after.get("options", 0)})
-        if diff["busy_us"] < least_busy_s * 1e6 or min(diff.values()) < 0 or not rates or \
-                wire is None:  # too short to judge, or another connection took over
+        if (
+            diff["busy_us"] < least_busy_s * 1e6
+            or min(diff.values()) < 0
+            or not rates
+            or wire is None
+        ):  # too short to judge, or another connection took over
             continue
         paced = [r[0] for r in (installed_mbps(history, f, t0, t1) for f in ring) if r]
-        if any(a < t1 and t0 < b for a, b in contended) or \
-                (paced and rates[0] > RING_PACE * min(paced)):
+        if any(a < t1 and t0 < b for a, b in contended) or (
+            paced and rates[0] > RING_PACE * min(paced)
+        ):
             left_out_us += diff["busy_us"]
             continue
         on_wire += wire * diff["busy_us"]
@@ -139,6 +160,7 @@ def mark_shared_pairs(rows: list[dict]) -> None:
     the pair's grants: the workers of a node share its address), so such a flow may use what the
     other leaves idle, or lose to it what TCP shares evenly: its own grant is not what holds it
     back."""
+
     def span(r: dict) -> tuple[float, float]:
         return r.get("started_at") or 0.0, r.get("ended_at") or math.inf
 
@@ -147,8 +169,12 @@ def mark_shared_pairs(rows: list[dict]) -> None:
         (a, b) = span(r)
         for f in r["flows"]:
             f["pair_shared"] = bool(f["granted_mbps"]) and any(
-                g is not f and (g["src_node"], g["dst_node"]) == (f["src_node"], f["dst_node"])
-                and a < d and c < b for (c, d), g in enforced)
+                g is not f
+                and (g["src_node"], g["dst_node"]) == (f["src_node"], f["dst_node"])
+                and a < d
+                and c < b
+                for (c, d), g in enforced
+            )
 
 
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
@@ -173,25 +199,47 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
             # A best-effort flow has no grant: its rate is only what the decision expected.
             grant = f["rate_mbps"] if network == "enforced" else None
             key = f"{f['src']}>{f['dst']}"
-            rates = installed_mbps(att.get("installed", []), key, att.get("started_at", 0.0),
-                                   att.get("ended_at")) if grant else None
+            rates = (
+                installed_mbps(
+                    att.get("installed", []), key, att.get("started_at", 0.0), att.get("ended_at")
+                )
+                if grant
+                else None
+            )
             mean, peak = rates if rates else (grant, grant)
             spans = contended_periods(att.get("contended", []), key, att.get("ended_at"))
-            ring = tuple(k for k in inter_node if k != key) \
-                if view.get("collective") == "ring" else ()
-            ratio, judged = wire_ratio(sender, _address(receiver), att.get("installed", []),
-                                       key, spans, ring) if grant else (None, None)
-            flows.append({**f, "rate_mbps": mean, "rate_max_mbps": peak, "granted_mbps": grant,
-                          "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
-                          **tcp_view(sender, receiver), "wire_ratio": ratio,
-                          "judged_busy_s": judged,
-                          "contended_s": round(sum(b - a for a, b in spans
-                                                   if b < float("inf")), 2)})
+            ring = (
+                tuple(k for k in inter_node if k != key) if view.get("collective") == "ring" else ()
+            )
+            ratio, judged = (
+                wire_ratio(sender, _address(receiver), att.get("installed", []), key, spans, ring)
+                if grant
+                else (None, None)
+            )
+            flows.append(
+                {
+                    **f,
+                    "rate_mbps": mean,
+                    "rate_max_mbps": peak,
+                    "granted_mbps": grant,
+                    "measured_mbps": measured_mbps(sender, out_count[f["src"]]),
+                    **tcp_view(sender, receiver),
+                    "wire_ratio": ratio,
+                    "judged_busy_s": judged,
+                    "contended_s": round(sum(b - a for a, b in spans if b < float("inf")), 2),
+                }
+            )
     state = "timeout" if timed_out else view["state"]
     return {
-        "scheduler": scheduler, "seed": seed, "job": base, "collective": view["collective"],
-        "model": view["workload"].get("model", ""), "state": state, "reason": view["reason"],
-        "reached_target": reached, "tta_s": end.get("tta_s") if reached else None,
+        "scheduler": scheduler,
+        "seed": seed,
+        "job": base,
+        "collective": view["collective"],
+        "model": view["workload"].get("model", ""),
+        "state": state,
+        "reason": view["reason"],
+        "reached_target": reached,
+        "tta_s": end.get("tta_s") if reached else None,
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "jct_s": view["jct_s"] if state == "finished" else None,
         "startup_s": end.get("startup_s") if end else None,
@@ -199,9 +247,13 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
         "median_iter_s": round(statistics.median(iters), 4) if iters else None,
         "predicted_iter_s": att.get("predicted_iteration_s") if att else None,
         "decision_ms": round(att["decision_s"] * 1000, 3) if att else None,
-        "attempts": len(view["attempts"]), "placement": att["placement"] if att else {},
+        "attempts": len(view["attempts"]),
+        "placement": att["placement"] if att else {},
         "started_at": att.get("started_at") if att else None,
         "ended_at": att.get("ended_at") if att else None,
-        "network": network, "adjustments": att.get("adjustments", []) if att else [],
-        "flows": flows, "curve": [[round(e["elapsed_s"], 3), e["accuracy"]] for e in evals],
-        "events": view["events"]}
+        "network": network,
+        "adjustments": att.get("adjustments", []) if att else [],
+        "flows": flows,
+        "curve": [[round(e["elapsed_s"], 3), e["accuracy"]] for e in evals],
+        "events": view["events"],
+    }

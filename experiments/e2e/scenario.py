@@ -1,9 +1,12 @@
 """Scenarios: what `experiments/run.py` runs (jobs, background traffic, schedulers, seeds), read
 and checked completely before anything is created. Every problem is a `ScenarioError` naming the
 file, the field and what was expected."""
+
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,8 +19,7 @@ from lab.inventory import Inventory, load_inventory
 from master.scheduling import QUEUES
 from scheduler import compose
 from scheduler.instances import background_load
-from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_documents, \
-    parse_job
+from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_documents, parse_job
 from scheduler.metrics import packable
 from scheduler.model import Cluster
 from scheduler.multi import make_policy
@@ -36,6 +38,7 @@ class ScenarioError(ValueError):
 @dataclass(frozen=True)
 class Background:
     """Another tenant's paced TCP transfer (iperf3) between two compute nodes."""
+
     src: str
     dst: str
     mbps: float
@@ -52,6 +55,7 @@ class Background:
 
 class BackgroundLoad(NamedTuple):
     """What other tenants hold of the network (`loaded`): `instances.background_load`'s draw."""
+
     level: float
     seed: int
 
@@ -72,8 +76,19 @@ class Scenario:
     background_load: BackgroundLoad | None = None  # see `loaded`
 
 
-SCENARIO_KEYS = {"name", "description", "topology", "schedulers", "seeds", "timeout_s",
-                 "background", "jobs", "link_scale", "spread", "background_load"}
+SCENARIO_KEYS = {
+    "name",
+    "description",
+    "topology",
+    "schedulers",
+    "seeds",
+    "timeout_s",
+    "background",
+    "jobs",
+    "link_scale",
+    "spread",
+    "background_load",
+}
 BACKGROUND_KEYS = {"src", "dst", "mbps", "path", "start_s", "cordon", "along"}
 TRAFFIC_CPU, TRAFFIC_MEM_MB = 0.25, 64  # an iperf3 end at most; less on a smaller node
 
@@ -94,8 +109,11 @@ def load_scenario(path: Path) -> Scenario:
     if not isinstance(doc.get("name"), str):
         raise bad("name", "a string")
     schedulers = doc.get("schedulers")
-    if not isinstance(schedulers, list) or not schedulers or \
-            not all(isinstance(s, str) for s in schedulers):
+    if (
+        not isinstance(schedulers, list)
+        or not schedulers
+        or not all(isinstance(s, str) for s in schedulers)
+    ):
         raise bad("schedulers", "a non-empty list of scheduler names")
     seeds, timeout = doc.get("seeds", 1), doc.get("timeout_s", 600)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
@@ -108,10 +126,15 @@ def load_scenario(path: Path) -> Scenario:
     if not isinstance(doc.get("spread", False), bool):
         raise bad("spread", "true or false")
     load = doc.get("background_load")
-    if load is not None and not (isinstance(load, dict) and set(load) == {"level", "seed"} and
-                                 is_number(load["level"]) and 0 <= load["level"] < 1 and
-                                 isinstance(load["seed"], int) and
-                                 not isinstance(load["seed"], bool) and load["seed"] >= 0):
+    if load is not None and not (
+        isinstance(load, dict)
+        and set(load) == {"level", "seed"}
+        and is_number(load["level"])
+        and 0 <= load["level"] < 1
+        and isinstance(load["seed"], int)
+        and not isinstance(load["seed"], bool)
+        and load["seed"] >= 0
+    ):
         raise bad("background_load", "{level: a number in [0, 1), seed: an integer >= 0}")
     jobs = doc.get("jobs")
     if isinstance(jobs, str):
@@ -129,37 +152,61 @@ def load_scenario(path: Path) -> Scenario:
     background = doc.get("background") or []
     if not isinstance(background, list):
         raise bad("background", "a list of {src, dst, mbps, path?, start_s?, cordon?, along?}")
-    return Scenario(doc["name"], where, str(doc.get("topology", "campus")), list(schedulers),
-                    seeds, float(timeout), docs,
-                    [_background(b, f"{where}: field 'background[{i}]'")
-                     for i, b in enumerate(background)], str(doc.get("description", "")),
-                    float(scale), doc.get("spread", False),
-                    None if load is None else BackgroundLoad(float(load["level"]), load["seed"]))
+    return Scenario(
+        doc["name"],
+        where,
+        str(doc.get("topology", "campus")),
+        list(schedulers),
+        seeds,
+        float(timeout),
+        docs,
+        [_background(b, f"{where}: field 'background[{i}]'") for i, b in enumerate(background)],
+        str(doc.get("description", "")),
+        float(scale),
+        doc.get("spread", False),
+        None if load is None else BackgroundLoad(float(load["level"]), load["seed"]),
+    )
 
 
 def _background(b: object, where: str) -> Background:
-    expected = ("{src: NODE, dst: NODE, mbps: RATE > 0, path: [SWITCH, ...] (optional), "
-                "start_s: SECONDS >= 0 (optional), cordon: true|false (optional), "
-                "along: JOB (optional; needs start_s, excludes path)}")
-    if not isinstance(b, dict) or set(b) - BACKGROUND_KEYS or \
-            not isinstance(b.get("src"), str) or not isinstance(b.get("dst"), str) or \
-            not is_number(b.get("mbps")) or b["mbps"] <= 0 or \
-            not isinstance(b.get("path", []), list) or \
-            not all(isinstance(v, str) for v in b.get("path", [])) or \
-            not (b.get("start_s") is None or (is_number(b["start_s"]) and b["start_s"] >= 0)) or \
-            not isinstance(b.get("cordon", True), bool) or \
-            not (b.get("along") is None or (isinstance(b["along"], str) and
-                                            b.get("start_s") is not None and not b.get("path"))):
+    expected = (
+        "{src: NODE, dst: NODE, mbps: RATE > 0, path: [SWITCH, ...] (optional), "
+        "start_s: SECONDS >= 0 (optional), cordon: true|false (optional), "
+        "along: JOB (optional; needs start_s, excludes path)}"
+    )
+    if (
+        not isinstance(b, dict)
+        or set(b) - BACKGROUND_KEYS
+        or not isinstance(b.get("src"), str)
+        or not isinstance(b.get("dst"), str)
+        or not is_number(b.get("mbps"))
+        or b["mbps"] <= 0
+        or not isinstance(b.get("path", []), list)
+        or not all(isinstance(v, str) for v in b.get("path", []))
+        or not (b.get("start_s") is None or (is_number(b["start_s"]) and b["start_s"] >= 0))
+        or not isinstance(b.get("cordon", True), bool)
+        or not (
+            b.get("along") is None
+            or (isinstance(b["along"], str) and b.get("start_s") is not None and not b.get("path"))
+        )
+    ):
         raise ScenarioError(f"{where}: expected {expected}, got {b!r}")
     start = b.get("start_s")
-    return Background(b["src"], b["dst"], float(b["mbps"]), tuple(b.get("path", [])),
-                      None if start is None else float(start), b.get("cordon", True),
-                      b.get("along"))
+    return Background(
+        b["src"],
+        b["dst"],
+        float(b["mbps"]),
+        tuple(b.get("path", [])),
+        None if start is None else float(start),
+        b.get("cordon", True),
+        b.get("along"),
+    )
 
 
 @dataclass
 class Plan:
     """Everything a run needs, checked before anything is created."""
+
     scenario: Scenario
     topo: Topology
     schedulers: list[str]
@@ -171,8 +218,11 @@ class Plan:
 
 def scenario_path(args: argparse.Namespace) -> Path:
     """The scenario file `--scenario`/`--quick` name (default: contention)."""
-    return Path(args.scenario) if args.scenario \
+    return (
+        Path(args.scenario)
+        if args.scenario
         else SCENARIOS / ("quick.yaml" if args.quick else "contention.yaml")
+    )
 
 
 def plan(args: argparse.Namespace) -> Plan:
@@ -189,8 +239,9 @@ def plan(args: argparse.Namespace) -> Plan:
         if scenario.background_load is None:
             raise ScenarioError(f"--background-seed: {scenario.source} has no 'background_load'")
         if args.background_seed < 0:
-            raise ScenarioError(f"--background-seed: expected an integer >= 0, got "
-                                f"{args.background_seed}")
+            raise ScenarioError(
+                f"--background-seed: expected an integer >= 0, got {args.background_seed}"
+            )
         scenario.background_load = scenario.background_load._replace(seed=args.background_seed)
     if scenario.background_load is not None:
         topo = loaded(topo, *scenario.background_load)
@@ -215,8 +266,10 @@ def plan(args: argparse.Namespace) -> Plan:
     scenario.background = background
     strays = [b for b in background if b.along is not None and b.along not in names]
     if strays:
-        raise ScenarioError(f"{scenario.source}: field 'background': along '{strays[0].along}' "
-                            f"is not a job of the scenario ({', '.join(names)})")
+        raise ScenarioError(
+            f"{scenario.source}: field 'background': along '{strays[0].along}' "
+            f"is not a job of the scenario ({', '.join(names)})"
+        )
     cordoned = {v for b in background if b.cordon for v in (b.src, b.dst)}
     if scenario.spread:
         scenario.jobs = spread_jobs(scenario.jobs, topo, cordoned)
@@ -226,9 +279,11 @@ def plan(args: argparse.Namespace) -> Plan:
         _check_runnable(d, cluster, topo.name, cordoned)
     waiting = _not_at_once(scenario.jobs, cluster)
     if waiting:
-        warnings.append(f"the jobs cannot all run at once on {topo.name} (their tasks fit on "
-                        f"no set of nodes together): some of {', '.join(waiting)} will wait "
-                        "for another to end")
+        warnings.append(
+            f"the jobs cannot all run at once on {topo.name} (their tasks fit on "
+            f"no set of nodes together): some of {', '.join(waiting)} will wait "
+            "for another to end"
+        )
     inventory = load_inventory(args.hosts, topo) if args.hosts else None
     out = Path(args.out) if args.out else default_out(scenario, topo)
     results_folder(out, "--out")
@@ -247,12 +302,13 @@ def results_folder(out: Path, what: str) -> None:
         probe.unlink()
     except OSError as e:
         for p in made:  # innermost first
-            try:
+            with contextlib.suppress(OSError):
                 p.rmdir()
-            except OSError:
-                pass
-        why = "exists and is not a folder" if isinstance(e, FileExistsError) else \
-            f"{e.strerror}: {e.filename}"
+        why = (
+            "exists and is not a folder"
+            if isinstance(e, FileExistsError)
+            else f"{e.strerror}: {e.filename}"
+        )
         raise ScenarioError(f"{what} {out}: cannot write results there ({why})") from None
 
 
@@ -262,9 +318,12 @@ def scaled(topo: Topology, factor: float) -> Topology:
     bound what the jobs get (docs/e2e.md, "Sizing")."""
     if factor == 1.0:
         return topo
-    return replace(topo, links=[replace(lk, bw_mbps=lk.bw_mbps * factor) for lk in topo.links],
-                   source="", description=f"{topo.description} (links at {factor:g} × "
-                                          "capacity)".strip())
+    return replace(
+        topo,
+        links=[replace(lk, bw_mbps=lk.bw_mbps * factor) for lk in topo.links],
+        source="",
+        description=f"{topo.description} (links at {factor:g} × capacity)".strip(),
+    )
 
 
 def loaded(topo: Topology, level: float, seed: int) -> Topology:
@@ -279,18 +338,28 @@ def loaded(topo: Topology, level: float, seed: int) -> Topology:
     cluster = background_load(Cluster.from_topology(topo), np.random.default_rng(seed), level)
     free = {n.name: cluster.free(n.name) for n in topo.nodes}
     nodes = [replace(n, cpu=free[n.name].cpu, mem_mb=int(free[n.name].mem_mb)) for n in topo.nodes]
-    links = [replace(lk, bw_mbps=min(cluster.residual(lk.a, lk.b), cluster.residual(lk.b, lk.a)))
-             for lk in topo.links]
-    return replace(topo, nodes=nodes, links=links, source="",
-                   description=f"{topo.description} (background load {level:g}, seed "
-                               f"{seed})".strip())
+    links = [
+        replace(lk, bw_mbps=min(cluster.residual(lk.a, lk.b), cluster.residual(lk.b, lk.a)))
+        for lk in topo.links
+    ]
+    return replace(
+        topo,
+        nodes=nodes,
+        links=links,
+        source="",
+        description=f"{topo.description} (background load {level:g}, seed {seed})".strip(),
+    )
 
 
 def undelayed(topo: Topology) -> Topology:
     """`topo` with no link delay: the network an emulation runs where the kernel has no sch_netem
     (edge/tc.py shapes the rate and drops the delay), on which the Master must decide."""
-    return replace(topo, links=[replace(lk, delay_ms=0.0) for lk in topo.links], source="",
-                   description=f"{topo.description} (links without their delays)".strip())
+    return replace(
+        topo,
+        links=[replace(lk, delay_ms=0.0) for lk in topo.links],
+        source="",
+        description=f"{topo.description} (links without their delays)".strip(),
+    )
 
 
 def default_out(scenario: Scenario, topo: Topology) -> Path:
@@ -303,27 +372,32 @@ def default_out(scenario: Scenario, topo: Topology) -> Path:
 def _background_problem(topo: Topology, b: Background) -> str:
     """Why a background flow cannot run on `topo` ('' if it can)."""
     nodes, switches = {n.name for n in topo.nodes}, {s.name for s in topo.switches}
-    missing = [v for v in (b.src, b.dst) if v not in nodes] + \
-              [v for v in b.path if v not in switches]
+    missing = [v for v in (b.src, b.dst) if v not in nodes] + [
+        v for v in b.path if v not in switches
+    ]
     if missing:
         return f"{', '.join(missing)} not in topology {topo.name}"
     if b.src == b.dst:
         return "src and dst are the same node"
     for v in (b.src, b.dst):
         if topo.node(v).cpu < 0.01 or topo.node(v).mem_mb < 32:
-            return f"node {v} is too small to run a traffic end (cpu {topo.node(v).cpu:g}, " \
-                   f"{topo.node(v).mem_mb:g} MiB)"
+            return (
+                f"node {v} is too small to run a traffic end (cpu {topo.node(v).cpu:g}, "
+                f"{topo.node(v).mem_mb:g} MiB)"
+            )
     if b.path:
         graph = topo.graph()
         ends = [topo.access_link(b.src).other(b.src), topo.access_link(b.dst).other(b.dst)]
-        if [b.path[0], b.path[-1]] != ends or \
-                not all(graph.has_edge(u, v) for u, v in zip(b.path, b.path[1:])):
+        if [b.path[0], b.path[-1]] != ends or not all(
+            graph.has_edge(u, v) for u, v in zip(b.path, b.path[1:])
+        ):
             return f"path {list(b.path)} is not a path from {ends[0]} to {ends[1]}"
     return ""
 
 
-def tenant_path(topo: Topology, b: Background, flows: list[dict]
-                ) -> tuple[list[str], tuple[str, str]] | None:
+def tenant_path(
+    topo: Topology, b: Background, flows: list[dict]
+) -> tuple[list[str], tuple[str, str]] | None:
     """The switches `b`'s transfer takes to cross the inter-switch link that the job's `flows`
     (each with `path`, nodes included, and `rate_mbps`) load most, relative to its capacity, and
     that link; None if the flows cross no switch-to-switch link or no loop-free path from b.src
@@ -336,14 +410,18 @@ def tenant_path(topo: Topology, b: Background, flows: list[dict]
     load: dict[tuple[str, str], float] = {}
     for f in flows:
         hops = f.get("path") or []
-        for u, v in zip(hops, hops[1:]):
+        for u, v in itertools.pairwise(hops):
             if switches.has_edge(u, v):
                 load[(u, v)] = load.get((u, v), 0.0) + (f.get("rate_mbps") or 0.0)
 
     def detour(u: str, v: str) -> float:  # the bottleneck of the widest u-v path avoiding u-v
         for width in sorted({d["bw_mbps"] for *_, d in switches.edges(data=True)}, reverse=True):
-            wide = nx.subgraph_view(switches, filter_edge=lambda x, y: {x, y} != {u, v} and
-                                    switches.edges[x, y]["bw_mbps"] >= width)
+            wide = nx.subgraph_view(
+                switches,
+                filter_edge=lambda x, y, width=width: (
+                    {x, y} != {u, v} and switches.edges[x, y]["bw_mbps"] >= width
+                ),
+            )
             if nx.has_path(wide, u, v):
                 return width
         return 0.0
@@ -357,11 +435,20 @@ def tenant_path(topo: Topology, b: Background, flows: list[dict]
         except (nx.NetworkXNoPath, nx.NodeNotFound):
             continue
         path = head + tail
-        hops = list(zip(path, path[1:]))
+        hops = list(itertools.pairwise(path))
         width = min(g.edges[x, y]["bw_mbps"] for x, y in hops)
         shared = sum(hop in load for hop in hops) - 1  # the job's other links the tenant loads
-        ranked.append((load[u, v] / g.edges[u, v]["bw_mbps"], shared, -detour(u, v), -width,
-                       len(path), path, (u, v)))
+        ranked.append(
+            (
+                load[u, v] / g.edges[u, v]["bw_mbps"],
+                shared,
+                -detour(u, v),
+                -width,
+                len(path),
+                path,
+                (u, v),
+            )
+        )
     if not ranked:
         return None
     top = max(r[0] for r in ranked)  # within 5 % of the most loaded counts as equally loaded
@@ -373,16 +460,17 @@ def traffic_quota(node) -> tuple[float, int]:
     return min(TRAFFIC_CPU, node.cpu), int(min(TRAFFIC_MEM_MB, node.mem_mb))
 
 
-def spread_jobs(docs: list[JobDocument], topo: Topology, cordoned: set[str]
-                ) -> list[JobDocument]:
+def spread_jobs(docs: list[JobDocument], topo: Topology, cordoned: set[str]) -> list[JobDocument]:
     """The jobs with every task asking at least the least memory with which no node of `topo`
     (but the `cordoned` ones) holds the whole job: ⌊the largest node's memory / the job's
     tasks⌋ + 1 MiB, so that every job spans nodes whatever the topology (a scenario's `spread:
     true`). A task that asks for more keeps it; a one-task job cannot be spread and stays."""
     sizes = [n.mem_mb for n in topo.nodes if n.name not in cordoned]
     if not sizes:
-        raise ScenarioError(f"topology {topo.name}: every compute node is a background "
-                            "endpoint (cordoned): no node is left to spread the jobs over")
+        raise ScenarioError(
+            f"topology {topo.name}: every compute node is a background "
+            "endpoint (cordoned): no node is left to spread the jobs over"
+        )
     largest = max(sizes)
     out = []
     for d in docs:
@@ -391,8 +479,9 @@ def spread_jobs(docs: list[JobDocument], topo: Topology, cordoned: set[str]
             continue
         least = largest // len(d.job.tasks) + 1
 
-        def sized(task: dict) -> dict:
+        def sized(task: dict, least: int = least) -> dict:
             return {**task, "mem_mb": max(task.get("mem_mb") or 0, least)}
+
         mapping = dict(d.mapping)
         for key in ("task", "ps"):
             if isinstance(mapping.get(key), dict):
@@ -409,8 +498,11 @@ def _not_at_once(docs: list[JobDocument], cluster: Cluster) -> list[str]:
     if len(docs) < 2:
         return []
     together = replace(docs[0].job, tasks=[t for d in docs for t in d.job.tasks], flows=[])
-    return [] if packable(cluster, together, budget=20_000) is not False else \
-        [d.job.name for d in docs]
+    return (
+        []
+        if packable(cluster, together, budget=20_000) is not False
+        else [d.job.name for d in docs]
+    )
 
 
 def _check_runnable(d: JobDocument, cluster: Cluster, topo: str, cordoned: set[str]) -> None:
@@ -418,9 +510,13 @@ def _check_runnable(d: JobDocument, cluster: Cluster, topo: str, cordoned: set[s
     nodes of `cluster` (topology `topo`, the `cordoned` nodes offline)."""
     job = d.job
     if job.collective not in WORKLOAD_COLLECTIVE and not job.command:
-        raise ScenarioError(f"{d.source}: job '{job.name}': the worker program runs ring and "
-                            f"star jobs only; a {job.collective} job needs a `command`")
+        raise ScenarioError(
+            f"{d.source}: job '{job.name}': the worker program runs ring and "
+            f"star jobs only; a {job.collective} job needs a `command`"
+        )
     if packable(cluster, job, budget=20_000) is False:
-        raise ScenarioError(f"{d.source}: job '{job.name}': its tasks fit on no set of "
-                            f"{'uncordoned ' if cordoned else ''}nodes of topology {topo}, "
-                            "even with nothing else running")
+        raise ScenarioError(
+            f"{d.source}: job '{job.name}': its tasks fit on no set of "
+            f"{'uncordoned ' if cordoned else ''}nodes of topology {topo}, "
+            "even with nothing else running"
+        )

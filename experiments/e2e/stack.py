@@ -1,6 +1,7 @@
 """The live system of an end-to-end run, brought up once and torn down in reverse on exit,
 exception, Ctrl-C or SIGTERM: the SDN app, the network (emulated here; real hosts in
 `lab_stack`), the Master, one edge agent per node, and the scenario's background traffic."""
+
 from __future__ import annotations
 
 import logging
@@ -10,8 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import yaml
 from docker.errors import DockerException
@@ -64,10 +66,14 @@ class StackBase:
         logf = (self.logs / f"{name}.log").open(mode)
         # A session of its own: Ctrl-C reaches only us, and we stop children in order. The run's
         # prefix in its environment: a cleanup after our own kill -9 finds it by that.
-        return subprocess.Popen([sys.executable, *self.commands[name]], cwd=REPO, stdout=logf,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                     PREFIX_ENV: self.prefix})
+        return subprocess.Popen(
+            [sys.executable, *self.commands[name]],
+            cwd=REPO,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PREFIX_ENV: self.prefix},
+        )
 
     def process(self, name: str) -> subprocess.Popen:
         return next(p for n, p in self.procs if n == name)
@@ -84,8 +90,9 @@ class StackBase:
     def _check_alive(self) -> None:
         for name, p in self.procs:
             if p.poll() is not None:
-                raise RunError(f"{name} exited with code {p.returncode} (see "
-                               f"{self.logs / (name + '.log')})")
+                raise RunError(
+                    f"{name} exited with code {p.returncode} (see {self.logs / (name + '.log')})"
+                )
 
     def __enter__(self) -> StackBase:
         if threading.current_thread() is threading.main_thread():
@@ -101,8 +108,11 @@ class StackBase:
         """Down in reverse, with Ctrl-C and SIGTERM ignored meanwhile: a second one must not
         leave half of it."""
         t0 = time.monotonic()
-        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} \
-            if threading.current_thread() is threading.main_thread() else {}
+        held = (
+            {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+            if threading.current_thread() is threading.main_thread()
+            else {}
+        )
         try:
             self._down()
         finally:
@@ -128,8 +138,21 @@ class StackBase:
         """The SDN app, its OpenFlow port on `of_host`:`of_port`, its REST API on loopback (only
         the Master and we call it); until every switch of the topology is connected."""
         rest_port = free_port()
-        self._spawn("sdn_app", ["-m", "sdn_app", "--topo", topo_arg, "--of-port", str(of_port),
-                                "--of-host", of_host, "--rest", f"127.0.0.1:{rest_port}"])
+        self._spawn(
+            "sdn_app",
+            [
+                "-m",
+                "sdn_app",
+                "--topo",
+                topo_arg,
+                "--of-port",
+                str(of_port),
+                "--of-host",
+                of_host,
+                "--rest",
+                f"127.0.0.1:{rest_port}",
+            ],
+        )
         self.sdn = SdnClient(f"http://127.0.0.1:{rest_port}")
 
     def _wait_switches(self, timeout_s: float) -> None:
@@ -139,14 +162,39 @@ class StackBase:
             self._check_alive()
             raise RunError(f"the SDN app did not get every switch: {e.message}") from None
 
-    def _start_master(self, topo_arg: str, image: str, host: str, port: int,
-                      token_file: str = "", token: str | None = None) -> None:
-        self._spawn("master", ["-m", "master", "serve", "--topo", topo_arg, "--host", host,
-                               "--port", str(port), "--sdn", self.sdn.url,
-                               "--sdn-job-id", f"{self.prefix}-jobs", "--image", image,
-                               # a Master restarted in this run (not the next) takes its jobs over
-                               "--state", str(self.logs / f"master-{self.prefix}.sqlite"),
-                               *(["--token-file", token_file] if token_file else [])])
+    def _start_master(
+        self,
+        topo_arg: str,
+        image: str,
+        host: str,
+        port: int,
+        token_file: str = "",
+        token: str | None = None,
+    ) -> None:
+        self._spawn(
+            "master",
+            [
+                "-m",
+                "master",
+                "serve",
+                "--topo",
+                topo_arg,
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--sdn",
+                self.sdn.url,
+                "--sdn-job-id",
+                f"{self.prefix}-jobs",
+                "--image",
+                image,
+                # a Master restarted in this run (not the next) takes its jobs over
+                "--state",
+                str(self.logs / f"master-{self.prefix}.sqlite"),
+                *(["--token-file", token_file] if token_file else []),
+            ],
+        )
         self.master = MasterClient(f"http://{host}:{port}", token=token)
 
     def _wait_agents(self, timeout_s: float) -> None:
@@ -157,7 +205,7 @@ class StackBase:
             raise RunError(str(e)) from None
 
     def _stop_processes(self) -> None:
-        for name, p in reversed(self.procs):  # agents, then the Master, then the SDN app
+        for _, p in reversed(self.procs):  # agents, then the Master, then the SDN app
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for name, p in reversed(self.procs):
@@ -183,8 +231,9 @@ class StackBase:
 
     def pin_traffic(self, i: int, b: Background, path: list[str]) -> None:
         """Background flow `i` along the switches `path` until `unpin_traffic`."""
-        self.sdn.put_job_flows(f"{self.prefix}-bg{i}", [
-            FlowRequest(b.src, b.dst, path, round(b.mbps * 1.2, 3))])
+        self.sdn.put_job_flows(
+            f"{self.prefix}-bg{i}", [FlowRequest(b.src, b.dst, path, round(b.mbps * 1.2, 3))]
+        )
 
     def unpin_traffic(self, i: int) -> None:
         self.sdn.delete_job_flows(f"{self.prefix}-bg{i}")
@@ -195,19 +244,34 @@ class StackBase:
         switches see it flowing."""
         dst = self.topo.node(b.dst)
         port = 5201 + i
-        self._traffic[i] = [self._start_end(b.dst, f"bg{i}-server",
-                                            ["iperf3", "-s", "-p", str(port)],
-                                            *traffic_quota(dst))]
-        poll(lambda: self._listens(b.dst, port), 15,
-             f"background: the iperf3 server on {b.dst} does not listen")
-        self._traffic[i].append(self._start_end(
-            b.src, f"bg{i}-client", ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400",
-                                     "-b", f"{b.mbps:g}M"], *traffic_quota(self.topo.node(b.src))))
+        self._traffic[i] = [
+            self._start_end(
+                b.dst, f"bg{i}-server", ["iperf3", "-s", "-p", str(port)], *traffic_quota(dst)
+            )
+        ]
+        poll(
+            lambda: self._listens(b.dst, port),
+            15,
+            f"background: the iperf3 server on {b.dst} does not listen",
+        )
+        self._traffic[i].append(
+            self._start_end(
+                b.src,
+                f"bg{i}-client",
+                ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400", "-b", f"{b.mbps:g}M"],
+                *traffic_quota(self.topo.node(b.src)),
+            )
+        )
         if wait:
             first_hop = b.path[0] if b.path else self.topo.access_link(b.src).other(b.src)
-            poll(lambda: any(lk.src == b.src and lk.dst == first_hop and
-                             (lk.mbps or 0) >= 0.5 * b.mbps for lk in self.sdn.links()), 20,
-                 f"background {b.label()}: no traffic seen on {b.src}->{first_hop}")
+            poll(
+                lambda: any(
+                    lk.src == b.src and lk.dst == first_hop and (lk.mbps or 0) >= 0.5 * b.mbps
+                    for lk in self.sdn.links()
+                ),
+                20,
+                f"background {b.label()}: no traffic seen on {b.src}->{first_hop}",
+            )
 
     def stop_traffic(self, i: int) -> None:
         self._stop_ends(self._traffic.pop(i, []))
@@ -237,9 +301,11 @@ class Stack(StackBase):
             # The Master and the SDN app decide on the network as it runs: a scheduler given
             # delays the links do not have chooses paths for them (on sndlib/atlanta, 9-93 ms,
             # CES-PPO shared a link for a shorter delay that was not there: docs/e2e.md).
-            console.print("[yellow]warning:[/] this kernel has no sch_netem: the links are "
-                          "emulated without their delays, and the Master and the SDN app are "
-                          "given the topology without them")
+            console.print(
+                "[yellow]warning:[/] this kernel has no sch_netem: the links are "
+                "emulated without their delays, and the Master and the SDN app are "
+                "given the topology without them"
+            )
             topo = undelayed(topo)
         super().__init__(topo, prefix, out, console)
         self.net: Emulation | None = None
@@ -251,8 +317,9 @@ class Stack(StackBase):
         of_port = free_port()
         self.console.print(f"[bold]bring-up[/] {self.topo.name} (prefix {self.prefix})")
         self._start_sdn(topo_arg, "127.0.0.1", of_port)
-        self.net = Emulation(self.topo, prefix=self.prefix, controller=("127.0.0.1", of_port),
-                             image=image)
+        self.net = Emulation(
+            self.topo, prefix=self.prefix, controller=("127.0.0.1", of_port), image=image
+        )
         self.net.__enter__()
         self._wait_switches(60)
         loss = self.net.ping_all(timeout_s=1.0)
@@ -260,14 +327,27 @@ class Stack(StackBase):
             raise RunError(f"{loss:.0%} of pings lost with no job scheduled")
         self._start_master(topo_arg, image, "127.0.0.1", free_port())
         for n in self.topo.nodes:
-            self._spawn(f"agent-{n.name}", [
-                "-m", "edge", "--node", n.name, "--master", self.master.url,
-                "--node-container", self.net.node_container_name(n.name),
-                "--workdir", str(self.out / "agents" / n.name)])
+            self._spawn(
+                f"agent-{n.name}",
+                [
+                    "-m",
+                    "edge",
+                    "--node",
+                    n.name,
+                    "--master",
+                    self.master.url,
+                    "--node-container",
+                    self.net.node_container_name(n.name),
+                    "--workdir",
+                    str(self.out / "agents" / n.name),
+                ],
+            )
         self._wait_agents(60)
         self.timings["up_s"] = time.monotonic() - t0
-        self.console.print(f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
-                           f"switches on the SDN app, {len(self.topo.nodes)} agents on the Master")
+        self.console.print(
+            f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
+            f"switches on the SDN app, {len(self.topo.nodes)} agents on the Master"
+        )
 
     def _start_end(self, node: str, name: str, argv: list[str], cpu: float, mem_mb: int):
         return self.net.start_worker(node, name, argv, cpu, mem_mb)

@@ -10,6 +10,7 @@ Shows which seed and algorithm run, with an ETA. Run it niced:
 `nice -n 19 python -m scheduler.eade all --seeds 5`.
 Bad input: one line on stderr, exit status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,11 +21,21 @@ from pathlib import Path
 import torch
 
 from ..jobs import JobError
-from .agents import ALGORITHMS, AgentConfig
 from ..trace import MACHINE_TABLE
+from .agents import ALGORITHMS, AgentConfig
 from .env import Setting, load_layout
-from .experiment import ALL, CHECKPOINTS, RESULTS, ExperimentConfig, checkpoint_path, \
-    evaluate_all, table, train_all, write, write_curves
+from .experiment import (
+    ALL,
+    CHECKPOINTS,
+    RESULTS,
+    ExperimentConfig,
+    checkpoint_path,
+    evaluate_all,
+    table,
+    train_all,
+    write,
+    write_curves,
+)
 
 
 class UsageError(ValueError):
@@ -32,19 +43,35 @@ class UsageError(ValueError):
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m scheduler.eade", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m scheduler.eade",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("command", choices=("train", "evaluate", "all"))
     d = ExperimentConfig()
     ap.add_argument("--seeds", type=int, default=d.seeds, help=f"seeds 0..N-1 (default {d.seeds})")
-    ap.add_argument("--episodes", type=int, default=d.episodes,
-                    help=f"training episodes per RL algorithm and seed (default {d.episodes})")
-    ap.add_argument("--eval-episodes", type=int, default=d.eval_episodes,
-                    help=f"held-out task streams per seed (default {d.eval_episodes})")
-    ap.add_argument("--algos", default="all",
-                    help=f"'all' or comma-separated among {', '.join(ALL)}")
-    ap.add_argument("--machines", type=Path, default=MACHINE_TABLE,
-                    help="the Alibaba machine table (pai_machine_spec.csv)")
+    ap.add_argument(
+        "--episodes",
+        type=int,
+        default=d.episodes,
+        help=f"training episodes per RL algorithm and seed (default {d.episodes})",
+    )
+    ap.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=d.eval_episodes,
+        help=f"held-out task streams per seed (default {d.eval_episodes})",
+    )
+    ap.add_argument(
+        "--algos", default="all", help=f"'all' or comma-separated among {', '.join(ALL)}"
+    )
+    ap.add_argument(
+        "--machines",
+        type=Path,
+        default=MACHINE_TABLE,
+        help="the Alibaba machine table (pai_machine_spec.csv)",
+    )
     ap.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
     ap.add_argument("--out", type=Path, default=RESULTS)
     try:
@@ -56,19 +83,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def config(args: argparse.Namespace) -> ExperimentConfig:
     for opt in ("seeds", "episodes", "eval_episodes"):
         if getattr(args, opt) < 1:
-            raise UsageError(f"--{opt.replace('_', '-')}: expected an integer ≥ 1, "
-                             f"got {getattr(args, opt)}")
-    names = ALL if args.algos == "all" else tuple(a.strip() for a in args.algos.split(",")
-                                                  if a.strip())
+            raise UsageError(
+                f"--{opt.replace('_', '-')}: expected an integer ≥ 1, got {getattr(args, opt)}"
+            )
+    names = (
+        ALL if args.algos == "all" else tuple(a.strip() for a in args.algos.split(",") if a.strip())
+    )
     unknown = [a for a in names if a not in ALL]
     if unknown or not names:
-        raise UsageError(f"--algos: unknown algorithm '{unknown[0] if unknown else args.algos}' "
-                         f"(known: {', '.join(ALL)}, or all)")
+        raise UsageError(
+            f"--algos: unknown algorithm '{unknown[0] if unknown else args.algos}' "
+            f"(known: {', '.join(ALL)}, or all)"
+        )
     if not args.machines.is_file():
-        raise UsageError(f"--machines: {args.machines}: no such file (the Alibaba machine table, "
-                         "pai_machine_spec.csv)")
-    return replace(ExperimentConfig(), seeds=args.seeds, episodes=args.episodes,
-                   eval_episodes=args.eval_episodes, algorithms=names)
+        raise UsageError(
+            f"--machines: {args.machines}: no such file (the Alibaba machine table, "
+            "pai_machine_spec.csv)"
+        )
+    return replace(
+        ExperimentConfig(),
+        seeds=args.seeds,
+        episodes=args.episodes,
+        eval_episodes=args.eval_episodes,
+        algorithms=names,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,12 +115,18 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config(args)
         training = args.command in ("train", "all")
         if not training:
-            missing = [checkpoint_path(args.checkpoints, a, s) for a in cfg.algorithms
-                       if a in ALGORITHMS for s in range(cfg.seeds)
-                       if not checkpoint_path(args.checkpoints, a, s).exists()]
+            missing = [
+                checkpoint_path(args.checkpoints, a, s)
+                for a in cfg.algorithms
+                if a in ALGORITHMS
+                for s in range(cfg.seeds)
+                if not checkpoint_path(args.checkpoints, a, s).exists()
+            ]
             if missing:
-                raise UsageError(f"{missing[0]}: no checkpoint (train first: "
-                                 f"python -m scheduler.eade train --seeds {cfg.seeds})")
+                raise UsageError(
+                    f"{missing[0]}: no checkpoint (train first: "
+                    f"python -m scheduler.eade train --seeds {cfg.seeds})"
+                )
         setting = Setting()
         layout_cache: dict = {}
 
@@ -103,20 +147,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run(command: str, cfg: ExperimentConfig, setting: Setting, layouts, checkpoints: Path,
-         out: Path) -> dict | None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+def _run(
+    command: str, cfg: ExperimentConfig, setting: Setting, layouts, checkpoints: Path, out: Path
+) -> dict | None:
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     rl = [a for a in cfg.algorithms if a in ALGORITHMS]
     train_units = cfg.seeds * len(rl) * cfg.episodes if command != "evaluate" else 0
-    eval_units = cfg.seeds * (len(cfg.algorithms) + 1) * cfg.eval_episodes \
-        if command != "train" else 0
+    eval_units = (
+        cfg.seeds * (len(cfg.algorithms) + 1) * cfg.eval_episodes if command != "train" else 0
+    )
     doc = None
     # A unit is an episode, trained or evaluated; training ones dominate the ETA, as they should.
-    with Progress(TextColumn("{task.description}"), BarColumn(),
-                  TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), TextColumn("ETA"),
-                  TimeRemainingColumn()) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ) as bar:
         task = bar.add_task("starting", total=train_units + eval_units)
 
         def progress(what: str, units: float) -> None:

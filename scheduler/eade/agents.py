@@ -23,6 +23,7 @@ Action: all four act through the same scalar in [-1, 1] (`MultiClusterEnv.action
 equal bins, C clusters then wait) — the paper's critic input 16×4+4+1 says the action is one
 number; DDPG's deterministic actor outputs it, exploration noise moves it across neighbouring bins.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -52,6 +53,7 @@ ALGORITHMS = ("EADE-DDPG", "DDPG", "TD3", "SAC", "PPO")
 @dataclass
 class AgentConfig:
     """Every hyper-parameter of the RL agents (Table 5 where the paper gives one)."""
+
     episodes: int = 1000  # training episodes of `Setting.tasks` steps (Table 5)
     batch: int = 256  # Table 5 / Table 2
     actor_lr: float = 1e-4  # Table 4
@@ -78,8 +80,14 @@ class ClusterAttention(BaseFeaturesExtractor):
     """Self-attention over the clusters at a network's input. Input: C·R cluster values, the
     task's R values, then `action_dim` action values (critic only)."""
 
-    def __init__(self, observation_space: spaces.Box, clusters: int = 16, embed: int = 8,
-                 features_dim: int = 128, action_dim: int = 0):
+    def __init__(
+        self,
+        observation_space: spaces.Box,
+        clusters: int = 16,
+        embed: int = 8,
+        features_dim: int = 128,
+        action_dim: int = 0,
+    ):
         super().__init__(observation_space, features_dim)
         width = int(np.prod(observation_space.shape))
         self.clusters, self.resources = clusters, width // (clusters + 1)
@@ -93,18 +101,19 @@ class ClusterAttention(BaseFeaturesExtractor):
         # maths at twice the cost on these small tensors; the machine is shared).
         self.qkv = nn.Linear(embed, 3 * embed)
         self.mix = nn.Linear(embed, embed)
-        self.scale = embed ** -0.5
+        self.scale = embed**-0.5
         self.norm = nn.LayerNorm(embed)
-        self.out = nn.Sequential(nn.Linear(tokens * embed + self.resources, features_dim),
-                                 nn.ReLU())
+        self.out = nn.Sequential(
+            nn.Linear(tokens * embed + self.resources, features_dim), nn.ReLU()
+        )
 
     def forward(self, x: th.Tensor) -> th.Tensor:
         c, r = self.clusters, self.resources
-        free = x[:, :c * r].reshape(-1, c, r)
-        task = x[:, c * r:(c + 1) * r]
+        free = x[:, : c * r].reshape(-1, c, r)
+        task = x[:, c * r : (c + 1) * r]
         tokens = self.cluster_in(th.cat([free, task[:, None, :].expand(-1, c, -1)], dim=2))
         if self.action_in is not None:
-            action = x[:, (c + 1) * r:]
+            action = x[:, (c + 1) * r :]
             tokens = th.cat([tokens, self.action_in(action[:, :, None])], dim=1)
         tokens = tokens + self.position
         q, k, v = self.qkv(tokens).chunk(3, dim=2)
@@ -117,16 +126,29 @@ class AttentionCritic(BaseModel):
     """Q(s, a) with the action as one more attention token; the interface of SB3's
     `ContinuousCritic` (forward → a tuple of Q estimates, q1_forward)."""
 
-    def __init__(self, observation_space: spaces.Box, action_space: spaces.Box,
-                 net_arch: list[int], features_extractor: ClusterAttention, features_dim: int,
-                 activation_fn: type[nn.Module] = nn.ReLU, normalize_images: bool = True,
-                 n_critics: int = 1, share_features_extractor: bool = False):
-        super().__init__(observation_space, action_space, features_extractor=features_extractor,
-                         normalize_images=normalize_images)
+    def __init__(
+        self,
+        observation_space: spaces.Box,
+        action_space: spaces.Box,
+        net_arch: list[int],
+        features_extractor: ClusterAttention,
+        features_dim: int,
+        activation_fn: type[nn.Module] = nn.ReLU,
+        normalize_images: bool = True,
+        n_critics: int = 1,
+        share_features_extractor: bool = False,
+    ):
+        super().__init__(
+            observation_space,
+            action_space,
+            features_extractor=features_extractor,
+            normalize_images=normalize_images,
+        )
         self.share_features_extractor = share_features_extractor
         self.q_networks = nn.ModuleList(
             nn.Sequential(*create_mlp(features_dim, 1, net_arch, activation_fn))
-            for _ in range(n_critics))
+            for _ in range(n_critics)
+        )
 
     def _features(self, obs: th.Tensor, actions: th.Tensor) -> th.Tensor:
         x = preprocess_obs(obs, self.observation_space, normalize_images=self.normalize_images)
@@ -146,11 +168,14 @@ class EadePolicy(TD3Policy):
     `AttentionCritic`."""
 
     def make_critic(self, features_extractor=None) -> AttentionCritic:
-        extractor = ClusterAttention(self.observation_space,
-                                     action_dim=int(np.prod(self.action_space.shape)),
-                                     **self.features_extractor_kwargs)
-        kwargs = dict(self.critic_kwargs, features_extractor=extractor,
-                      features_dim=extractor.features_dim)
+        extractor = ClusterAttention(
+            self.observation_space,
+            action_dim=int(np.prod(self.action_space.shape)),
+            **self.features_extractor_kwargs,
+        )
+        kwargs = dict(
+            self.critic_kwargs, features_extractor=extractor, features_dim=extractor.features_dim
+        )
         return AttentionCritic(**kwargs).to(self.device)
 
 
@@ -160,22 +185,45 @@ class DualReplayBuffer(ReplayBuffer):
     round(expert_share × batch) expert transitions (none while the expert buffer is empty),
     the rest online."""
 
-    def __init__(self, buffer_size: int, observation_space: spaces.Space,
-                 action_space: spaces.Space, device: th.device | str = "auto", n_envs: int = 1,
-                 optimize_memory_usage: bool = False, handle_timeout_termination: bool = True,
-                 expert_share: float = 0.1, expert_size: int = 20_000):
-        super().__init__(buffer_size, observation_space, action_space, device, n_envs,
-                         optimize_memory_usage, handle_timeout_termination)
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        expert_share: float = 0.1,
+        expert_size: int = 20_000,
+    ):
+        super().__init__(
+            buffer_size,
+            observation_space,
+            action_space,
+            device,
+            n_envs,
+            optimize_memory_usage,
+            handle_timeout_termination,
+        )
         if not 0 <= expert_share <= 1:
             raise ValueError(f"expert_share must be in [0, 1], got {expert_share}")
         self.expert_share = expert_share
-        self.expert = ReplayBuffer(expert_size, observation_space, action_space, device, 1,
-                                   handle_timeout_termination=False)
+        self.expert = ReplayBuffer(
+            expert_size,
+            observation_space,
+            action_space,
+            device,
+            1,
+            handle_timeout_termination=False,
+        )
 
-    def add_expert(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray,
-                   reward: float, done: bool) -> None:
-        self.expert.add(obs[None], next_obs[None], action[None], np.array([reward]),
-                        np.array([done]), [{}])
+    def add_expert(
+        self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: float, done: bool
+    ) -> None:
+        self.expert.add(
+            obs[None], next_obs[None], action[None], np.array([reward]), np.array([done]), [{}]
+        )
 
     def expert_count(self, batch_size: int) -> int:
         return round(self.expert_share * batch_size) if self.expert.size() else 0
@@ -186,12 +234,14 @@ class DualReplayBuffer(ReplayBuffer):
         if k == 0:
             return online
         demo = self.expert.sample(k, env)
-        return ReplayBufferSamples(*(None if a is None else th.cat([a, b])
-                                     for a, b in zip(online, demo)))
+        return ReplayBufferSamples(
+            *(None if a is None else th.cat([a, b]) for a, b in zip(online, demo))
+        )
 
 
-def fill_expert(buffer: DualReplayBuffer, layout: Layout, setting: Setting, episodes: int,
-                seed: int) -> None:
+def fill_expert(
+    buffer: DualReplayBuffer, layout: Layout, setting: Setting, episodes: int, seed: int
+) -> None:
     """The expert's transitions on `episodes` task streams of their own (seeded), its discrete
     choice stored as the centre of its action bin."""
     env = MultiClusterEnv(layout, setting)
@@ -209,6 +259,7 @@ def fill_expert(buffer: DualReplayBuffer, layout: Layout, setting: Setting, epis
 # --- the algorithms -------------------------------------------------------------------------------
 class TwoRates:
     """Actor and critic learning rates of their own (SB3 sets one rate on both optimizers)."""
+
     actor_lr: float
     critic_lr: float
 
@@ -245,33 +296,75 @@ def _model(name: str, env, cfg: AgentConfig, seed: int, buffer: int | None):
     hidden = list(cfg.hidden)
     size = cfg.buffer if buffer is None else buffer
     noise = NormalActionNoise(np.zeros(1), np.full(1, cfg.noise))
-    off_policy = dict(buffer_size=size, batch_size=cfg.batch, gamma=cfg.gamma, tau=cfg.tau,
-                      learning_starts=cfg.learning_starts, seed=seed, device="cpu")
+    off_policy = dict(
+        buffer_size=size,
+        batch_size=cfg.batch,
+        gamma=cfg.gamma,
+        tau=cfg.tau,
+        learning_starts=cfg.learning_starts,
+        seed=seed,
+        device="cpu",
+    )
     if name == "EADE-DDPG":
-        extractor = dict(clusters=_clusters(env), embed=cfg.embed,
-                         features_dim=cfg.features)
-        return PaperDDPG(EadePolicy, env, actor_lr=cfg.actor_lr, critic_lr=cfg.critic_lr,
-                         action_noise=noise, replay_buffer_class=DualReplayBuffer,
-                         replay_buffer_kwargs=dict(expert_share=cfg.expert_share,
-                                                   expert_size=max(1, cfg.expert_episodes) *
-                                                   _tasks(env)),
-                         policy_kwargs=dict(net_arch=hidden, features_extractor_kwargs=extractor,
-                                            features_extractor_class=ClusterAttention),
-                         **off_policy)
+        extractor = dict(clusters=_clusters(env), embed=cfg.embed, features_dim=cfg.features)
+        return PaperDDPG(
+            EadePolicy,
+            env,
+            actor_lr=cfg.actor_lr,
+            critic_lr=cfg.critic_lr,
+            action_noise=noise,
+            replay_buffer_class=DualReplayBuffer,
+            replay_buffer_kwargs=dict(
+                expert_share=cfg.expert_share, expert_size=max(1, cfg.expert_episodes) * _tasks(env)
+            ),
+            policy_kwargs=dict(
+                net_arch=hidden,
+                features_extractor_kwargs=extractor,
+                features_extractor_class=ClusterAttention,
+            ),
+            **off_policy,
+        )
     if name == "DDPG":
-        return PaperDDPG("MlpPolicy", env, actor_lr=cfg.actor_lr, critic_lr=cfg.critic_lr,
-                         action_noise=noise, policy_kwargs=dict(net_arch=hidden), **off_policy)
+        return PaperDDPG(
+            "MlpPolicy",
+            env,
+            actor_lr=cfg.actor_lr,
+            critic_lr=cfg.critic_lr,
+            action_noise=noise,
+            policy_kwargs=dict(net_arch=hidden),
+            **off_policy,
+        )
     if name == "TD3":
-        return PaperTD3("MlpPolicy", env, actor_lr=cfg.actor_lr, critic_lr=cfg.critic_lr,
-                        action_noise=noise, policy_kwargs=dict(net_arch=hidden), **off_policy)
+        return PaperTD3(
+            "MlpPolicy",
+            env,
+            actor_lr=cfg.actor_lr,
+            critic_lr=cfg.critic_lr,
+            action_noise=noise,
+            policy_kwargs=dict(net_arch=hidden),
+            **off_policy,
+        )
     if name == "SAC":
-        return SAC("MlpPolicy", env, learning_rate=cfg.sb3_lr,
-                   policy_kwargs=dict(net_arch=hidden), **off_policy)
+        return SAC(
+            "MlpPolicy",
+            env,
+            learning_rate=cfg.sb3_lr,
+            policy_kwargs=dict(net_arch=hidden),
+            **off_policy,
+        )
     if name == "PPO":  # rollouts of 10 episodes, minibatches of one episode's length
         tasks = _tasks(env)
-        return PPO("MlpPolicy", env, learning_rate=cfg.sb3_lr, gamma=cfg.gamma, n_steps=10 * tasks,
-                   batch_size=tasks, seed=seed, device="cpu",
-                   policy_kwargs=dict(net_arch=dict(pi=hidden, vf=hidden)))
+        return PPO(
+            "MlpPolicy",
+            env,
+            learning_rate=cfg.sb3_lr,
+            gamma=cfg.gamma,
+            n_steps=10 * tasks,
+            batch_size=tasks,
+            seed=seed,
+            device="cpu",
+            policy_kwargs=dict(net_arch=dict(pi=hidden, vf=hidden)),
+        )
     raise ValueError(f"unknown algorithm '{name}' (expected one of {', '.join(ALGORITHMS)})")
 
 
@@ -298,18 +391,20 @@ def acting_state(model) -> dict[str, th.Tensor]:
 
 
 def save_acting(model, name: str, cfg: AgentConfig, path: str | Path, meta: dict) -> None:
-    th.save({"algorithm": name, "config": cfg.as_dict(),
-             "state": acting_state(model), "meta": meta}, path)
+    th.save(
+        {"algorithm": name, "config": cfg.as_dict(), "state": acting_state(model), "meta": meta},
+        path,
+    )
 
 
 def load_acting(path: str | Path, env) -> tuple[str, object, dict]:
     """(algorithm, a model that acts like the saved one, meta)."""
     data = th.load(path, map_location="cpu", weights_only=True)
-    cfg = AgentConfig(**{k: tuple(v) if isinstance(v, list) else v
-                         for k, v in data["config"].items()})
+    cfg = AgentConfig(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()}
+    )
     model = build(data["algorithm"], env, cfg, seed=0, buffer=1)
-    missing = model.policy.load_state_dict(data["state"],
-                                           strict=False).missing_keys
+    missing = model.policy.load_state_dict(data["state"], strict=False).missing_keys
     if any(k in acting_state(model) for k in missing):
         raise ValueError(f"{path}: checkpoint lacks {missing[0]}")
     model.policy.set_training_mode(False)

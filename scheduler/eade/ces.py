@@ -23,6 +23,7 @@ critic weighs per-node values by softmax(score / temperature) over the feasible 
 also entering its attention tokens, so Q is smooth in the scores and the deterministic policy
 gradient raises the scores of the nodes it values. Inference is one greedy pass over the tasks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,17 +33,26 @@ import random
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..baselines import NetworkAware, register
-from ..env import (JOB_FEATURES, NODE_FEATURES, STEP_FEATURES, EnvConfig, GraphInput,
-                   PlacementEpisode, StepObservation, TrainingInstances, episode_return)
+from ..env import (
+    JOB_FEATURES,
+    NODE_FEATURES,
+    STEP_FEATURES,
+    EnvConfig,
+    GraphInput,
+    PlacementEpisode,
+    StepObservation,
+    TrainingInstances,
+    episode_return,
+)
 from ..model import CannotPlace, Cluster, Decision, Job
 from ..ppo import _plain, mlp, threads
 
@@ -77,14 +87,16 @@ class CesEadeConfig:
 class State:
     """What the networks see of one step: per compute node its graph features (the episode's
     start), its step features and the job's."""
+
     x: np.ndarray  # (n, FEATURES) float32
     mask: np.ndarray  # (n,) bool: feasible
 
     @classmethod
     def of(cls, graph: GraphInput, obs: StepObservation) -> State:
         n = graph.n_compute
-        x = np.concatenate([graph.node_x[:n], obs.x, np.repeat(graph.job_x[None, :], n, axis=0)],
-                           axis=1)
+        x = np.concatenate(
+            [graph.node_x[:n], obs.x, np.repeat(graph.job_x[None, :], n, axis=0)], axis=1
+        )
         return cls(x.astype(np.float32), obs.mask.copy())
 
 
@@ -95,9 +107,9 @@ def collate(states: list[State]) -> tuple[Tensor, Tensor, Tensor]:
     mask = np.zeros((len(states), n), bool)
     real = np.zeros((len(states), n), bool)
     for i, s in enumerate(states):
-        x[i, :len(s.mask)] = s.x
-        mask[i, :len(s.mask)] = s.mask
-        real[i, :len(s.mask)] = True
+        x[i, : len(s.mask)] = s.x
+        mask[i, : len(s.mask)] = s.mask
+        real[i, : len(s.mask)] = True
     return torch.from_numpy(x), torch.from_numpy(mask), torch.from_numpy(real)
 
 
@@ -112,7 +124,7 @@ class NodeAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.mix = nn.Linear(hidden, hidden)
         self.norm = nn.LayerNorm(hidden)
-        self.scale = hidden ** -0.5
+        self.scale = hidden**-0.5
 
     def forward(self, x: Tensor, real: Tensor) -> Tensor:
         h = self.embed(x)
@@ -193,8 +205,9 @@ class DualReplay:
 
 
 # --- training -------------------------------------------------------------------------------------
-def play(ep: PlacementEpisode, choose: Callable[[State], tuple[int, np.ndarray]]) \
-        -> tuple[list[Transition], dict]:
+def play(
+    ep: PlacementEpisode, choose: Callable[[State], tuple[int, np.ndarray]]
+) -> tuple[list[Transition], dict]:
     """One episode from its first step; `choose(state)` → (node, action scores). The transitions
     (reward 0 until the last, then `episode_return`) and the end info."""
     out: list[Transition] = []
@@ -257,13 +270,17 @@ def _copy(net: nn.Module) -> nn.Module:
     return out
 
 
-def update(agent: Agent, batch: list[Transition], cfg: CesEadeConfig,
-           optims: tuple[torch.optim.Optimizer, torch.optim.Optimizer]) -> tuple[float, float]:
+def update(
+    agent: Agent,
+    batch: list[Transition],
+    cfg: CesEadeConfig,
+    optims: tuple[torch.optim.Optimizer, torch.optim.Optimizer],
+) -> tuple[float, float]:
     """One DDPG update (Algorithm 1, lines 12–17); (critic loss, actor loss)."""
     x, mask, real = collate([t.state for t in batch])
     a = torch.zeros(mask.shape)
     for i, t in enumerate(batch):
-        a[i, :len(t.action)] = torch.from_numpy(t.action)
+        a[i, : len(t.action)] = torch.from_numpy(t.action)
     r = torch.tensor([t.reward for t in batch], dtype=torch.float32)
     live = [i for i, t in enumerate(batch) if t.next_state is not None]
     y = r.clone()
@@ -292,8 +309,10 @@ def train(cfg: CesEadeConfig, log: Callable[[dict], None] = lambda row: None) ->
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     agent = Agent(Actor(FEATURES, cfg.hidden), Critic(FEATURES, cfg.hidden, cfg.temperature))
-    optims = (torch.optim.Adam(agent.actor.parameters(), lr=cfg.actor_lr),
-              torch.optim.Adam(agent.critic.parameters(), lr=cfg.critic_lr))
+    optims = (
+        torch.optim.Adam(agent.actor.parameters(), lr=cfg.actor_lr),
+        torch.optim.Adam(agent.critic.parameters(), lr=cfg.critic_lr),
+    )
     replay = DualReplay(cfg.buffer, cfg.expert_share, random.Random(cfg.seed))
     source = TrainingInstances(cfg.instances, cfg.seed)
     expert_jobs = 0
@@ -310,35 +329,53 @@ def train(cfg: CesEadeConfig, log: Callable[[dict], None] = lambda row: None) ->
         episode += 1
 
         def explore(state: State) -> tuple[int, np.ndarray]:
-            a = np.clip(scores_of(agent.actor, state) +
-                        rng.normal(0, cfg.noise, len(state.mask)), -1, 1).astype(np.float32)
+            a = np.clip(
+                scores_of(agent.actor, state) + rng.normal(0, cfg.noise, len(state.mask)), -1, 1
+            ).astype(np.float32)
             return best_node(a, state.mask), a
 
         steps, info = play(ep, explore)
         replay.online.extend(steps)
-        losses = [update(agent, replay.sample(cfg.batch), cfg, optims) for _ in steps
-                  if len(replay.online) >= cfg.learning_starts]
+        losses = [
+            update(agent, replay.sample(cfg.batch), cfg, optims)
+            for _ in steps
+            if len(replay.online) >= cfg.learning_starts
+        ]
         window.append({"return": sum(t.reward for t in steps), "placed": float(info["placed"])})
         if episode % 50 == 0 or episode == cfg.episodes:
-            log({"episode": episode, "return": float(np.mean([w["return"] for w in window])),
-                 "placed": float(np.mean([w["placed"] for w in window])),
-                 "critic_loss": float(np.mean([c for c, _ in losses])) if losses else math.nan,
-                 "actor_loss": float(np.mean([a for _, a in losses])) if losses else math.nan})
+            log(
+                {
+                    "episode": episode,
+                    "return": float(np.mean([w["return"] for w in window])),
+                    "placed": float(np.mean([w["placed"] for w in window])),
+                    "critic_loss": float(np.mean([c for c, _ in losses])) if losses else math.nan,
+                    "actor_loss": float(np.mean([a for _, a in losses])) if losses else math.nan,
+                }
+            )
     return agent
 
 
 def save(agent: Agent, cfg: CesEadeConfig, path: str | Path, meta: dict) -> None:
-    torch.save({"config": _plain(asdict(cfg)), "features": FEATURES,
-                "actor": agent.actor.state_dict(), "meta": meta}, path)
+    torch.save(
+        {
+            "config": _plain(asdict(cfg)),
+            "features": FEATURES,
+            "actor": agent.actor.state_dict(),
+            "meta": meta,
+        },
+        path,
+    )
 
 
 def load(path: str | Path = CHECKPOINT) -> tuple[Actor, dict]:
     """The trained actor and the checkpoint's meta (its config is kept as a record)."""
     data = torch.load(path, map_location="cpu", weights_only=True)
     if data["features"] != FEATURES:
-        raise ValueError(f"{path}: trained on {data['features']} features per node, "
-                         f"scheduler/env.py now gives {FEATURES}: retrain "
-                         "(python -m scheduler.eade.ces)")
+        raise ValueError(
+            f"{path}: trained on {data['features']} features per node, "
+            f"scheduler/env.py now gives {FEATURES}: retrain "
+            "(python -m scheduler.eade.ces)"
+        )
     actor = Actor(FEATURES, data["config"]["hidden"])
     actor.load_state_dict(data["actor"])
     actor.eval()
@@ -351,6 +388,7 @@ def load(path: str | Path = CHECKPOINT) -> tuple[Actor, dict]:
 class EadeDDPG:
     """Greedy inference of the trained actor: each task on its feasible node with the highest
     score; the network part by CES's network decision (`PlacementEpisode.decision`)."""
+
     name: str = "eade-ddpg"
     seed: int = 0  # unused: inference draws nothing
     checkpoint: str | Path = CHECKPOINT
@@ -358,8 +396,10 @@ class EadeDDPG:
 
     def __post_init__(self) -> None:
         if not Path(self.checkpoint).exists():
-            raise FileNotFoundError(f"{self.checkpoint}: no eade-ddpg checkpoint (train one: "
-                                    "python -m scheduler.eade.ces)")
+            raise FileNotFoundError(
+                f"{self.checkpoint}: no eade-ddpg checkpoint (train one: "
+                "python -m scheduler.eade.ces)"
+            )
         self.actor, _ = load(self.checkpoint)
 
     def place(self, cluster: Cluster, job: Job) -> Decision:
@@ -377,8 +417,10 @@ class EadeDDPG:
 
 # --- the train command ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scheduler.eade.ces",
-                                 description="Train the eade-ddpg placement algorithm of CES.")
+    ap = argparse.ArgumentParser(
+        prog="python -m scheduler.eade.ces",
+        description="Train the eade-ddpg placement algorithm of CES.",
+    )
     d = CesEadeConfig()
     ap.add_argument("--episodes", type=int, default=d.episodes, help="jobs placed while learning")
     ap.add_argument("--expert-episodes", type=int, default=d.expert_episodes)
@@ -389,19 +431,30 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--episodes must be ≥ 1 and --expert-episodes ≥ 0")
     if args.out.parent.exists() and not args.out.parent.is_dir():
         ap.error(f"--out: {args.out.parent} is not a directory")
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from ..evaluate import machine_info
 
-    cfg = CesEadeConfig(seed=args.seed, episodes=args.episodes,
-                        expert_episodes=args.expert_episodes)
+    cfg = CesEadeConfig(
+        seed=args.seed, episodes=args.episodes, expert_episodes=args.expert_episodes
+    )
     rows: list[dict] = []
     wall, cpu = time.perf_counter(), time.process_time()
-    with Progress(TextColumn("[bold]eade-ddpg[/] seed {task.fields[seed]}"), BarColumn(),
-                  TextColumn("{task.completed:>5.0f}/{task.total:.0f} jobs"),
-                  TextColumn("return {task.fields[ret]:>6.2f} placed {task.fields[placed]:>4.0%}"),
-                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
+    with Progress(
+        TextColumn("[bold]eade-ddpg[/] seed {task.fields[seed]}"),
+        BarColumn(),
+        TextColumn("{task.completed:>5.0f}/{task.total:.0f} jobs"),
+        TextColumn("return {task.fields[ret]:>6.2f} placed {task.fields[placed]:>4.0%}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ) as bar:
         task = bar.add_task("train", total=cfg.episodes, seed=cfg.seed, ret=0.0, placed=0.0)
 
         def log(row: dict) -> None:
@@ -410,9 +463,17 @@ def main(argv: list[str] | None = None) -> int:
 
         agent = train(cfg, log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(agent, cfg, args.out, {"wall_s": time.perf_counter() - wall,
-                                "cpu_s": time.process_time() - cpu, "curve": rows,
-                                "machine": machine_info()})
+    save(
+        agent,
+        cfg,
+        args.out,
+        {
+            "wall_s": time.perf_counter() - wall,
+            "cpu_s": time.process_time() - cpu,
+            "curve": rows,
+            "machine": machine_info(),
+        },
+    )
     print(f"checkpoint {args.out} ({time.perf_counter() - wall:.0f} s)")
     return 0
 

@@ -25,6 +25,7 @@ Metrics at the end of an episode (§4.3): N = n_success + n_suc_jud (eq. 26, via
 `scheduler.metrics.deployed_count`), F (eq. 27), σ² of Ū_n across clusters (eq. 28) and the same
 over the GPU resources only (Table 9 is titled "GPU load variance").
 """
+
 from __future__ import annotations
 
 import math
@@ -60,6 +61,7 @@ class TaskShapes:
     times a factor log-uniform in [1/gpu_mem_spread, gpu_mem_spread], at most one card; a whole
     card takes all of it. (Our choice: memory and compute shares correlated, not equal, so the
     two GPU resources fill at different rates, as in the paper's Table 6.)"""
+
     gpu_share: tuple = ((15, 5, 20), (27, 25, 25), (13, 50, 50), (43, 100, 100))
     cpu: tuple = ((17, 0.5, 1), (3, 1, 6), (52, 6, 6), (6, 6, 20), (7, 20, 20), (7, 20, 60))
     mem: tuple = ((5, 2, 29.3), (73, 29.3, 29.3), (7, 29.3, 50), (2, 50, 100), (6, 100, 300))
@@ -70,10 +72,12 @@ class TaskShapes:
         share = _buckets(rng, self.gpu_share, n)
         share = np.where(share < 25, np.round(share / 5) * 5, share)  # the trace's 5 % grid
         factor = np.exp(rng.uniform(-1, 1, n) * math.log(self.gpu_mem_spread))
-        gpu_mem = np.where(share >= 100, card_mem_gb,
-                           np.minimum(share / 100 * factor, 1.0) * card_mem_gb)
-        return np.stack([_buckets(rng, self.cpu, n), _buckets(rng, self.mem, n), gpu_mem, share],
-                        axis=1)
+        gpu_mem = np.where(
+            share >= 100, card_mem_gb, np.minimum(share / 100 * factor, 1.0) * card_mem_gb
+        )
+        return np.stack(
+            [_buckets(rng, self.cpu, n), _buckets(rng, self.mem, n), gpu_mem, share], axis=1
+        )
 
 
 def _buckets(rng: np.random.Generator, table: tuple, n: int) -> np.ndarray:
@@ -86,6 +90,7 @@ def _buckets(rng: np.random.Generator, table: tuple, n: int) -> np.ndarray:
 @dataclass(frozen=True)
 class Setting:
     """The paper's setting (§4.1, Table 5) and what it leaves open (docs/eade.md)."""
+
     clusters: int = 16
     hosts: int = 4  # per cluster
     tasks: int = 220  # per episode, FIFO
@@ -108,6 +113,7 @@ class Setting:
 @dataclass(frozen=True)
 class Layout:
     """The hardware: host h belongs to cluster h // hosts."""
+
     hosts: int  # per cluster
     host_cap: np.ndarray  # (H, 2) cpu cores, memory GB
     card_cap: np.ndarray  # (H, K, 2) GPU memory GB, GPU core; zero rows where a host has < K cards
@@ -123,26 +129,34 @@ class Layout:
         return per_host.reshape(self.clusters, self.hosts, 4).sum(axis=1)
 
 
-def build_layout(machines: list[Machine], rng: np.random.Generator,
-                 setting: Setting = Setting()) -> Layout:
+def build_layout(
+    machines: list[Machine], rng: np.random.Generator, setting: Setting = Setting()
+) -> Layout:
     """clusters × hosts machines of `setting.gpu_types` drawn without replacement from the table,
     in draw order; every card a P4-like one."""
     pool = [m for m in machines if m.gpu_type in setting.gpu_types and m.gpu >= 1]
     need = setting.clusters * setting.hosts
     if len(pool) < need:
-        raise ValueError(f"the machine table has {len(pool)} machines of types "
-                         f"{', '.join(setting.gpu_types)}; the setting needs {need}")
+        raise ValueError(
+            f"the machine table has {len(pool)} machines of types "
+            f"{', '.join(setting.gpu_types)}; the setting needs {need}"
+        )
     picked = [pool[i] for i in rng.choice(len(pool), size=need, replace=False)]
     k = int(max(m.gpu for m in picked))
     cards = np.zeros((need, k, 2))
     for h, m in enumerate(picked):
-        cards[h, :int(m.gpu)] = (setting.card_mem_gb, setting.card_core)
-    return Layout(setting.hosts, np.array([(m.cpu, m.mem_gb) for m in picked], float), cards,
-                  tuple(m.name for m in picked))
+        cards[h, : int(m.gpu)] = (setting.card_mem_gb, setting.card_core)
+    return Layout(
+        setting.hosts,
+        np.array([(m.cpu, m.mem_gb) for m in picked], float),
+        cards,
+        tuple(m.name for m in picked),
+    )
 
 
-def load_layout(seed: int, setting: Setting = Setting(),
-                table: str | Path = MACHINE_TABLE) -> Layout:
+def load_layout(
+    seed: int, setting: Setting = Setting(), table: str | Path = MACHINE_TABLE
+) -> Layout:
     """The layout of experiment seed `seed` (machines drawn with default_rng(seed))."""
     return build_layout(load_machine_spec(table), np.random.default_rng(seed), setting)
 
@@ -178,8 +192,11 @@ class MultiCluster:
     def _card_fit(self, task: np.ndarray) -> np.ndarray:
         """(H, K) the host's cpu and memory and this card's GPU memory and core cover the task."""
         free = self.layout.card_cap - self.card_used
-        card = (free[:, :, 0] >= task[2] - EPS) & (free[:, :, 1] >= task[3] - EPS) & \
-            (self.layout.card_cap[:, :, 1] > 0)
+        card = (
+            (free[:, :, 0] >= task[2] - EPS)
+            & (free[:, :, 1] >= task[3] - EPS)
+            & (self.layout.card_cap[:, :, 1] > 0)
+        )
         host = np.all(self.layout.host_cap - self.host_used >= task[:2] - EPS, axis=1)
         return card & host[:, None]
 
@@ -201,8 +218,9 @@ class MultiCluster:
         card_scale = np.array([lay.card_cap[:, :, 0].max(), lay.card_cap[:, :, 1].max()])
         left_card = ((cards_free - task[2:]) / card_scale).sum(axis=2)  # (hosts, K)
         left_card = np.where(fit, left_card, np.inf)
-        host_free = np.concatenate([lay.host_cap[hosts] - self.host_used[hosts],
-                                    cards_free.sum(axis=1)], axis=1)
+        host_free = np.concatenate(
+            [lay.host_cap[hosts] - self.host_used[hosts], cards_free.sum(axis=1)], axis=1
+        )
         scale = self.capacity.max(axis=0) / lay.hosts
         left_host = ((host_free - task) / scale).sum(axis=1)
         left_host = np.where(fit.any(axis=1), left_host, np.inf)
@@ -243,6 +261,7 @@ def gpu_load_variance(util: np.ndarray) -> float:
 @dataclass
 class Tally:
     """One episode's outcomes."""
+
     deployed: int = 0  # n_success
     waited_ok: int = 0  # n_suc_jud: waits when no cluster could host the task
     failed: int = 0  # deployments a cluster could not host
@@ -256,10 +275,16 @@ class Tally:
 def episode_metrics(cluster: MultiCluster, tally: Tally) -> dict[str, float]:
     """The paper's metrics (Tables 6–9) once an episode is over."""
     util = cluster.utilisation()
-    out = {"N": float(tally.n), "F": fragmentation(util), "load_var": load_variance(util),
-           "gpu_load_var": gpu_load_variance(util), "deployed": float(tally.deployed),
-           "waited_ok": float(tally.waited_ok), "failed": float(tally.failed),
-           "waited_wrong": float(tally.waited_wrong)}
+    out = {
+        "N": float(tally.n),
+        "F": fragmentation(util),
+        "load_var": load_variance(util),
+        "gpu_load_var": gpu_load_variance(util),
+        "deployed": float(tally.deployed),
+        "waited_ok": float(tally.waited_ok),
+        "failed": float(tally.failed),
+        "waited_wrong": float(tally.waited_wrong),
+    }
     for r, name in enumerate(RESOURCES):  # Table 6: mean and std over clusters
         out[f"util_{name}_mean"] = float(util[:, r].mean())
         out[f"util_{name}_std"] = float(util[:, r].std())
@@ -278,20 +303,29 @@ class MultiClusterEnv(gym.Env):
         action), cut into C + 1 equal bins: bin n < C deploys to cluster n, bin C waits.
     info: "outcome" (deployed, waited_ok, failed, waited_wrong); at the end "metrics".
     `choose(index)` is `step` for a discrete choice (the heuristics)."""
+
     metadata = {"render_modes": []}
 
     def __init__(self, layout: Layout, setting: Setting = Setting()):
         if layout.clusters != setting.clusters or layout.hosts != setting.hosts:
-            raise ValueError(f"layout has {layout.clusters}×{layout.hosts} hosts, the setting "
-                             f"{setting.clusters}×{setting.hosts}")
+            raise ValueError(
+                f"layout has {layout.clusters}×{layout.hosts} hosts, the setting "
+                f"{setting.clusters}×{setting.hosts}"
+            )
         self.layout, self.setting = layout, setting
         c = setting.clusters
         self.observation_space = spaces.Box(0.0, 1.0, (c * 4 + 4,), np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
         cap = layout.cluster_capacity()
         self.free_scale = cap.max(axis=0)
-        self.task_scale = np.array([layout.host_cap[:, 0].max(), layout.host_cap[:, 1].max(),
-                                    layout.card_cap[:, :, 0].max(), layout.card_cap[:, :, 1].max()])
+        self.task_scale = np.array(
+            [
+                layout.host_cap[:, 0].max(),
+                layout.host_cap[:, 1].max(),
+                layout.card_cap[:, :, 0].max(),
+                layout.card_cap[:, :, 1].max(),
+            ]
+        )
         self.cluster = MultiCluster(layout)
         self.tasks = np.zeros((0, 4))
         self.t = 0

@@ -16,9 +16,10 @@ reward the deployment would earn by eqs. (15)–(17); the best one, else wait. I
 clusters whether they can host the task — historical deployment records know which deployments
 succeeded — so it never fails; it fills EADE-DDPG's expert buffer and is reported for reference.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -77,15 +78,22 @@ def expert(env: MultiClusterEnv, rng: np.random.Generator) -> int:
 
 
 HEURISTICS: dict[str, Callable[[MultiClusterEnv, np.random.Generator], int]] = {
-    "BestFit": bestfit, "Greedy": greedy, "Random": random_choice, "Utilization": utilization}
+    "BestFit": bestfit,
+    "Greedy": greedy,
+    "Random": random_choice,
+    "Utilization": utilization,
+}
 
 
-def run_episode(env: MultiClusterEnv, choose: Callable[[MultiClusterEnv], int],
-                tasks: np.ndarray | None = None, seed: int | None = None) -> dict[str, float]:
+def run_episode(
+    env: MultiClusterEnv,
+    choose: Callable[[MultiClusterEnv], int],
+    tasks: np.ndarray | None = None,
+    seed: int | None = None,
+) -> dict[str, float]:
     """One episode with a discrete chooser; the episode's metrics."""
     env.reset(seed=seed, options=None if tasks is None else {"tasks": tasks})
     while True:
         _, _, done, _, info = env.choose(choose(env))
         if done:
             return info["metrics"]
-

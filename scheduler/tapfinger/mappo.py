@@ -9,13 +9,14 @@ swings between 7 and 22 slots from one update to the next in the paper setting),
 `validate_every` episodes the policy is scored on held-out episodes — seeds no training episode
 and no benchmark uses — and the best is kept, as the authors keep their best actor.
 """
+
 from __future__ import annotations
 
 import copy
 import functools
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -64,8 +65,9 @@ VALIDATION_SEED = 500  # training episodes use seeds 0, 1, ...; benchmarks 1000 
 Episode = tuple[list[tuple[Obs, Step]], list[np.ndarray]]  # steps, per-step agent rewards
 
 
-def advantages(values: list[np.ndarray], rewards: list[np.ndarray], hp: Hyper
-               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def advantages(
+    values: list[np.ndarray], rewards: list[np.ndarray], hp: Hyper
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per-agent GAE over one episode (it ends after the last step)."""
     adv, returns, gae = [None] * len(values), [None] * len(values), 0.0
     for t in reversed(range(len(values))):
@@ -76,8 +78,13 @@ def advantages(values: list[np.ndarray], rewards: list[np.ndarray], hp: Hyper
     return adv, returns
 
 
-def update(net: TapFingerNet, opt: torch.optim.Optimizer, episodes: list[Episode],
-           hp: Hyper, rng: np.random.Generator) -> dict[str, float]:
+def update(
+    net: TapFingerNet,
+    opt: torch.optim.Optimizer,
+    episodes: list[Episode],
+    hp: Hyper,
+    rng: np.random.Generator,
+) -> dict[str, float]:
     """Clipped PPO epochs over the steps of `episodes`."""
     rows = []  # (obs, step, advantage, return)
     for steps, rewards in episodes:
@@ -89,8 +96,9 @@ def update(net: TapFingerNet, opt: torch.optim.Optimizer, episodes: list[Episode
     for _ in range(hp.epochs):
         order = rng.permutation(len(rows))
         for start in range(0, len(rows), hp.minibatch):
-            loss = ppo_loss(net, [rows[i] for i in order[start:start + hp.minibatch]], mean, std,
-                            hp)
+            loss = ppo_loss(
+                net, [rows[i] for i in order[start : start + hp.minibatch]], mean, std, hp
+            )
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), hp.max_grad)
@@ -99,10 +107,16 @@ def update(net: TapFingerNet, opt: torch.optim.Optimizer, episodes: list[Episode
     return {"loss": float(np.mean(stats)) if stats else 0.0}
 
 
-def ppo_loss(net: TapFingerNet, batch: list[tuple[Obs, Step, np.ndarray, np.ndarray]],
-             mean: float, std: float, hp: Hyper) -> torch.Tensor:
+def ppo_loss(
+    net: TapFingerNet,
+    batch: list[tuple[Obs, Step, np.ndarray, np.ndarray]],
+    mean: float,
+    std: float,
+    hp: Hyper,
+) -> torch.Tensor:
     """Clipped policy loss and entropy over the active agents (losers of a conflict and agents
     without a task left out), value loss over every agent; advantages normalised by mean, std."""
+
     def cat(f, dtype=torch.float32):
         return torch.as_tensor(np.concatenate([f(b) for b in batch]), dtype=dtype)
 
@@ -113,8 +127,11 @@ def ppo_loss(net: TapFingerNet, batch: list[tuple[Obs, Step, np.ndarray, np.ndar
     ratio = torch.exp(logp - old)
     pg = -torch.min(ratio * adv, ratio.clamp(1 - hp.clip, 1 + hp.clip) * adv)
     n = active.sum().clamp(min=1)
-    return (pg * active).sum() / n - hp.entropy * (entropy * active).sum() / n \
+    return (
+        (pg * active).sum() / n
+        - hp.entropy * (entropy * active).sum() / n
         + hp.value_coef * ((value - ret) ** 2).mean()
+    )
 
 
 def paper_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> Iterator[Episode]:
@@ -125,7 +142,7 @@ def paper_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> It
         steps: list[tuple[Obs, Step]] = []
         rewards: list[np.ndarray] = []
 
-        def record(obs: Obs, step: Step) -> None:
+        def record(obs: Obs, step: Step, steps: list = steps, rewards: list = rewards) -> None:
             steps.append((obs, step))
             rewards.append(np.zeros(len(obs.servers)))
 
@@ -156,8 +173,13 @@ def ces_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> Iter
         cluster = clusters[seed % len(clusters)]
         scenario = make_scenario(spec, cluster, seed)
         recorder = policy.Recorder()
-        agent = policy.TapFinger(make_algorithm(hp.ces_single, seed=seed), net, greedy=False,
-                                 seed=int(rng.integers(2 ** 31)), recorder=recorder)
+        agent = policy.TapFinger(
+            make_algorithm(hp.ces_single, seed=seed),
+            net,
+            greedy=False,
+            seed=int(rng.integers(2**31)),
+            recorder=recorder,
+        )
         result = Simulator(cluster.copy(), agent).run(scenario.jobs, scenario.events)
         recorder.accrue(result.end_time)
         seed += 1
@@ -167,9 +189,14 @@ def ces_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> Iter
 def paper_validation(net: TapFingerNet, hp: Hyper) -> float:
     """Average JCT (slots) of the greedy policy on held-out episodes of the paper setting."""
     setting = paper.PaperSetting(tasks=hp.paper_tasks)
-    return float(np.mean([paper.run(paper.PaperEnv(setting, VALIDATION_SEED + s),
-                                    paper.tapfinger(net))
-                          for s in range(hp.validation_episodes)]))
+    return float(
+        np.mean(
+            [
+                paper.run(paper.PaperEnv(setting, VALIDATION_SEED + s), paper.tapfinger(net))
+                for s in range(hp.validation_episodes)
+            ]
+        )
+    )
 
 
 def ces_validation(net: TapFingerNet, hp: Hyper) -> float:
@@ -187,8 +214,14 @@ def ces_validation(net: TapFingerNet, hp: Hyper) -> float:
     return float(np.mean(waits))
 
 
-def train(net: TapFingerNet, episodes: Iterator[Episode], total: int, hp: Hyper,
-          log: Callable[[str], None], validate: Callable[[TapFingerNet, Hyper], float]) -> dict:
+def train(
+    net: TapFingerNet,
+    episodes: Iterator[Episode],
+    total: int,
+    hp: Hyper,
+    log: Callable[[str], None],
+    validate: Callable[[TapFingerNet, Hyper], float],
+) -> dict:
     """PPO updates on batches of `episodes`, `total` episodes in all; `net` ends with the weights
     that scored best (lowest) by `validate`."""
     opt = torch.optim.Adam(net.parameters(), lr=hp.lr)
@@ -214,8 +247,13 @@ def train(net: TapFingerNet, episodes: Iterator[Episode], total: int, hp: Hyper,
         log(f"{line} ({time.perf_counter() - start:.0f} s)")
     net.load_state_dict(best[2])
     net.eval()
-    return {"episodes": n, "wall_s": time.perf_counter() - start, "history": history,
-            "validation": best[0], "kept_after_episodes": best[1]}
+    return {
+        "episodes": n,
+        "wall_s": time.perf_counter() - start,
+        "history": history,
+        "validation": best[0],
+        "kept_after_episodes": best[1],
+    }
 
 
 def build(dims: dict[str, int], grid: int, hp: Hyper) -> TapFingerNet:
@@ -228,14 +266,16 @@ def train_all(hp: Hyper, log: Callable[[str], None]) -> dict:
     rng = np.random.default_rng(hp.seed)
     out = {"hyper": asdict(hp)}
     for name, dims, grid, episodes, total, validate in (
-            ("paper", paper.DIMS, paper.GRID, paper_episodes, hp.paper_episodes,
-             paper_validation),
-            ("ces", policy.DIMS, policy.GRID, ces_episodes, hp.ces_episodes, ces_validation)):
+        ("paper", paper.DIMS, paper.GRID, paper_episodes, hp.paper_episodes, paper_validation),
+        ("ces", policy.DIMS, policy.GRID, ces_episodes, hp.ces_episodes, ces_validation),
+    ):
         net = build(dims, grid, hp)
         log(f"training TapFinger in the {name} setting: {total} episodes")
         summary = train(net, episodes(net, hp, rng), total, hp, log, validate)
-        out[name] = {"state": net.state_dict(),
-                     "shape": {"hidden": hp.hidden, "layers": hp.layers},
-                     "training": {k: v for k, v in summary.items() if k != "history"},
-                     "history": summary["history"]}
+        out[name] = {
+            "state": net.state_dict(),
+            "shape": {"hidden": hp.hidden, "layers": hp.layers},
+            "training": {k: v for k, v in summary.items() if k != "history"},
+            "history": summary["history"],
+        }
     return out

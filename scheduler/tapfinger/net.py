@@ -14,6 +14,7 @@
 Conflicts — several agents claiming one task — are settled by `arbitrate` (Bayes' rule); the
 losers' log-probabilities are left out of the loss (`Step.active`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,9 +27,14 @@ from torch.distributions import Categorical
 from torch_geometric.nn import HANConv
 
 NODE_TYPES = ("server", "task", "running", "central")
-EDGE_TYPES = (("server", "offers", "task"), ("task", "waits_at", "server"),
-              ("server", "hosts", "running"), ("running", "runs_on", "server"),
-              ("server", "reports", "central"), ("central", "informs", "server"))
+EDGE_TYPES = (
+    ("server", "offers", "task"),
+    ("task", "waits_at", "server"),
+    ("server", "hosts", "running"),
+    ("running", "runs_on", "server"),
+    ("server", "reports", "central"),
+    ("central", "informs", "server"),
+)
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Obs:
     pending slots, -1 if empty; masks (A, K, G): the allowed allocation cells (cell 0: wait);
     ratio (A, K): the agent's available / required resources for the slot's task (the arbiter's
     prior)."""
+
     servers: np.ndarray
     tasks: np.ndarray
     running: np.ndarray
@@ -72,30 +79,35 @@ def posterior(ratio: np.ndarray, prob: np.ndarray) -> np.ndarray:
 def arbitrate(claims: dict[int, list[int]], ratio: np.ndarray, prob: np.ndarray) -> dict[int, int]:
     """Settle conflicts: `claims` maps a task to the agents that picked it; the winner has the
     largest `posterior` (ties: the lowest agent). Returns task -> winning agent."""
-    return {task: agents[int(np.argmax(posterior(ratio[agents], prob[agents])))]
-            for task, agents in claims.items()}
+    return {
+        task: agents[int(np.argmax(posterior(ratio[agents], prob[agents])))]
+        for task, agents in claims.items()
+    }
 
 
 class TapFingerNet(nn.Module):
-    def __init__(self, dims: dict[str, int], grid: int, hidden: int = 32, layers: int = 2,
-                 heads: int = 4):
+    def __init__(
+        self, dims: dict[str, int], grid: int, hidden: int = 32, layers: int = 2, heads: int = 4
+    ):
         super().__init__()
         self.dims, self.grid = dims, grid
         self.inp = nn.ModuleDict({t: nn.Linear(dims[t], hidden) for t in NODE_TYPES})
         meta = (list(NODE_TYPES), list(EDGE_TYPES))
-        self.convs = nn.ModuleList(HANConv(hidden, hidden, meta, heads=heads)
-                                   for _ in range(layers))
+        self.convs = nn.ModuleList(
+            HANConv(hidden, hidden, meta, heads=heads) for _ in range(layers)
+        )
         self.empty = nn.Parameter(torch.zeros(hidden))  # an empty slot's embedding
         self.w_slot = nn.Linear(hidden, hidden, bias=False)
         self.w_query = nn.Linear(hidden, hidden, bias=False)
-        self.v = nn.Parameter(torch.randn(hidden) / hidden ** 0.5)
-        self.alloc = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(),
-                                   nn.Linear(hidden, grid))
-        self.critic = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(),
-                                    nn.Linear(hidden, 1))
+        self.v = nn.Parameter(torch.randn(hidden) / hidden**0.5)
+        self.alloc = nn.Sequential(
+            nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, grid)
+        )
+        self.critic = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
-    def encode(self, batch: list[Obs]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                               torch.Tensor]:
+    def encode(
+        self, batch: list[Obs]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Embeddings of the batch's graphs joined into one: servers (ΣA, H), each agent's slots
         (ΣA, K, H), the central node per agent (ΣA, H) and the slots' global task indices."""
         x = {t: [] for t in NODE_TYPES}
@@ -109,8 +121,11 @@ class TapFingerNet(nn.Module):
             x["running"].append(o.running)
             x["central"].append(np.zeros((1, self.dims["central"]), np.float32))
             agents, ks = np.nonzero(o.slots >= 0)
-            pairs = np.unique(np.stack([agents, o.slots[agents, ks]]), axis=1) \
-                if len(agents) else np.zeros((2, 0), int)
+            pairs = (
+                np.unique(np.stack([agents, o.slots[agents, ks]]), axis=1)
+                if len(agents)
+                else np.zeros((2, 0), int)
+            )
             off = np.array([[n["server"]], [n["task"]]])
             edges[EDGE_TYPES[0]].append(pairs + off)
             edges[EDGE_TYPES[1]].append(pairs[::-1] + off[::-1])
@@ -125,14 +140,22 @@ class TapFingerNet(nn.Module):
             n["server"] += a
             n["task"] += len(o.tasks)
             n["running"] += len(o.running)
-        xs = {t: self.inp[t](torch.as_tensor(np.concatenate(x[t]), dtype=torch.float32)
-                             .reshape(-1, self.dims[t])) for t in NODE_TYPES}
-        es = {e: torch.as_tensor(np.concatenate(v, axis=1), dtype=torch.long)
-              for e, v in edges.items()}
+        xs = {
+            t: self.inp[t](
+                torch.as_tensor(np.concatenate(x[t]), dtype=torch.float32).reshape(-1, self.dims[t])
+            )
+            for t in NODE_TYPES
+        }
+        es = {
+            e: torch.as_tensor(np.concatenate(v, axis=1), dtype=torch.long)
+            for e, v in edges.items()
+        }
         for conv in self.convs:
             out = conv(xs, es)
-            xs = {t: torch.relu(out[t]) + xs[t] if out.get(t) is not None else xs[t]
-                  for t in NODE_TYPES}
+            xs = {
+                t: torch.relu(out[t]) + xs[t] if out.get(t) is not None else xs[t]
+                for t in NODE_TYPES
+            }
         idx = torch.as_tensor(np.concatenate(slot_index), dtype=torch.long)
         tasks = torch.cat([xs["task"], self.empty[None]])  # index -1: the empty embedding
         return xs["server"], tasks[idx], xs["central"][np.concatenate(central_of)], idx
@@ -156,6 +179,7 @@ class Step:
     """The agents' joint action at one step: slot and cell per agent (-1: no action), the
     log-probability of each, the values, and `active`: agents whose action enters the loss
     (they had a task to take and did not lose a conflict)."""
+
     slot: np.ndarray
     cell: np.ndarray
     logp: np.ndarray
@@ -165,8 +189,9 @@ class Step:
 
 
 @torch.no_grad()
-def act(net: TapFingerNet, obs: Obs, greedy: bool = False,
-        rng: np.random.Generator | None = None) -> Step:
+def act(
+    net: TapFingerNet, obs: Obs, greedy: bool = False, rng: np.random.Generator | None = None
+) -> Step:
     """Every agent picks a slot (pointer) and a cell (allocation head); conflicts go to the
     arbiter. Greedy: the most likely slot and cell."""
     pointer, alloc, value, can = net([obs])
@@ -176,11 +201,17 @@ def act(net: TapFingerNet, obs: Obs, greedy: bool = False,
     logp = np.zeros(a, np.float32)
     p_slot = torch.softmax(pointer, -1).numpy()
     for i in np.flatnonzero(can.numpy()):
-        k = int(np.argmax(p_slot[i])) if greedy else int(rng.choice(len(p_slot[i]), p=p_slot[i]
-                                                                     / p_slot[i].sum()))
+        k = (
+            int(np.argmax(p_slot[i]))
+            if greedy
+            else int(rng.choice(len(p_slot[i]), p=p_slot[i] / p_slot[i].sum()))
+        )
         p_cell = torch.softmax(alloc[i, k], -1).numpy()
-        g = int(np.argmax(p_cell)) if greedy else int(rng.choice(len(p_cell), p=p_cell
-                                                                 / p_cell.sum()))
+        g = (
+            int(np.argmax(p_cell))
+            if greedy
+            else int(rng.choice(len(p_cell), p=p_cell / p_cell.sum()))
+        )
         slot[i], cell[i] = k, g
         logp[i] = np.log(p_slot[i, k] + 1e-12) + np.log(p_cell[g] + 1e-12)
     claims: dict[int, list[int]] = {}
@@ -196,8 +227,7 @@ def act(net: TapFingerNet, obs: Obs, greedy: bool = False,
     return Step(slot, cell, logp, value.numpy(), active, winners)
 
 
-def evaluate_actions(net: TapFingerNet, batch: list[Obs], slot: torch.Tensor,
-                     cell: torch.Tensor):
+def evaluate_actions(net: TapFingerNet, batch: list[Obs], slot: torch.Tensor, cell: torch.Tensor):
     """Log-probabilities and entropies of the taken actions (ΣA,) and the values (ΣA,), for the
     PPO update; agents without an action get 0."""
     pointer, alloc, value, _ = net(batch)
@@ -214,8 +244,9 @@ def load(path: Path, setting: str, dims: dict[str, int], grid: int) -> TapFinger
     """The network trained for `setting` ("paper" or "ces") from a checkpoint of
     `python -m scheduler.train_tapfinger`, in evaluation mode."""
     if not Path(path).exists():
-        raise FileNotFoundError(f"{path}: no TapFinger checkpoint; create it with "
-                                "python -m scheduler.train_tapfinger")
+        raise FileNotFoundError(
+            f"{path}: no TapFinger checkpoint; create it with python -m scheduler.train_tapfinger"
+        )
     saved = torch.load(path, weights_only=True)[setting]
     net = TapFingerNet(dims, grid, **saved["shape"])
     net.load_state_dict(saved["state"])

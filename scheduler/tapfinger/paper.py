@@ -27,11 +27,12 @@ fixed rule that knows what TapFinger has to learn — which kind is GPU-sensitiv
 arrival order, "vision" at the minimum, "language" with every GPU free up to the grid's top
 level; what a fixed allocation can reach here.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -61,8 +62,14 @@ def cell_alloc(cell: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PaperSetting:
-    capacities: tuple[tuple[int, int], ...] = ((4, 4), (8, 8), (12, 12), (16, 16), (24, 24),
-                                               (32, 32))
+    capacities: tuple[tuple[int, int], ...] = (
+        (4, 4),
+        (8, 8),
+        (12, 12),
+        (16, 16),
+        (24, 24),
+        (32, 32),
+    )
     tasks: int = 384
     rate: float = 6.0  # tasks per slot
     pending: int = 10  # K: pending slots per agent
@@ -110,8 +117,7 @@ class PaperEnv:
 
     @property
     def done(self) -> bool:
-        return self.next == len(self.schedule) and not any(self.running) \
-            and not any(self.waiting)
+        return self.next == len(self.schedule) and not any(self.running) and not any(self.waiting)
 
     def _arrive(self) -> None:
         while self.next < len(self.schedule) and self.schedule[self.next].arrive <= self.time:
@@ -121,7 +127,7 @@ class PaperEnv:
             self.next += 1
 
     def pending(self, i: int) -> list[Task]:
-        return self.waiting[i][:self.setting.pending]
+        return self.waiting[i][: self.setting.pending]
 
     def start(self, i: int, task: Task, alloc: np.ndarray) -> None:
         assert (alloc >= MINIMUM).all() and (alloc <= self.free[i]).all() and task.agent < 0
@@ -172,27 +178,45 @@ class PaperEnv:
                 masks[i, s] = allocation_mask([LEVELS, LEVELS], MINIMUM, hi)
                 ratio[i, s] = (self.free[i] / MINIMUM).min()
         scale = float(self.cap.max())
-        servers = np.column_stack([self.free / scale, self.cap / scale,
-                                   [len(w) / k for w in self.waiting],
-                                   [len(r) / k for r in self.running]])
-        feats = [[t.kind == 0, t.kind == 1, (self.time - t.arrive) / 10, len(t.agents) / a]
-                 for t in tasks]
+        servers = np.column_stack(
+            [
+                self.free / scale,
+                self.cap / scale,
+                [len(w) / k for w in self.waiting],
+                [len(r) / k for r in self.running],
+            ]
+        )
+        feats = [
+            [t.kind == 0, t.kind == 1, (self.time - t.arrive) / 10, len(t.agents) / a]
+            for t in tasks
+        ]
         run = [t for r in self.running for t in r.values()]
         rfeats = [[*(t.alloc / LEVELS[-1]), t.kind == 0, t.kind == 1, t.progress] for t in run]
         hosts = np.array([[t.agent for t in run], list(range(len(run)))], int).reshape(2, -1)
-        return Obs(servers.astype(np.float32), np.array(feats, np.float32).reshape(-1, 4),
-                   np.array(rfeats, np.float32).reshape(-1, 5), hosts, slots, masks,
-                   ratio), tasks
+        return Obs(
+            servers.astype(np.float32),
+            np.array(feats, np.float32).reshape(-1, 4),
+            np.array(rfeats, np.float32).reshape(-1, 5),
+            hosts,
+            slots,
+            masks,
+            ratio,
+        ), tasks
 
 
 # --- schedulers: one call per slot, before `advance` --------------------------------------------
 Scheduler = Callable[[PaperEnv], None]
 
 
-def tapfinger(net: TapFingerNet, greedy: bool = True, rng: np.random.Generator | None = None,
-              record: Callable | None = None) -> Scheduler:
+def tapfinger(
+    net: TapFingerNet,
+    greedy: bool = True,
+    rng: np.random.Generator | None = None,
+    record: Callable | None = None,
+) -> Scheduler:
     """TapFinger's multi-task scheduling: the agents act until none starts a task (`record`
     sees every step: obs, step)."""
+
     def schedule(env: PaperEnv) -> None:
         while True:
             obs, tasks = env.obs()
@@ -205,6 +229,7 @@ def tapfinger(net: TapFingerNet, greedy: bool = True, rng: np.random.Generator |
                 return
             for t, i in step.winners.items():
                 env.start(i, tasks[t], cell_alloc(int(step.cell[i])))
+
     return schedule
 
 
@@ -218,17 +243,21 @@ def random_policy(minimum: bool, seed: int = 0) -> Scheduler:
             started = False
             for i in range(env.agents):
                 pending = env.pending(i)
-                if not pending or not (MINIMUM <= env.free[i]).all():
+                if not pending or not (env.free[i] >= MINIMUM).all():
                     continue
                 task = pending[int(rng.integers(len(pending)))]
                 if minimum:
                     alloc = MINIMUM
                 else:
-                    cells = np.flatnonzero(allocation_mask(
-                        [LEVELS, LEVELS], MINIMUM, np.minimum(env.free[i], LEVELS[-1]))[1:])
+                    cells = np.flatnonzero(
+                        allocation_mask(
+                            [LEVELS, LEVELS], MINIMUM, np.minimum(env.free[i], LEVELS[-1])
+                        )[1:]
+                    )
                     alloc = cell_alloc(1 + int(cells[rng.integers(len(cells))]))
                 env.start(i, task, alloc)
                 started = True
+
     return schedule
 
 
@@ -236,10 +265,11 @@ def kind_aware_policy() -> Scheduler:
     def schedule(env: PaperEnv) -> None:
         for i in range(env.agents):
             for task in list(env.pending(i)):
-                if not (MINIMUM <= env.free[i]).all():
+                if not (env.free[i] >= MINIMUM).all():
                     break
                 gpus = MINIMUM[1] if task.kind == 0 else min(env.free[i][1], LEVELS[-1])
                 env.start(i, task, np.array([MINIMUM[0], gpus]))
+
     return schedule
 
 
@@ -250,7 +280,7 @@ def _admit_minimum(env: PaperEnv) -> None:
         for task in list(env.running[i].values()):
             env.set_alloc(task, MINIMUM)
         for task in list(env.pending(i)):
-            if (MINIMUM <= env.free[i]).all():
+            if (env.free[i] >= MINIMUM).all():
                 env.start(i, task, MINIMUM)
 
 
@@ -259,8 +289,12 @@ def optimus_fit() -> np.ndarray:
     speeds profiled at progress 0 for every allowed (c, g)."""
     cg = [(c, g) for c in LEVELS[2:] for g in LEVELS[1:]]
     x = np.array([[1 / g, 1, g / c, g, c] for c, g in cg], float)
-    return np.array([np.linalg.lstsq(x, [1 / speed(k, np.array(a), 0.0) for a in cg],
-                                     rcond=None)[0] for k in range(len(KINDS))])
+    return np.array(
+        [
+            np.linalg.lstsq(x, [1 / speed(k, np.array(a), 0.0) for a in cg], rcond=None)[0]
+            for k in range(len(KINDS))
+        ]
+    )
 
 
 def optimus_policy() -> Scheduler:
@@ -281,12 +315,19 @@ def optimus_policy() -> Scheduler:
                         step = np.eye(2, dtype=int)[r]
                         new = task.alloc + step
                         if env.free[i][r] >= 1 and new[r] <= LEVELS[-1]:
-                            gains.append((remaining(task, task.alloc) - remaining(task, new),
-                                          -task.id, r, task))
+                            gains.append(
+                                (
+                                    remaining(task, task.alloc) - remaining(task, new),
+                                    -task.id,
+                                    r,
+                                    task,
+                                )
+                            )
                 best = max(gains, default=None, key=lambda x: x[:3])
                 if best is None or best[0] <= 0:
                     break
                 env.set_alloc(best[3], best[3].alloc + np.eye(2, dtype=int)[best[2]])
+
     return schedule
 
 
@@ -294,12 +335,25 @@ def tiresias_policy() -> Scheduler:
     def schedule(env: PaperEnv) -> None:
         _admit_minimum(env)
         for i in range(env.agents):
-            tasks = sorted(env.running[i].values(),
-                           key=lambda t: (t.attained >= LAS_THRESHOLD, t.start, t.id))
+            tasks = sorted(
+                env.running[i].values(), key=lambda t: (t.attained >= LAS_THRESHOLD, t.start, t.id)
+            )
             while env.free[i][1] > 0:
-                grow = next((t for t in sorted(tasks, key=lambda t: (
-                    t.attained + t.alloc[1] >= LAS_THRESHOLD, t.attained + t.alloc[1], t.start))
-                    if t.alloc[1] < LEVELS[-1]), None)
+                grow = next(
+                    (
+                        t
+                        for t in sorted(
+                            tasks,
+                            key=lambda t: (
+                                t.attained + t.alloc[1] >= LAS_THRESHOLD,
+                                t.attained + t.alloc[1],
+                                t.start,
+                            ),
+                        )
+                        if t.alloc[1] < LEVELS[-1]
+                    ),
+                    None,
+                )
                 if grow is None:
                     break
                 env.set_alloc(grow, grow.alloc + [0, 1])
@@ -307,8 +361,9 @@ def tiresias_policy() -> Scheduler:
                 open_ = [t for t in tasks if t.alloc[0] < LEVELS[-1]]
                 if not open_:
                     break
-                for t in open_[:env.free[i][0]]:
+                for t in open_[: env.free[i][0]]:
                     env.set_alloc(t, t.alloc + [1, 0])
+
     return schedule
 
 
@@ -321,13 +376,20 @@ def run(env: PaperEnv, schedule: Scheduler, max_slots: int = 100_000) -> float:
 
 
 BASELINES: dict[str, Callable[[int], Scheduler]] = {  # name -> scheduler of seed s
-    "las": lambda s: tiresias_policy(), "optimus": lambda s: optimus_policy(),
-    "random": lambda s: random_policy(False, s), "min": lambda s: random_policy(True, s),
-    "kind-aware": lambda s: kind_aware_policy()}
+    "las": lambda s: tiresias_policy(),
+    "optimus": lambda s: optimus_policy(),
+    "random": lambda s: random_policy(False, s),
+    "min": lambda s: random_policy(True, s),
+    "kind-aware": lambda s: kind_aware_policy(),
+}
 
 
-def compare(net: TapFingerNet, seeds: int, setting: PaperSetting = PaperSetting(),
-            progress: Callable[[str], None] = lambda _: None) -> dict[str, list[float]]:
+def compare(
+    net: TapFingerNet,
+    seeds: int,
+    setting: PaperSetting = PaperSetting(),
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, list[float]]:
     """Average JCT of TapFinger and of the `BASELINES` per seed (episodes 1000 + seed: never
     trained on)."""
     policies = {"tapfinger": lambda s: tapfinger(net)} | BASELINES

@@ -21,6 +21,7 @@ The reward of agent i is -(jobs queued + jobs running on node i), integrated ove
 given to the agents' last step before it accrues (`Recorder`); TapFinger asks for a round at
 every event (`reallocates`) so that the integral is exact.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,10 @@ def cell_share(cell: int) -> tuple[float, float]:
 def uplink(cluster: Cluster, node: str) -> tuple[float, float]:
     """(free, capacity) of a compute node's access link, the smaller direction's."""
     sw = next(iter(cluster.graph.neighbors(node)))
-    return (min(cluster.residual(node, sw), cluster.residual(sw, node)),
-            cluster.link_capacity(node, sw))
+    return (
+        min(cluster.residual(node, sw), cluster.residual(sw, node)),
+        cluster.link_capacity(node, sw),
+    )
 
 
 def out_demand(js: JobState) -> float:
@@ -72,8 +75,9 @@ def idle(rnd: Round) -> bool:
     return not (rnd.running or rnd.placed)
 
 
-def observe(rnd: Round, nodes: list[str], failed: frozenset[tuple[JobState, str, int]] = frozenset()
-            ) -> tuple[Obs, list[JobState]]:
+def observe(
+    rnd: Round, nodes: list[str], failed: frozenset[tuple[JobState, str, int]] = frozenset()
+) -> tuple[Obs, list[JobState]]:
     """The agents' view of a round: nodes, the first K queued jobs, the running jobs, masks.
     `failed`: the (job, node, cell) whose placement failed earlier in the round, masked."""
     view = rnd.view()
@@ -83,9 +87,18 @@ def observe(rnd: Round, nodes: list[str], failed: frozenset[tuple[JobState, str,
     free = {n: view.free(n) for n in nodes}
     up = {n: uplink(view, n) for n in nodes}
     top_cpu = max(c.cpu for c in cap.values())
-    servers = [[free[n].cpu / cap[n].cpu, free[n].mem_mb / cap[n].mem_mb,
-                up[n][0] / up[n][1], cap[n].cpu / top_cpu, view.speed(n),
-                n not in view.offline, len(rnd.queue) / 100] for n in nodes]
+    servers = [
+        [
+            free[n].cpu / cap[n].cpu,
+            free[n].mem_mb / cap[n].mem_mb,
+            up[n][0] / up[n][1],
+            cap[n].cpu / top_cpu,
+            view.speed(n),
+            n not in view.offline,
+            len(rnd.queue) / 100,
+        ]
+        for n in nodes
+    ]
     median_cpu = statistics.median(c.cpu for c in cap.values())
     space = FreeSpace.of(view)
     tasks, slots = [], np.full((a, k), -1)
@@ -95,53 +108,82 @@ def observe(rnd: Round, nodes: list[str], failed: frozenset[tuple[JobState, str,
         job, nominal = js.job, estimated_iteration_s(js.job)
         demand = job.tasks[0].demand
         flows = out_demand(js)
-        tasks.append([len(job.tasks) / 16, demand.cpu / median_cpu,
-                      math.log10(1 + sum(f.demand_mbps for f in job.flows)) / 3,
-                      compute_time_s(job.compute_s, 1.0, demand.cpu) / nominal,
-                      math.log10(1 + js.estimated_remaining_s()) / 5,
-                      math.log1p(js.wait(rnd.now) / 60) / 5,
-                      job.deadline is not None, job.priority / 2])
+        tasks.append(
+            [
+                len(job.tasks) / 16,
+                demand.cpu / median_cpu,
+                math.log10(1 + sum(f.demand_mbps for f in job.flows)) / 3,
+                compute_time_s(job.compute_s, 1.0, demand.cpu) / nominal,
+                math.log10(1 + js.estimated_remaining_s()) / 5,
+                math.log1p(js.wait(rnd.now) / 60) / 5,
+                job.deadline is not None,
+                job.priority / 2,
+            ]
+        )
         top = max((sh for sh in CPU_SHARES if space.may_fit(scale_job(job, cpu=sh))), default=0)
         for i, n in enumerate(nodes):
             slots[i, s] = s
-            if n in view.offline or not top or free[n].mem_mb < demand.mem_mb - 1e-9 \
-                    or free[n].gpu < demand.gpu - 1e-9:
+            if (
+                n in view.offline
+                or not top
+                or free[n].mem_mb < demand.mem_mb - 1e-9
+                or free[n].gpu < demand.gpu - 1e-9
+            ):
                 continue
             # What a task's flows take of the link: at most its capacity, whatever they ask (CES
             # grants rates below the demand). So every level fits an idle link; else a job whose
             # lowest level exceeded every link's capacity was never allowed and held a slot.
-            levels = [np.array(CPU_SHARES) * demand.cpu,
-                      np.minimum(np.array(BW_LEVELS) * flows, up[n][1])]
+            levels = [
+                np.array(CPU_SHARES) * demand.cpu,
+                np.minimum(np.array(BW_LEVELS) * flows, up[n][1]),
+            ]
             lo = [demand.cpu, 0.0]
             hi = [min(free[n].cpu, top * demand.cpu), up[n][0] if flows else 0.0]
             if not flows:
                 levels[1], lo[1], hi[1] = np.array(BW_LEVELS), 1.0, 1.0
             masks[i, s] = allocation_mask(levels, np.array(lo), np.array(hi))
             masks[i, s, [c for c in range(1, GRID) if (js, n, c) in failed]] = False
-            ratio[i, s] = min(free[n].cpu / max(demand.cpu, 1e-9),
-                              free[n].mem_mb / max(demand.mem_mb, 1e-9))
+            ratio[i, s] = min(
+                free[n].cpu / max(demand.cpu, 1e-9), free[n].mem_mb / max(demand.mem_mb, 1e-9)
+            )
     masks[..., 0] = not idle(rnd)  # a wait lasts until the next event; idle, none may come
     running, hosts = [], [[], []]
     for r, js in enumerate(rnd.running):
         share = js.cpu_share
-        bw = (js.allocated_job.flows[0].demand_mbps / js.job.flows[0].demand_mbps
-              if js.job.flows and js.job.flows[0].demand_mbps > 0 else 1.0)
-        running.append([len(js.job.tasks) / 16, share / CPU_SHARES[-1], bw,
-                        js.done_iters / js.job.iterations,
-                        math.log10(1 + js.observed_remaining_s(rnd.now)) / 5])
+        bw = (
+            js.allocated_job.flows[0].demand_mbps / js.job.flows[0].demand_mbps
+            if js.job.flows and js.job.flows[0].demand_mbps > 0
+            else 1.0
+        )
+        running.append(
+            [
+                len(js.job.tasks) / 16,
+                share / CPU_SHARES[-1],
+                bw,
+                js.done_iters / js.job.iterations,
+                math.log10(1 + js.observed_remaining_s(rnd.now)) / 5,
+            ]
+        )
         for node in set(js.decision.placement.values()):
             if node in nodes:
                 hosts[0].append(nodes.index(node))
                 hosts[1].append(r)
-    obs = Obs(np.array(servers, np.float32), np.array(tasks, np.float32).reshape(-1, 8),
-              np.array(running, np.float32).reshape(-1, 5), np.array(hosts, int), slots, masks,
-              ratio)
+    obs = Obs(
+        np.array(servers, np.float32),
+        np.array(tasks, np.float32).reshape(-1, 8),
+        np.array(running, np.float32).reshape(-1, 5),
+        np.array(hosts, int),
+        slots,
+        masks,
+        ratio,
+    )
     return obs, jobs
 
 
 @dataclass
 class Recorder:
     """Training: every step the agents took, and their rewards -(jobs at node i) × hours."""
+
     steps: list[tuple[Obs, Step]] = field(default_factory=list)
     rewards: list[np.ndarray] = field(default_factory=list)
     _count: np.ndarray | None = None

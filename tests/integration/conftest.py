@@ -7,6 +7,7 @@
   whatever still carries it after the test is removed (only that prefix, never other runs').
 - `worker_image` (session): the worker image tag, built if its inputs changed.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Waiting for the real stack: poll a condition with a timeout instead of sleeping."""
+
 from __future__ import annotations
 
 import time

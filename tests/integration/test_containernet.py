@@ -4,6 +4,7 @@ Three of Containernet's own example scripts (containernet_examples/, unmodified 
 containernet/containernet at c0689423) run with only their import lines changed and the image
 replaced by one available offline; then our own checks of what the examples only print.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = Path(__file__).with_name("containernet_examples")
 IMPORTS = [  # what a user changes: Containernet and Docker come from testbed.containernet
     (r"^from mininet\.net import Containernet$", "from testbed.containernet import Containernet"),
-    (r"^from mininet\.node import Controller, Docker, OVSSwitch$",
-     "from mininet.node import Controller, OVSSwitch\nfrom testbed.containernet import Docker"),
+    (
+        r"^from mininet\.node import Controller, Docker, OVSSwitch$",
+        "from mininet.node import Controller, OVSSwitch\nfrom testbed.containernet import Docker",
+    ),
 ]
 IMAGES = r'"(ubuntu:trusty|mpeuster/stress)"'  # Docker Hub images: not reachable offline
 
@@ -38,9 +41,15 @@ def run_example(name: str, image: str, tmp_path: Path) -> str:
     script = tmp_path / f"{name}.py"
     script.write_text(text)
     # stdin at EOF: the example's CLI(net) returns at once, as if the user typed exit.
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
@@ -48,8 +57,10 @@ def run_example(name: str, image: str, tmp_path: Path) -> str:
 
 
 def containernet_containers() -> list[str]:
-    return [c.name for c in docker.from_env().containers.list(
-        all=True, filters={"label": "com.containernet"})]
+    return [
+        c.name
+        for c in docker.from_env().containers.list(all=True, filters={"label": "com.containernet"})
+    ]
 
 
 @pytest.fixture
@@ -101,8 +112,15 @@ def test_containers_at_run_time(worker_image: str, net: Containernet, tmp_path: 
     (tmp_path / "marker").write_text("ok")
     net.addController("c0")
     s1, s2 = net.addSwitch("s1"), net.addSwitch("s2")
-    d0 = net.addDocker("d0", ip="10.0.0.1", dimage=worker_image, cpu_period=50000,
-                       cpu_quota=25000, mem_limit="256m", volumes=[f"{tmp_path}:/mnt/vol1:ro"])
+    d0 = net.addDocker(
+        "d0",
+        ip="10.0.0.1",
+        dimage=worker_image,
+        cpu_period=50000,
+        cpu_quota=25000,
+        mem_limit="256m",
+        volumes=[f"{tmp_path}:/mnt/vol1:ro"],
+    )
     d1 = net.addDocker("d1", ip="10.0.0.2", dimage=worker_image)
     net.addLink(d0, s1)
     net.addLink(s1, s2, cls=TCLink, bw=10)

@@ -8,9 +8,9 @@ after `--cleanup`.
 The first five share one bring-up (node_stop, which kills a node, runs last); each can be run
 alone with `-k NAME`.
 """
+
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,8 @@ from testbed.names import new_prefix
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "experiments"))
-from e2e import faults  # noqa: E402
+from experiments.e2e import faults
+
 
 @pytest.fixture(scope="module")
 def stack(testbed_host: None, worker_image: str, tmp_path_factory):

@@ -3,6 +3,7 @@ stand-in hosts (containers running sshd, `testbed.standin.LabHosts`) whose data 
 off a plain OVS bridge; a Master on the management network (beyond loopback, so with the shared
 secret) registers them, and a job spans the two hosts over the bridge the SDN app controls.
 Bad inventories and hosts are refused with one line naming host and problem, leaving nothing."""
+
 from __future__ import annotations
 
 import os
@@ -14,19 +15,23 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_sdn_app import ControllerProcess, wait_for
 
-from testbed.standin import LabHosts, new_key
 from master.client import MasterClient
 from protocol.http import ApiError, call
-from test_sdn_app import ControllerProcess, wait_for
+from testbed.standin import LabHosts, new_key
 from topologies import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
-TOPO = {"name": "lab", "switches": [{"name": "s1"}],
-        "nodes": [{"name": "lab1", "cpu": 0.5, "mem_mb": 512},
-                  {"name": "lab2", "cpu": 0.5, "mem_mb": 512}],
-        "links": [{"ends": ["lab1", "s1"], "bw_mbps": 100},
-                  {"ends": ["lab2", "s1"], "bw_mbps": 100}]}
+TOPO = {
+    "name": "lab",
+    "switches": [{"name": "s1"}],
+    "nodes": [
+        {"name": "lab1", "cpu": 0.5, "mem_mb": 512},
+        {"name": "lab2", "cpu": 0.5, "mem_mb": 512},
+    ],
+    "links": [{"ends": ["lab1", "s1"], "bw_mbps": 100}, {"ends": ["lab2", "s1"], "bw_mbps": 100}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +45,14 @@ def lab(tmp_path_factory, worker_image, testbed_host):
     token.write_text(secrets.token_urlsafe(24) + "\n")
     token.chmod(0o600)
     sdn = ControllerProcess(d / "topo.yaml", d)
-    hosts = LabHosts(topo, f"lb{secrets.token_hex(2)}", ("127.0.0.1", sdn.of_port),
-                     image=worker_image, pubkey=pub, spares=("nodocker",))
+    hosts = LabHosts(
+        topo,
+        f"lb{secrets.token_hex(2)}",
+        ("127.0.0.1", sdn.of_port),
+        image=worker_image,
+        pubkey=pub,
+        spares=("nodocker",),
+    )
     with hosts:
         sdn.start()
         try:
@@ -60,13 +71,17 @@ def inventory(lab, path: Path, **host_changes) -> Path:
 
 
 def deploy(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
 
 
 def leftovers(prefix: str) -> list[str]:
-    out = subprocess.run(["docker", "ps", "-a", "--filter", f"name=^{prefix}-", "--format",
-                          "{{.Names}}"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"name=^{prefix}-", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.split()
 
 
@@ -100,19 +115,31 @@ def test_a_bad_host_is_one_line_and_nothing_is_left(lab, tmp_path, prefix, case)
     """`start` on an inventory with one bad host: exit 2, one line naming the host and its
     problem, and no container of the run on any host."""
     changes, expected = BAD_HOSTS[case]
-    changes = {k: v.replace("{dir}", str(lab["dir"])) if isinstance(v, str) else v
-               for k, v in changes.items()}
+    changes = {
+        k: v.replace("{dir}", str(lab["dir"])) if isinstance(v, str) else v
+        for k, v in changes.items()
+    }
     topo_file = lab["dir"] / "topo.yaml"
     known = lab["dir"] / "known_hosts"
-    deploy("check", "--hosts", str(inventory(lab, tmp_path / "ok.yaml")), "--topo",
-           str(topo_file), "--accept-new-host-keys")  # the good hosts' keys are known
+    deploy(
+        "check",
+        "--hosts",
+        str(inventory(lab, tmp_path / "ok.yaml")),
+        "--topo",
+        str(topo_file),
+        "--accept-new-host-keys",
+    )  # the good hosts' keys are known
     if case == "changed host key":
         known = tmp_path / "known_hosts"
         lines = (lab["dir"] / "known_hosts").read_text().splitlines()
         address = lab["hosts"].mgmt["lab2"]
         fake = new_key(tmp_path / "fake")
-        known.write_text("\n".join(ln if not ln.startswith(address + " ") else
-                                   f"{address} {fake}" for ln in lines) + "\n")
+        known.write_text(
+            "\n".join(
+                ln if not ln.startswith(address + " ") else f"{address} {fake}" for ln in lines
+            )
+            + "\n"
+        )
     if case == "too little CPU":
         topo = {**TOPO, "nodes": [TOPO["nodes"][0], {"name": "lab2", "cpu": 4, "mem_mb": 512}]}
         topo_file = tmp_path / "big.yaml"
@@ -123,9 +150,20 @@ def test_a_bad_host_is_one_line_and_nothing_is_left(lab, tmp_path, prefix, case)
     doc = yaml.safe_load(inv.read_text())
     doc["known_hosts"] = str(known)
     inv.write_text(yaml.safe_dump(doc))
-    done = deploy("start", "--hosts", str(inv), "--topo", str(topo_file), "--master",
-                  f"http://{lab['hosts'].gateway}:1", "--token-file", str(lab["token"]),
-                  "--prefix", prefix, *(["--accept-new-host-keys"] if case == "no Docker" else []))
+    done = deploy(
+        "start",
+        "--hosts",
+        str(inv),
+        "--topo",
+        str(topo_file),
+        "--master",
+        f"http://{lab['hosts'].gateway}:1",
+        "--token-file",
+        str(lab["token"]),
+        "--prefix",
+        prefix,
+        *(["--accept-new-host-keys"] if case == "no Docker" else []),
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: lab2 (") and expected in lines[0], lines[0]
@@ -137,10 +175,14 @@ def test_bad_inventories_are_one_line(lab, tmp_path):
     topo = str(lab["dir"] / "topo.yaml")
     good = yaml.safe_load(inventory(lab, tmp_path / "inv.yaml").read_text())
     cases = {
-        "duplicate node": ({"hosts": [good["hosts"][0], good["hosts"][0]]},
-                           "hosts[1].node: 'lab1' is given twice"),
-        "unknown node": ({"hosts": [good["hosts"][0], {**good["hosts"][1], "node": "x"}]},
-                         "hosts[1].node: 'x' is not a compute node"),
+        "duplicate node": (
+            {"hosts": [good["hosts"][0], good["hosts"][0]]},
+            "hosts[1].node: 'lab1' is given twice",
+        ),
+        "unknown node": (
+            {"hosts": [good["hosts"][0], {**good["hosts"][1], "node": "x"}]},
+            "hosts[1].node: 'x' is not a compute node",
+        ),
         "a node without a host": ({"hosts": good["hosts"][:1]}, "no host for compute node(s) lab2"),
         "no master": ({"master": None}, "master: expected an IP address"),
     }
@@ -159,32 +201,74 @@ def test_agents_deployed_over_ssh_run_a_job_across_the_hosts(lab, tmp_path, pref
     hosts, token_file = lab["hosts"], lab["token"]
     topo = str(lab["dir"] / "topo.yaml")
     inv = inventory(lab, tmp_path / "inv.yaml")
-    assert deploy("check", "--hosts", str(inv), "--topo", topo,
-                  "--accept-new-host-keys").returncode == 0
+    assert (
+        deploy("check", "--hosts", str(inv), "--topo", topo, "--accept-new-host-keys").returncode
+        == 0
+    )
     env = {**os.environ, "CES_TOKEN_FILE": str(token_file), "PYTHONUNBUFFERED": "1"}
     port = 7000 + secrets.randbelow(1000)
     log = (tmp_path / "master.log").open("w")
-    master = subprocess.Popen([sys.executable, "-m", "master", "serve", "--topo", topo,
-                               "--host", hosts.gateway, "--port", str(port), "--sdn",
-                               lab["sdn"].client.url, "--sdn-job-id", f"{prefix}-jobs",
-                               "--image", lab["hosts"].image, "--algorithm", "first-fit"],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    master = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "master",
+            "serve",
+            "--topo",
+            topo,
+            "--host",
+            hosts.gateway,
+            "--port",
+            str(port),
+            "--sdn",
+            lab["sdn"].client.url,
+            "--sdn-job-id",
+            f"{prefix}-jobs",
+            "--image",
+            lab["hosts"].image,
+            "--algorithm",
+            "first-fit",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://{hosts.gateway}:{port}"
     token = token_file.read_text().strip()
     client = MasterClient(url, token=token)
     try:
         t0 = time.monotonic()
-        done = deploy("start", "--hosts", str(inv), "--topo", topo, "--master", url,
-                      "--token-file", str(token_file), "--prefix", prefix)
+        done = deploy(
+            "start",
+            "--hosts",
+            str(inv),
+            "--topo",
+            topo,
+            "--master",
+            url,
+            "--token-file",
+            str(token_file),
+            "--prefix",
+            prefix,
+        )
         assert done.returncode == 0, done.stderr + (tmp_path / "master.log").read_text()
         try:
             client.wait_ready(2, timeout_s=60)
         except TimeoutError:
-            logs = [subprocess.run(["docker", "logs", "--tail", "15", f"{prefix}-agent-{n}"],
-                                   capture_output=True, text=True) for n in ("lab1", "lab2")]
-            raise AssertionError("agents not online:\n" + "\n".join(
-                p.stdout + p.stderr for p in logs) + (tmp_path / "master.log").read_text()) \
-                from None
+            logs = [
+                subprocess.run(
+                    ["docker", "logs", "--tail", "15", f"{prefix}-agent-{n}"],
+                    capture_output=True,
+                    text=True,
+                )
+                for n in ("lab1", "lab2")
+            ]
+            raise AssertionError(
+                "agents not online:\n"
+                + "\n".join(p.stdout + p.stderr for p in logs)
+                + (tmp_path / "master.log").read_text()
+            ) from None
         deploy_s = time.monotonic() - t0
         for node in ("lab1", "lab2"):  # the agents' command channels want the secret too
             with pytest.raises(ApiError) as e:
@@ -193,12 +277,22 @@ def test_agents_deployed_over_ssh_run_a_job_across_the_hosts(lab, tmp_path, pref
         with pytest.raises(ApiError) as e:
             MasterClient(url).jobs()
         assert e.value.status == 401
-        job = {"name": "span", "collective": "ring", "workers": 2,
-               "task": {"cpu": 0.4, "mem_mb": 400}, "model_params": 85000, "demand_mbps": 20,
-               "iterations": 100, "workload": {"model": "mlp-small", "dataset": "mnist5k"}}
+        job = {
+            "name": "span",
+            "collective": "ring",
+            "workers": 2,
+            "task": {"cpu": 0.4, "mem_mb": 400},
+            "model_params": 85000,
+            "demand_mbps": 20,
+            "iterations": 100,
+            "workload": {"model": "mlp-small", "dataset": "mnist5k"},
+        }
         client.submit(job)
-        view = wait_for(lambda: (v := client.job("span"))["state"] in
-                        ("finished", "failed", "cancelled") and v, 300, "the job to end")
+        view = wait_for(
+            lambda: (v := client.job("span"))["state"] in ("finished", "failed", "cancelled") and v,
+            300,
+            "the job to end",
+        )
         assert view["state"] == "finished", view
         placement = view["attempts"][-1]["placement"]
         assert sorted(placement.values()) == ["lab1", "lab2"], placement

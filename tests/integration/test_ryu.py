@@ -1,16 +1,17 @@
 """The SDN app under Ryu 4.34's own `ryu-manager` (the environment `make ryu` builds, with its
 eventlet shim), against the OVS stand-in of test_sdn_app: default forwarding, then a job's path
 and meter."""
+
 from __future__ import annotations
 
 import os
 import uuid
 
 import pytest
+from test_sdn_app import DETOUR, REPO, TOPOLOGY, ControllerProcess, job_entries
 
 from sdn_app.client import FlowRequest
 from testbed.netns import NetnsNetwork
-from test_sdn_app import DETOUR, REPO, TOPOLOGY, ControllerProcess, job_entries
 from topologies import load_topology
 
 pytestmark = pytest.mark.integration
@@ -20,10 +21,20 @@ RYU_MANAGER = REPO / ".venv-ryu" / "bin" / "ryu-manager"
 class RyuController(ControllerProcess):
     def command(self) -> list[str]:
         conf = self.state.with_name("ces.conf")
-        conf.write_text(f"[ces_sdn]\ntopo = {self.topo_file}\nrest = 127.0.0.1:{self.rest_port}\n"
-                        f"stats_interval = 0.5\nstate = {self.state}\n")
-        return [str(RYU_MANAGER), "--config-file", str(conf), "--ofp-listen-host", "127.0.0.1",
-                "--ofp-tcp-listen-port", str(self.of_port), "sdn_app.app"]
+        conf.write_text(
+            f"[ces_sdn]\ntopo = {self.topo_file}\nrest = 127.0.0.1:{self.rest_port}\n"
+            f"stats_interval = 0.5\nstate = {self.state}\n"
+        )
+        return [
+            str(RYU_MANAGER),
+            "--config-file",
+            str(conf),
+            "--ofp-listen-host",
+            "127.0.0.1",
+            "--ofp-tcp-listen-port",
+            str(self.of_port),
+            "sdn_app.app",
+        ]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ Topology (written by the test): three switches in a triangle, so h1 → h2 has a
            \\     /
              s2 - h3
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -78,17 +80,34 @@ class ControllerProcess:
         self.proc: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "sdn_app", "--topo", str(self.topo_file),
-                "--of-port", str(self.of_port), "--of-host", "127.0.0.1",
-                "--rest", f"127.0.0.1:{self.rest_port}", "--stats-interval", "0.5",
-                "--state", str(self.state), "--lldp"]
+        return [
+            sys.executable,
+            "-m",
+            "sdn_app",
+            "--topo",
+            str(self.topo_file),
+            "--of-port",
+            str(self.of_port),
+            "--of-host",
+            "127.0.0.1",
+            "--rest",
+            f"127.0.0.1:{self.rest_port}",
+            "--stats-interval",
+            "0.5",
+            "--state",
+            str(self.state),
+            "--lldp",
+        ]
 
     def start(self) -> None:
         with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log,
-                                         stderr=subprocess.STDOUT,
-                                         env=os.environ | {"PYTHONUNBUFFERED": "1",
-                                                           "PYTHONPATH": str(REPO)})
+            self.proc = subprocess.Popen(
+                self.command(),
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
+            )
 
         def answering() -> bool:
             assert self.proc.poll() is None, f"controller exited:\n{self.log.read_text()}"
@@ -96,6 +115,7 @@ class ControllerProcess:
                 return bool(self.client.health())
             except SdnError:
                 return False
+
         wait_for(answering, 30, "the controller's REST API")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -163,9 +183,15 @@ def job_entries(net: NetnsNetwork, switch: str) -> list[dict]:
 
 def snapshot(net: NetnsNetwork) -> dict:
     """Every switch's entries (without counters) and meters."""
-    return {sw: (sorted((f["cookie"], f["priority"], f["match"], f["actions"])
-                        for f in net.dump_flows(sw)), net.dump_meters(sw))
-            for sw in net.bridges}
+    return {
+        sw: (
+            sorted(
+                (f["cookie"], f["priority"], f["match"], f["actions"]) for f in net.dump_flows(sw)
+            ),
+            net.dump_meters(sw),
+        )
+        for sw in net.bridges
+    }
 
 
 def test_fresh_network_pings_with_no_job(net, sdn, topo):
@@ -178,15 +204,21 @@ def test_fresh_network_pings_with_no_job(net, sdn, topo):
     for sw in net.bridges:  # per-destination IPv4 + ARP entries and LLDP to the controller
         assert len(net.dump_flows(sw)) == 2 * len(topo.nodes) + 1
     # LLDP sees exactly the cabling the topology file describes
-    lldp = wait_for(lambda: (r := sdn.switches()["lldp"])["discovered"] and not r["missing"]
-                    and r, 15, "LLDP to discover every link")
+    lldp = wait_for(
+        lambda: (r := sdn.switches()["lldp"])["discovered"] and not r["missing"] and r,
+        15,
+        "LLDP to discover every link",
+    )
     assert len(lldp["discovered"]) == 6 and lldp["unexpected"] == []
     assert {"src": "s1", "src_port": 2, "dst": "s2", "dst_port": 1} in lldp["discovered"]
     switches = sdn.switches()
     assert [s["connected"] and s["synced"] for s in switches["switches"]] == [True] * 3
     assert switches["unknown"] == []
-    assert {e["switch"] for e in switches["events"] if e["event"] == "connect"} == \
-        {"s1", "s2", "s3"}
+    assert {e["switch"] for e in switches["events"] if e["event"] == "connect"} == {
+        "s1",
+        "s2",
+        "s3",
+    }
 
 
 def test_job_flows_follow_the_requested_path(net, sdn, topo):
@@ -212,6 +244,7 @@ def test_job_flows_follow_the_requested_path(net, sdn, topo):
     def hop_counters():
         hops = sdn.job_flows("detour")[0]["hops"]
         return hops if all((h["bytes"] or 0) > 0.8 * sent for h in hops) else None
+
     hops = wait_for(hop_counters, 10, "per-hop counters in GET /jobs/detour/flows")
     assert [h["switch"] for h in hops] == DETOUR
 
@@ -220,8 +253,10 @@ def test_a_symmetric_flows_answers_come_back_along_its_path(net, sdn, topo):
     """h2's acknowledgements to h1 take the detour back (unmetered, their own cookie) rather
     than the default s3 -> s1; the flow's hops still count only its own packets."""
     reply = sdn.put_job_flows("both", [FlowRequest("h1", "h2", DETOUR, 500, symmetric=True)])
-    entries = {sw: [f for f in net.dump_flows(sw) if f["cookie"] >> 48 == COOKIE_RETURN >> 48]
-               for sw in DETOUR}
+    entries = {
+        sw: [f for f in net.dump_flows(sw) if f["cookie"] >> 48 == COOKIE_RETURN >> 48]
+        for sw in DETOUR
+    }
     for sw, out in (("s3", 2), ("s2", 1), ("s1", 7)):  # ports from the topology file
         [entry] = entries[sw]
         assert "nw_src=10.0.0.2,nw_dst=10.0.0.1" in entry["match"]
@@ -234,8 +269,13 @@ def test_a_symmetric_flows_answers_come_back_along_its_path(net, sdn, topo):
     assert reply["flows"][0]["symmetric"] is True
     # the flow's hops count its packets, the way back's hops the acknowledgements (the Master
     # takes both for its own traffic)
-    flow = wait_for(lambda: ((f := sdn.job_flows("both")[0])["return_hops"][-1]["bytes"] or 0)
-                    > 0.5 * back and f, 10, "the way back's counters")
+    flow = wait_for(
+        lambda: (
+            ((f := sdn.job_flows("both")[0])["return_hops"][-1]["bytes"] or 0) > 0.5 * back and f
+        ),
+        10,
+        "the way back's counters",
+    )
     assert [h["switch"] for h in flow["hops"]] == DETOUR
     assert [h["switch"] for h in flow["return_hops"]] == DETOUR[::-1]
     assert flow["return_hops"][-1]["bytes"] < 0.2 * flow["hops"][-1]["bytes"]
@@ -255,6 +295,7 @@ def test_meter_limits_the_rate_and_links_show_it(net, sdn):
         usage = {(u.src, u.dst): u for u in sdn.links()}
         if usage[("s1", "s3")].mbps:
             seen.append(usage[("s1", "s3")].mbps)
+
     server = net.popen("h2", "iperf3 -s -1 -p 5301")
     wait_for(lambda: ":5301 " in net.run("h2", "ss -ltn"), 5, "iperf3 server")
     client = net.popen("h1", "iperf3 -c 10.0.0.2 -p 5301 -t 5 -J")
@@ -277,8 +318,11 @@ def test_reroute_and_rate_update_happen_in_place(net, sdn):
     meter_id = first["flows"][0]["meter"]["meter_id"]
     cookie = first["flows"][0]["cookie"]
     pinger = net.popen("h1", "ping -i 0.01 -c 300 -W 1 10.0.0.2")
-    wait_for(lambda: job_entries(net, "s2")[0]["n_bytes"] > 10 * 98, 10,
-             "the pings to cross s2, the detour")
+    wait_for(
+        lambda: job_entries(net, "s2")[0]["n_bytes"] > 10 * 98,
+        10,
+        "the pings to cross s2, the detour",
+    )
     second = sdn.put_job_flows("move", [FlowRequest("h1", "h2", DIRECT, 10)])
     out, _ = pinger.communicate(timeout=30)
     assert " 0% packet loss" in out, out  # make before break: no packet without an entry
@@ -294,9 +338,14 @@ def test_reroute_and_rate_update_happen_in_place(net, sdn):
 
 
 def test_delete_leaves_no_entries_or_meters(net, sdn):
-    sdn.put_job_flows("gone", [FlowRequest("h1", "h2", DETOUR, 30),
-                               FlowRequest("h3", "h1", ["s2", "s1"], 30, tcp_dst=80),
-                               FlowRequest("h2", "h3", ["s3", "s1", "s2"], 30)])
+    sdn.put_job_flows(
+        "gone",
+        [
+            FlowRequest("h1", "h2", DETOUR, 30),
+            FlowRequest("h3", "h1", ["s2", "s1"], 30, tcp_dst=80),
+            FlowRequest("h2", "h3", ["s3", "s1", "s2"], 30),
+        ],
+    )
     assert sum(len(job_entries(net, sw)) for sw in net.bridges) == 3 + 2 + 3
     assert sdn.delete_job_flows("gone") == {"job": "gone", "removed_flows": 3}
     for sw in net.bridges:
@@ -314,29 +363,58 @@ def test_delete_leaves_no_entries_or_meters(net, sdn):
 BAD_REQUESTS = [
     ("PUT", "/jobs/bad/flows", b"{not json", 400, "not valid JSON"),
     ("PUT", "/jobs/bad/flows", b'{"flows": [{"src": "h1"}]}', 400, "missing"),
-    ("PUT", "/jobs/bad/flows",
-     b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s9", "s3"], "rate_mbps": 5}]}',
-     400, "unknown switch"),
-    ("PUT", "/jobs/bad/flows",
-     b'{"flows": [{"src": "h1", "dst": "h3", "path": ["s1", "s3", "s1", "s2"], "rate_mbps": 5}]}',
-     400, "twice"),
-    ("PUT", "/jobs/bad/flows",
-     b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s2", "s3"], "rate_mbps": 5}]}',
-     400, "must start at 's1'"),
-    ("PUT", "/jobs/bad/flows",
-     b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s2"], "rate_mbps": 5}]}',
-     400, "must end at 's3'"),
-    ("PUT", "/jobs/bad/flows",
-     b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s3"], "rate_mbps": 0}]}',
-     400, "rate_mbps"),
+    (
+        "PUT",
+        "/jobs/bad/flows",
+        b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s9", "s3"], "rate_mbps": 5}]}',
+        400,
+        "unknown switch",
+    ),
+    (
+        "PUT",
+        "/jobs/bad/flows",
+        b'{"flows": [{"src": "h1", "dst": "h3", "path": ["s1", "s3", "s1", "s2"], "rate_mbps": 5}]}',
+        400,
+        "twice",
+    ),
+    (
+        "PUT",
+        "/jobs/bad/flows",
+        b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s2", "s3"], "rate_mbps": 5}]}',
+        400,
+        "must start at 's1'",
+    ),
+    (
+        "PUT",
+        "/jobs/bad/flows",
+        b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s2"], "rate_mbps": 5}]}',
+        400,
+        "must end at 's3'",
+    ),
+    (
+        "PUT",
+        "/jobs/bad/flows",
+        b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s3"], "rate_mbps": 0}]}',
+        400,
+        "rate_mbps",
+    ),
     # the first flow is fine, the second is not: nothing of the job may be installed
-    ("PUT", "/jobs/bad/flows",
-     b'{"flows": [{"src": "h3", "dst": "h2", "path": ["s2", "s3"], "rate_mbps": 5},'
-     b' {"src": "h3", "dst": "h1", "path": ["s2", "s3"], "rate_mbps": 5}]}', 400, "must end"),
+    (
+        "PUT",
+        "/jobs/bad/flows",
+        b'{"flows": [{"src": "h3", "dst": "h2", "path": ["s2", "s3"], "rate_mbps": 5},'
+        b' {"src": "h3", "dst": "h1", "path": ["s2", "s3"], "rate_mbps": 5}]}',
+        400,
+        "must end",
+    ),
     # h1 -> h2 belongs to job "keep"
-    ("PUT", "/jobs/bad/flows",
-     b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s3"], "rate_mbps": 5}]}',
-     409, "job 'keep'"),
+    (
+        "PUT",
+        "/jobs/bad/flows",
+        b'{"flows": [{"src": "h1", "dst": "h2", "path": ["s1", "s3"], "rate_mbps": 5}]}',
+        409,
+        "job 'keep'",
+    ),
     ("PUT", "/jobs/bad%20id/flows", b'{"flows": []}', 400, "job id"),
     ("POST", "/jobs", b"{}", 405, "not allowed"),
     ("GET", "/nosuch", None, 404, "no such resource"),
@@ -386,7 +464,10 @@ def test_switch_reconnect_restores_its_entries(net, sdn):
     net.connect(net.bridges["s2"])
     sdn.wait_ready(30)
     assert snapshot(net)["s2"] == expected
-    events = [(e["event"], e["switch"]) for e in sdn.switches()["events"]
-              if e["event"] in ("connect", "disconnect")]
+    events = [
+        (e["event"], e["switch"])
+        for e in sdn.switches()["events"]
+        if e["event"] in ("connect", "disconnect")
+    ]
     assert events[-2:] == [("disconnect", "s2"), ("connect", "s2")]
     assert [j["job"] for j in sdn.jobs()] == ["recon"]

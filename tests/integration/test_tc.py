@@ -1,4 +1,5 @@
 """Per-destination sender-side shaping (edge.tc) inside a network namespace of our own."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,11 @@ def netns_pid(prefix: str):
         while os.readlink(f"/proc/{pid}/ns/net") == ours:  # until unshare(2) has happened
             assert time.monotonic() < deadline, "unshare did not create a namespace"
             time.sleep(0.01)
-        for cmd in (["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
-                    ["ip", "link", "set", "d0", "up"], ["ip", "link", "set", "d1", "up"]):
+        for cmd in (
+            ["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
+            ["ip", "link", "set", "d0", "up"],
+            ["ip", "link", "set", "d1", "up"],
+        ):
             subprocess.run(["nsenter", "-t", str(pid), "-n", *cmd], check=True)
         yield pid
     finally:
@@ -36,8 +40,11 @@ def test_destination_classes_for_any_host_number(netns_pid: int):
     # Host part 1 used to collide with the HTB root's handle 1:.
     for ip, rate in (("10.0.0.1", 20), ("10.0.0.2", 5), ("10.0.1.7", 50)):
         tc.set_destination("d0", ip, rate, pid=netns_pid)
-    assert tc.destinations("d0", pid=netns_pid) == {1: pytest.approx(20), 2: pytest.approx(5),
-                                                    0x107: pytest.approx(50)}
+    assert tc.destinations("d0", pid=netns_pid) == {
+        1: pytest.approx(20),
+        2: pytest.approx(5),
+        0x107: pytest.approx(50),
+    }
     tc.set_destination("d0", "10.0.0.1", 30, pid=netns_pid)  # change in place
     tc.remove_destination("d0", "10.0.0.2", pid=netns_pid)
     assert tc.destinations("d0", pid=netns_pid) == {1: pytest.approx(30), 0x107: pytest.approx(50)}

@@ -2,6 +2,7 @@
 
 A two-switch network with two (at times three) containers; the middle link is the bottleneck.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,14 +55,16 @@ def nothing_left(prefix: str) -> dict:
 
 
 def vsctl(*args: str) -> str:
-    return subprocess.run(["ovs-vsctl", *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["ovs-vsctl", *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def vswitchd_receive_buffers() -> dict[str, int]:
     """{interface: receive buffer bytes} of ovs-vswitchd's packet sockets, as `ss` shows them."""
-    out = subprocess.run(["ss", "-0", "-m", "-n", "-p"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ss", "-0", "-m", "-n", "-p"], capture_output=True, text=True, check=True
+    ).stdout
     found = re.findall(r"\*:(\S+)\s.*?\"ovs-vswitchd\".*?skmem:\(r\d+,rb(\d+),", out)
     return {intf: int(rb) for intf, rb in found}
 
@@ -74,8 +77,10 @@ def test_connectivity_addresses_and_port_numbers(net: Emulation) -> None:
         assert code == 0
         assert f"{node.ip}/16" in out and node.mac in out
     # The bridges carry the topology's dpids and OpenFlow port numbers.
-    assert vsctl("get", "Bridge", net.bridge_name("s1"), "other_config:datapath-id").strip('"') \
+    assert (
+        vsctl("get", "Bridge", net.bridge_name("s1"), "other_config:datapath-id").strip('"')
         == f"{0x11:016x}"
+    )
     assert vsctl("get", "Interface", net.interface_name("s1", 7), "ofport") == "7"
     assert vsctl("get", "Interface", net.interface_name("s2", 8), "ofport") == "8"
     h1_port = topo.access_link("h1").port_of("s1")
@@ -87,10 +92,15 @@ def test_switch_ports_have_large_receive_buffers(net: Emulation) -> None:
     # The userspace datapath drops on its ports' default 208 KiB buffers under CPU load.
     if net.datapath != "user":
         pytest.skip("the kernel datapath reads its ports without packet sockets")
-    ports = [net.interface_name("s1", 7), net.interface_name("s2", 8),
-             net.interface_name("s1", net.topo.access_link("h1").port_of("s1"))]
-    net.add_node(ComputeNode("h3", cpu=0.25, mem_mb=256, ip="10.0.0.3", mac="02:ce:00:00:00:03"),
-                 Link("h3", "s2", 100, port_a=0, port_b=5))
+    ports = [
+        net.interface_name("s1", 7),
+        net.interface_name("s2", 8),
+        net.interface_name("s1", net.topo.access_link("h1").port_of("s1")),
+    ]
+    net.add_node(
+        ComputeNode("h3", cpu=0.25, mem_mb=256, ip="10.0.0.3", mac="02:ce:00:00:00:03"),
+        Link("h3", "s2", 100, port_a=0, port_b=5),
+    )
     ports.append(net.interface_name("s2", 5))
     buffers = vswitchd_receive_buffers()
     assert all(buffers.get(p, 0) >= RX_BUFFER_BYTES for p in ports), (ports, buffers)
@@ -98,8 +108,9 @@ def test_switch_ports_have_large_receive_buffers(net: Emulation) -> None:
 
 def test_remote_controller_mode(tiny: Path, prefix: str, worker_image: str) -> None:
     # Nothing listens on this port: secure switches then forward nothing at all.
-    with Emulation(load_topology(tiny), prefix=prefix, image=worker_image,
-                   controller=("127.0.0.1", 6999)) as net:
+    with Emulation(
+        load_topology(tiny), prefix=prefix, image=worker_image, controller=("127.0.0.1", 6999)
+    ) as net:
         bridge = net.bridge_name("s1")
         assert vsctl("get", "Bridge", bridge, "fail_mode") == "secure"
         assert vsctl("get", "Bridge", bridge, "protocols") == "[OpenFlow13]"
@@ -114,8 +125,12 @@ def test_shaped_rate_and_node_limits(net: Emulation) -> None:
     assert cgroups.limits(node.cgroup_parent) == (0.5, 384)
     # and it yields the host's cores to the switches: far below a process's weight outside it
     v = cgroups.version()
-    weight = cgroups.ROOT / ("" if v == 2 else "cpu") / node.cgroup_parent.strip("/") / \
-        ("cpu.weight" if v == 2 else "cpu.shares")
+    weight = (
+        cgroups.ROOT
+        / ("" if v == 2 else "cpu")
+        / node.cgroup_parent.strip("/")
+        / ("cpu.weight" if v == 2 else "cpu.shares")
+    )
     assert int(weight.read_text()) == cgroups.weight(0.5, v) < (100 if v == 2 else 1024) / 10
     node.container.reload()
     assert node.container.attrs["HostConfig"]["CpuQuota"] == 50_000
@@ -160,10 +175,15 @@ def test_add_and_remove_node_at_run_time(net: Emulation) -> None:
 
 
 def test_workers_share_node_namespace_and_cgroup(net: Emulation) -> None:
-    worker = net.start_worker("h1", "w0", ["sleep", "60"], cpu=0.2, mem_mb=128,
-                              env={"TASK": "7"})
-    code, out = worker.exec_run(["bash", "-c", "ip -o addr show dev eth0; echo $TASK $GLOO_SOCKET_IFNAME;"
-                                 " cat /proc/sys/net/ipv4/tcp_congestion_control"])
+    worker = net.start_worker("h1", "w0", ["sleep", "60"], cpu=0.2, mem_mb=128, env={"TASK": "7"})
+    code, out = worker.exec_run(
+        [
+            "bash",
+            "-c",
+            "ip -o addr show dev eth0; echo $TASK $GLOO_SOCKET_IFNAME;"
+            " cat /proc/sys/net/ipv4/tcp_congestion_control",
+        ]
+    )
     assert code == 0
     assert f"{net.nodes['h1'].ip}/16" in out.decode() and "7 eth0" in out.decode()
     # the node's TCP is the emulation's choice, not the host's default (BBR on some kernels)
@@ -174,13 +194,16 @@ def test_workers_share_node_namespace_and_cgroup(net: Emulation) -> None:
     assert cgroups.limits(net.nodes["h1"].cgroup_parent) == (0.25, 320)
 
 
-def test_teardown_leaves_nothing_also_on_exception(tiny: Path, prefix: str,
-                                                   worker_image: str) -> None:
-    with pytest.raises(RuntimeError, match="boom"):
-        with Emulation(load_topology(tiny), prefix=prefix, image=worker_image) as emulation:
-            emulation.start_worker("h2", "w0", ["sleep", "60"], cpu=0.1, mem_mb=64)
-            assert leftovers(prefix)["containers"]
-            raise RuntimeError("boom")
+def test_teardown_leaves_nothing_also_on_exception(
+    tiny: Path, prefix: str, worker_image: str
+) -> None:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        Emulation(load_topology(tiny), prefix=prefix, image=worker_image) as emulation,
+    ):
+        emulation.start_worker("h2", "w0", ["sleep", "60"], cpu=0.1, mem_mb=64)
+        assert leftovers(prefix)["containers"]
+        raise RuntimeError("boom")
     assert nothing_left(prefix) == {}
     assert emulation.timings["down_s"] < 10
 
@@ -196,9 +219,14 @@ with Emulation(load_topology(sys.argv[1]), prefix=sys.argv[2], image=sys.argv[3]
 
 
 def _bring_up_in_subprocess(tiny: Path, prefix: str, image: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", BRING_UP, str(tiny), prefix, image], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BRING_UP, str(tiny), prefix, image],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the network is up (or the child died)
     assert line.strip() == "UP", proc.stderr.read() if proc.stderr else line
@@ -211,8 +239,13 @@ def test_cleanup_after_a_killed_run(tiny: Path, prefix: str, worker_image: str) 
     proc.wait(timeout=10)
     left = nothing_left(prefix)
     assert left["containers"] and left["bridges"]
-    done = subprocess.run([sys.executable, "experiments/run.py", "--cleanup", "--prefix", prefix],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "experiments/run.py", "--cleanup", "--prefix", prefix],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert nothing_left(prefix) == {}
 
@@ -243,10 +276,15 @@ def test_sigterm_during_run_tears_down(tiny: Path, prefix: str, worker_image: st
 def test_ctrl_c_during_bring_up_tears_down(tiny: Path, prefix: str, worker_image: str) -> None:
     # As from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and a child
     # that inherits SIG_IGN never gets Python's KeyboardInterrupt.
-    proc = subprocess.Popen([sys.executable, "-c", BRING_UP, str(tiny), prefix, worker_image],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"PYTHONPATH": str(REPO)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BRING_UP, str(tiny), prefix, worker_image],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while not leftovers(prefix)["containers"]:  # the bring-up has started creating nodes
         assert proc.poll() is None and time.monotonic() < deadline
@@ -267,8 +305,13 @@ def test_run_rejects_malformed_topology(tmp_path: Path, prefix: str) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(TINY.replace("bw_mbps: 10,", "bw_mbps: fast,"))
     started = time.monotonic()
-    done = subprocess.run(["python3", "experiments/run.py", "--topo", str(bad), "--prefix", prefix],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["python3", "experiments/run.py", "--topo", str(bad), "--prefix", prefix],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "bw_mbps" in done.stderr and "links[0]" in done.stderr
     assert "Traceback" not in done.stderr

@@ -3,6 +3,7 @@
 Three nodes on one switch, every access link shaped to 20 Mbit/s: the job's traffic must leave
 through each node's `eth0`, cross the switch, and obey the shaper.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,11 +25,20 @@ from workloads.results import read_task_log, summarize_job
 pytestmark = pytest.mark.integration
 RATE_MBPS = 20.0
 NODES = ("n1", "n2", "n3")
-TOPO = {"name": "three", "switches": [{"name": "s1"}],
-        "nodes": [{"name": n, "cpu": 0.6, "mem_mb": 1024} for n in NODES],
-        "links": [{"ends": [n, "s1"], "bw_mbps": RATE_MBPS} for n in NODES]}
-JOB = {"dataset": "digits", "eval_every": 10, "max_iters": 400, "max_seconds": 240,
-       "timeout_s": 120, "threads": 1}
+TOPO = {
+    "name": "three",
+    "switches": [{"name": "s1"}],
+    "nodes": [{"name": n, "cpu": 0.6, "mem_mb": 1024} for n in NODES],
+    "links": [{"ends": [n, "s1"], "bw_mbps": RATE_MBPS} for n in NODES],
+}
+JOB = {
+    "dataset": "digits",
+    "eval_every": 10,
+    "max_iters": 400,
+    "max_seconds": 240,
+    "timeout_s": 120,
+    "threads": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +56,35 @@ def switch_rx_bytes(net: Emulation, node: str) -> int:
     (OVSDB's `statistics` column is refreshed only every few seconds)."""
     lk = net.topo.access_link(node)
     switch = lk.other(node)
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", net.bridge_name(switch),
-                          str(lk.port_of(switch))], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [
+            "ovs-ofctl",
+            "-O",
+            "OpenFlow13",
+            "dump-ports",
+            net.bridge_name(switch),
+            str(lk.port_of(switch)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(re.search(r"rx pkts=\d+, bytes=(\d+)", out)[1])
 
 
 def test_ring_job_trains_over_the_shaped_links(net, tmp_path):
     before = {n: switch_rx_bytes(net, n) for n in NODES}
-    paths = run_job(net, NODES, tmp_path, job="ring", deadline_s=400, model="mlp-small",
-                    collective="ring", target_acc=0.9, **JOB)
+    paths = run_job(
+        net,
+        NODES,
+        tmp_path,
+        job="ring",
+        deadline_s=400,
+        model="mlp-small",
+        collective="ring",
+        target_acc=0.9,
+        **JOB,
+    )
     logs = [read_task_log(p) for p in paths]
     summary = summarize_job(logs)
     assert summary.reached_target and summary.tta_s > 0
@@ -77,8 +106,17 @@ def test_ring_job_trains_over_the_shaped_links(net, tmp_path):
 
 
 def test_parameter_server_job_is_a_star(net, tmp_path):
-    paths = run_job(net, NODES, tmp_path, job="ps", deadline_s=400, model="cnn",
-                    collective="ps", target_acc=0.85, **JOB)
+    paths = run_job(
+        net,
+        NODES,
+        tmp_path,
+        job="ps",
+        deadline_s=400,
+        model="cnn",
+        collective="ps",
+        target_acc=0.85,
+        **JOB,
+    )
     logs = sorted((read_task_log(p) for p in paths), key=lambda t: t.rank)
     assert all(t.end["reached_target"] for t in logs)
     grad = logs[0].start["gradient_bytes"]
@@ -100,6 +138,7 @@ def test_the_bundled_job_files_run_in_the_worker_image(worker_image):
         if doc.job.collective not in WORKLOAD_COLLECTIVE and not doc.job.command:
             continue  # simulation only: the testbed refuses it up front
         command = worker_command(doc.job, 0, "127.0.0.1", 29500, "lo", 0)
-        out = client.containers.run(worker_image, [*command, "--help"], remove=True,
-                                    network_mode="none")
+        out = client.containers.run(
+            worker_image, [*command, "--help"], remove=True, network_mode="none"
+        )
         assert b"usage:" in out, (doc.source, command)

@@ -2,6 +2,7 @@
 state file, simulated agents whose workers write metric lines, a burst of valid and invalid jobs —
 every one answered, none lost or run twice, every line held once. The latency figures belong to
 the full benchmark, not to this test."""
+
 from __future__ import annotations
 
 import json
@@ -10,23 +11,41 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "experiments"))
 
-from bench_load import work_s  # noqa: E402
+from experiments.bench_load import work_s
 
 
 def test_a_burst_of_jobs_is_answered_and_drained_without_loss(tmp_path: Path):
     out = tmp_path / "load.json"
-    done = subprocess.run([sys.executable, str(REPO / "experiments" / "bench_load.py"),
-                           "--seed", "3", "--nodes", "12", "--jobs", "60", "--work-s", "0.3",
-                           "--max-s", "60", "--out", str(out)],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "experiments" / "bench_load.py"),
+            "--seed",
+            "3",
+            "--nodes",
+            "12",
+            "--jobs",
+            "60",
+            "--work-s",
+            "0.3",
+            "--max-s",
+            "60",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     r = json.loads(out.read_text())
     assert done.returncode == 0 and r["failed"] == [], done.stdout + done.stderr[-2000:]
     s = r["submissions"]
     assert s["accepted"] + s["refused"] == 60 and s["refused"] > 0  # the seed draws invalid ones
-    assert all(e.startswith("4") and "field" in e or "fits on no node" in e
-               for e in s["refusal_examples"]), s["refusal_examples"]
+    assert all(
+        (e.startswith("4") and "field" in e) or "fits on no node" in e
+        for e in s["refusal_examples"]
+    ), s["refusal_examples"]
     assert r["jobs_by_state"] == {"finished": s["accepted"]}
     assert r["heartbeats"]["count"] > 0
     assert r["state"] and r["lines"] > 0 and r["lines_held"] == r["lines"]

@@ -2,6 +2,7 @@
 instances, the cluster-level heuristics, the dual buffer's expert share, the attention critic's
 action gradient, a smoke training of every RL algorithm through the experiment, the CLI's
 errors; and the `eade-ddpg` placement algorithm of CES."""
+
 from __future__ import annotations
 
 import subprocess
@@ -17,16 +18,44 @@ from gymnasium import spaces
 from scheduler.baselines import make_algorithm
 from scheduler.eade import ces
 from scheduler.eade.__main__ import main as cli
-from scheduler.eade.agents import (ALGORITHMS, AgentConfig, AttentionCritic, ClusterAttention,
-                                   DualReplayBuffer, build, fill_expert, load_acting,
-                                   save_acting)
-from scheduler.eade.env import (Layout, MultiCluster, MultiClusterEnv, Setting, TaskShapes,
-                                build_layout, deployment_reward, fragmentation,
-                                gpu_load_variance, load_variance)
-from scheduler.eade.experiment import (REFERENCE, ExperimentConfig, agent_chooser,
-                                       evaluate_all, train_all)
-from scheduler.eade.heuristics import (bestfit, expert, greedy, random_choice, run_episode,
-                                       utilization)
+from scheduler.eade.agents import (
+    ALGORITHMS,
+    AgentConfig,
+    AttentionCritic,
+    ClusterAttention,
+    DualReplayBuffer,
+    build,
+    fill_expert,
+    load_acting,
+    save_acting,
+)
+from scheduler.eade.env import (
+    Layout,
+    MultiCluster,
+    MultiClusterEnv,
+    Setting,
+    TaskShapes,
+    build_layout,
+    deployment_reward,
+    fragmentation,
+    gpu_load_variance,
+    load_variance,
+)
+from scheduler.eade.experiment import (
+    REFERENCE,
+    ExperimentConfig,
+    agent_chooser,
+    evaluate_all,
+    train_all,
+)
+from scheduler.eade.heuristics import (
+    bestfit,
+    expert,
+    greedy,
+    random_choice,
+    run_episode,
+    utilization,
+)
 from scheduler.instances import random_instance
 from scheduler.model import CannotPlace, check_decision
 from scheduler.trace import Machine
@@ -35,8 +64,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = Setting(clusters=3, hosts=2, tasks=40)
 
 
-def layout(clusters: int = 3, hosts: int = 2, cards: int = 2, cpu: float = 64,
-           mem: float = 512) -> Layout:
+def layout(
+    clusters: int = 3, hosts: int = 2, cards: int = 2, cpu: float = 64, mem: float = 512
+) -> Layout:
     """clusters × hosts identical hosts with `cards` P4-like cards each."""
     h = clusters * hosts
     card_cap = np.zeros((h, cards, 2))
@@ -68,9 +98,11 @@ def test_task_shapes_follow_the_published_buckets_and_fit_one_card():
 
 
 def test_layout_takes_only_the_chosen_gpu_types_and_sums_clusters():
-    machines = [Machine(f"p{i}", "P100", 64, 512, 2) for i in range(5)] + \
-        [Machine(f"t{i}", "T4", 96, 512, 2) for i in range(5)] + \
-        [Machine(f"v{i}", "V100", 96, 512, 8) for i in range(50)]
+    machines = (
+        [Machine(f"p{i}", "P100", 64, 512, 2) for i in range(5)]
+        + [Machine(f"t{i}", "T4", 96, 512, 2) for i in range(5)]
+        + [Machine(f"v{i}", "V100", 96, 512, 8) for i in range(50)]
+    )
     setting = Setting(clusters=2, hosts=4)
     lay = build_layout(machines, np.random.default_rng(0), setting)
     assert all(m[0] in "pt" for m in lay.machines) and len(set(lay.machines)) == 8
@@ -116,8 +148,8 @@ def test_fragmentation_and_load_variances_by_hand():
     util = np.array([[0.5, 0.5, 1.0, 1.0], [0.0, 0.2, 0.4, 0.6]])
     assert fragmentation(util) == pytest.approx(((0.5 + 0.5) + (1 + 0.8 + 0.6 + 0.4)) / 2)
     # Ū = 0.75, 0.3 → variance 0.225²; GPU means 1.0, 0.5 → 0.25²
-    assert load_variance(util) == pytest.approx(0.225 ** 2)
-    assert gpu_load_variance(util) == pytest.approx(0.25 ** 2)
+    assert load_variance(util) == pytest.approx(0.225**2)
+    assert gpu_load_variance(util) == pytest.approx(0.25**2)
 
 
 def test_step_outcomes_rewards_and_the_deployed_count():
@@ -192,8 +224,11 @@ def test_the_expert_deploys_on_the_best_scoring_cluster_that_can_host_and_never_
     env.cluster.card_used[2:4, 0, :] = (4.0, 40.0)  # cluster 1: fuller than cluster 2
     assert expert(env, np.random.default_rng(0)) == 1
     lay = layout()
-    m = run_episode(MultiClusterEnv(lay, TINY), lambda e: expert(e, None),
-                    TINY.shapes.sample(np.random.default_rng(3), TINY.tasks, 8.0))
+    m = run_episode(
+        MultiClusterEnv(lay, TINY),
+        lambda e: expert(e, None),
+        TINY.shapes.sample(np.random.default_rng(3), TINY.tasks, 8.0),
+    )
     assert m["failed"] == 0 and m["waited_wrong"] == 0 and m["N"] == TINY.tasks
 
 
@@ -203,8 +238,14 @@ def test_the_dual_buffer_takes_the_expert_share_of_every_batch():
     act = spaces.Box(-1, 1, (1,), np.float32)
     buf = DualReplayBuffer(1000, obs, act, "cpu", expert_share=0.1, expert_size=100)
     for _ in range(300):
-        buf.add(np.zeros((1, 8)), np.zeros((1, 8)), np.zeros((1, 1)), np.array([0.0]),
-                np.array([False]), [{}])
+        buf.add(
+            np.zeros((1, 8)),
+            np.zeros((1, 8)),
+            np.zeros((1, 1)),
+            np.array([0.0]),
+            np.array([False]),
+            [{}],
+        )
     assert (buf.sample(256).rewards == 0).all()  # no expert data yet: all online
     for _ in range(50):
         buf.add_expert(np.ones(8), np.ones(8), np.ones(1), -999.0, False)
@@ -220,8 +261,9 @@ def test_the_dual_buffer_takes_the_expert_share_of_every_batch():
 def test_the_attention_critic_sees_the_action_and_passes_its_gradient():
     obs = spaces.Box(0, 1, (3 * 4 + 4,), np.float32)
     act = spaces.Box(-1, 1, (1,), np.float32)
-    critic = AttentionCritic(obs, act, [16, 8], ClusterAttention(obs, clusters=3, action_dim=1,
-                                                                 features_dim=16), 16)
+    critic = AttentionCritic(
+        obs, act, [16, 8], ClusterAttention(obs, clusters=3, action_dim=1, features_dim=16), 16
+    )
     x = torch.rand(5, 16)
     a = torch.zeros(5, 1, requires_grad=True)
     q = critic.q1_forward(x, a)
@@ -255,12 +297,14 @@ def test_checkpoints_round_trip_to_the_same_actions(tmp_path):
         save_acting(model, name, AgentConfig(batch=8, buffer=100), tmp_path / "m.pt", {"x": 1})
         loaded_name, loaded, meta = load_acting(tmp_path / "m.pt", env)
         assert loaded_name == name and meta == {"x": 1}
-        assert np.array_equal(model.predict(obs, deterministic=True)[0],
-                              loaded.predict(obs, deterministic=True)[0]), name
+        assert np.array_equal(
+            model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0]
+        ), name
 
 
 def test_smoke_experiment_trains_saves_and_evaluates_every_algorithm(tmp_path, monkeypatch):
     import scheduler.eade.experiment as experiment
+
     small = AgentConfig(batch=16, learning_starts=20, expert_episodes=1, buffer=1000)
     monkeypatch.setattr(experiment, "AgentConfig", lambda: small)
     cfg = ExperimentConfig(seeds=1, episodes=1, eval_episodes=1, curve_every=1, curve_streams=1)
@@ -280,18 +324,25 @@ def test_smoke_experiment_trains_saves_and_evaluates_every_algorithm(tmp_path, m
 
 
 def test_cli_rejects_bad_input_with_one_line_and_status_2(tmp_path, capsys):
-    for argv, message in ((["train", "--seeds", "0"], "--seeds: expected an integer ≥ 1"),
-                          (["train", "--algos", "EADE,Greedy"], "--algos: unknown algorithm"),
-                          (["all", "--machines", str(tmp_path / "no.csv")], "no such file"),
-                          (["evaluate", "--checkpoints", str(tmp_path)], "no checkpoint")):
+    for argv, message in (
+        (["train", "--seeds", "0"], "--seeds: expected an integer ≥ 1"),
+        (["train", "--algos", "EADE,Greedy"], "--algos: unknown algorithm"),
+        (["all", "--machines", str(tmp_path / "no.csv")], "no such file"),
+        (["evaluate", "--checkpoints", str(tmp_path)], "no checkpoint"),
+    ):
         assert cli(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     with pytest.raises(SystemExit) as e:
         cli(["fly"])
     assert e.value.code == 2
-    run = subprocess.run([sys.executable, "-m", "scheduler.eade", "train", "--episodes", "-1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "scheduler.eade", "train", "--episodes", "-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().count("\n") == 0 and "--episodes" in run.stderr
 
@@ -300,8 +351,9 @@ def test_cli_rejects_bad_input_with_one_line_and_status_2(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def ces_checkpoint(tmp_path_factory) -> Path:
     small = replace(ces.CesEadeConfig().instances, sites=(2, 6), episodes_per_topology=4)
-    cfg = ces.CesEadeConfig(episodes=30, expert_episodes=5, learning_starts=20, batch=16,
-                            instances=small)
+    cfg = ces.CesEadeConfig(
+        episodes=30, expert_episodes=5, learning_starts=20, batch=16, instances=small
+    )
     agent = ces.train(cfg)
     path = tmp_path_factory.mktemp("ces") / "ces.pt"
     ces.save(agent, cfg, path, {})
@@ -321,7 +373,7 @@ def test_eade_ddpg_is_registered_and_gives_feasible_decisions(ces_checkpoint):
         assert check_decision(cluster, job, d) == []
         placed += 1
     assert placed >= 8
-    with pytest.raises(FileNotFoundError, match="python -m scheduler.eade.ces"):
+    with pytest.raises(FileNotFoundError, match=r"python -m scheduler.eade.ces"):
         make_algorithm("eade-ddpg", checkpoint=ces_checkpoint.with_name("none.pt"))
 
 
@@ -338,9 +390,14 @@ def test_ces_critic_weighs_feasible_nodes_only_and_scores_get_a_gradient():
 
 def test_ces_dual_replay_share_and_the_expert_replays_network_aware():
     import random
+
     replay = ces.DualReplay(100, 0.1, random.Random(0))
-    dummy = ces.Transition(ces.State(np.zeros((1, 2), np.float32), np.ones(1, bool)),
-                           np.zeros(1, np.float32), 0.0, None)
+    dummy = ces.Transition(
+        ces.State(np.zeros((1, 2), np.float32), np.ones(1, bool)),
+        np.zeros(1, np.float32),
+        0.0,
+        None,
+    )
     replay.online.extend([dummy] * 50)
     assert replay.expert_count(64) == 0
     marked = replace(dummy, reward=-1.0)
@@ -355,6 +412,7 @@ def test_ces_dual_replay_share_and_the_expert_replays_network_aware():
             nodes = cluster.compute_nodes()
             want = make_algorithm("network-aware").place(cluster, job).placement
             from scheduler.baselines import placement_order
+
             chosen = [nodes[int(np.argmax(t.action))] for t in steps]
             assert chosen == [want[t.name] for t in placement_order(job)]
             assert steps[-1].next_state is None

@@ -3,6 +3,7 @@ and its Messenger and Network Manager behave (against a small fake Master over r
 
 These tests import only `edge` and `protocol`: `test_the_agent_stands_alone` runs the rest of
 this file again in a subprocess where the project's other packages cannot be imported."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,17 @@ from protocol.messages import ShapingRule, WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 # What an edge host does not have: the rest of the project and its heavy dependencies.
-ABSENT = ("mininet", "scheduler", "testbed", "master", "sdn_app", "topologies", "workloads",
-          "networkx", "torch")
+ABSENT = (
+    "mininet",
+    "scheduler",
+    "testbed",
+    "master",
+    "sdn_app",
+    "topologies",
+    "workloads",
+    "networkx",
+    "torch",
+)
 BLOCK = f"""
 import importlib.abc, sys
 class Absent(importlib.abc.MetaPathFinder):
@@ -35,21 +45,30 @@ sys.meta_path.insert(0, Absent())
 
 
 def run_isolated(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK + code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK + code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def test_the_agent_stands_alone():
-    done = run_isolated("import runpy; sys.argv = ['edge', '--help']; "
-                        "runpy.run_module('edge', run_name='__main__')")
+    done = run_isolated(
+        "import runpy; sys.argv = ['edge', '--help']; runpy.run_module('edge', run_name='__main__')"
+    )
     assert done.returncode == 0, done.stderr
     assert "--node" in done.stdout and "--master" in done.stdout
     loaded = run_isolated("import edge.agent, json; print(json.dumps(sorted(sys.modules)))")
     assert loaded.returncode == 0, loaded.stderr
     modules = json.loads(loaded.stdout)
     assert not [m for m in modules if m.split(".")[0] in ABSENT]
-    tests = run_isolated(f"import pytest; sys.exit(pytest.main([{__file__!r}, '-q', '-p', "
-                         "'no:cacheprovider', '-k', 'not stands_alone']))")
+    tests = run_isolated(
+        f"import pytest; sys.exit(pytest.main([{__file__!r}, '-q', '-p', "
+        "'no:cacheprovider', '-k', 'not stands_alone']))"
+    )
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
 
 
@@ -96,8 +115,15 @@ def master():
 
 
 def spec(name: str) -> dict:
-    return {"name": name, "job": "j", "task": "w0", "image": "ces-worker",
-            "command": ["python3", "-m", "workloads.train"], "cpu": 0.5, "mem_mb": 256}
+    return {
+        "name": name,
+        "job": "j",
+        "task": "w0",
+        "image": "ces-worker",
+        "command": ["python3", "-m", "workloads.train"],
+        "cpu": 0.5,
+        "mem_mb": 256,
+    }
 
 
 def test_messenger_registers_heartbeats_and_obeys_the_reply(master):
@@ -117,8 +143,10 @@ def test_messenger_registers_heartbeats_and_obeys_the_reply(master):
 
 
 def test_heartbeats_are_jittered_so_agents_started_together_drift_apart():
-    agents = [SimulatedAgent(f"n{i}", "http://127.0.0.1:9", f"10.0.0.{i}", heartbeat_s=1.0)
-              for i in (1, 2)]
+    agents = [
+        SimulatedAgent(f"n{i}", "http://127.0.0.1:9", f"10.0.0.{i}", heartbeat_s=1.0)
+        for i in (1, 2)
+    ]
     waits = [[a.messenger.next_wait_s() for _ in range(200)] for a in agents]
     for a in agents:
         a.stop()
@@ -134,13 +162,24 @@ def test_a_worker_that_ends_is_reported_at_once_with_its_last_lines(master):
         call("POST", agent.server.url + "/workers", spec("w-a1"))
         t0 = time.monotonic()
         agent.compute.finish("w-a1", 3, "oops", lines=[{"type": "end", "iters": 7}])
-        wait_for(lambda: any(w["state"] == "exited" for hb in master.heartbeats
-                             for w in hb["workers"]), timeout_s=3, what="exit reported")
+        wait_for(
+            lambda: any(w["state"] == "exited" for hb in master.heartbeats for w in hb["workers"]),
+            timeout_s=3,
+            what="exit reported",
+        )
         assert time.monotonic() - t0 < 2  # not the 30 s heartbeat period
         hb = next(hb for hb in master.heartbeats if hb["records"])
         assert hb["records"] == [{"type": "end", "iters": 7, "worker": "w-a1"}]
-        assert hb["workers"] == [{"name": "w-a1", "job": "j", "task": "w0", "state": "exited",
-                                  "exit_code": 3, "detail": "oops"}]
+        assert hb["workers"] == [
+            {
+                "name": "w-a1",
+                "job": "j",
+                "task": "w0",
+                "state": "exited",
+                "exit_code": 3,
+                "detail": "oops",
+            }
+        ]
     finally:
         agent.stop()
 
@@ -190,10 +229,12 @@ def test_command_channel_refuses_malformed_commands_with_the_field(master):
     agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=30).start()
     url = agent.server.url
     try:
-        for body, field in (({**spec("w"), "cpu": "lots"}, "WorkerSpec.cpu"),
-                            ({**spec("w"), "extra": 1}, "unknown field"),
-                            ({k: v for k, v in spec("w").items() if k != "image"}, "image"),
-                            ([1, 2], "expected a JSON object")):
+        for body, field in (
+            ({**spec("w"), "cpu": "lots"}, "WorkerSpec.cpu"),
+            ({**spec("w"), "extra": 1}, "unknown field"),
+            ({k: v for k, v in spec("w").items() if k != "image"}, "image"),
+            ([1, 2], "expected a JSON object"),
+        ):
             with pytest.raises(ApiError) as e:
                 call("POST", url + "/workers", body)
             assert e.value.status == 400 and field in e.value.message
@@ -229,11 +270,13 @@ def test_network_manager_changes_only_what_differs(monkeypatch):
     monkeypatch.setattr(edge_network.tc, "set_destination", set_destination)
     monkeypatch.setattr(edge_network.tc, "remove_class", remove_class)
     nm = edge_network.NetworkManager("eth0", pid=None)
-    assert nm.apply([ShapingRule("10.0.0.2", 10.0), ShapingRule("10.0.0.4", 7.0)]) == \
-        {"classes": 2}
+    assert nm.apply([ShapingRule("10.0.0.2", 10.0), ShapingRule("10.0.0.4", 7.0)]) == {"classes": 2}
     assert sorted(calls, key=str) == [("remove", 3), ("set", "10.0.0.4", 7.0)]
-    for bad in ([ShapingRule("10.0.0.2", 0.0)], [ShapingRule("nonsense", 1.0)],
-                [ShapingRule("10.0.0.2", 1.0), ShapingRule("10.1.0.2", 1.0)]):
+    for bad in (
+        [ShapingRule("10.0.0.2", 0.0)],
+        [ShapingRule("nonsense", 1.0)],
+        [ShapingRule("10.0.0.2", 1.0), ShapingRule("10.1.0.2", 1.0)],
+    ):
         calls.clear()
         with pytest.raises(ValueError):
             nm.apply(bad)

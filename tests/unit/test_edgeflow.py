@@ -1,6 +1,7 @@
 """EdgeFlow (seed 001): re-allocation at every event, migrations when an edge node turns busy,
 the online correction of κ and λ; ElasticFlow-like stays off the edge; the elastic Optimus-like
 and Min baselines; the simulator's new figures."""
+
 from __future__ import annotations
 
 import math
@@ -18,17 +19,27 @@ from topologies import parse_topology
 
 
 def cluster_of(cpus: list[float]) -> Cluster:
-    doc = {"switches": [{"name": "s"}],
-           "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": 1024} for i, c in enumerate(cpus)],
-           "links": [{"ends": [f"n{i}", "s"], "bw_mbps": 100} for i in range(len(cpus))]}
+    doc = {
+        "switches": [{"name": "s"}],
+        "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": 1024} for i, c in enumerate(cpus)],
+        "links": [{"ends": [f"n{i}", "s"], "bw_mbps": 100} for i in range(len(cpus))],
+    }
     return Cluster.from_topology(parse_topology(doc, "test"))
 
 
-def job(name: str, cpu: float, iterations: int, submit: float = 0.0,
-        deadline: float | None = None) -> Job:
+def job(
+    name: str, cpu: float, iterations: int, submit: float = 0.0, deadline: float | None = None
+) -> Job:
     """One worker without flows; an iteration takes 1 s at the asked cpu on a speed-1 node."""
-    return custom_job(name, [Task("w0", Resources(cpu, 100))], [], compute_s=cpu,
-                      iterations=iterations, submit_time=submit, deadline=deadline)
+    return custom_job(
+        name,
+        [Task("w0", Resources(cpu, 100))],
+        [],
+        compute_s=cpu,
+        iterations=iterations,
+        submit_time=submit,
+        deadline=deadline,
+    )
 
 
 def edgeflow(edge: bool = True) -> EdgeFlow:
@@ -44,7 +55,8 @@ def test_running_jobs_get_their_minimum_satisfactory_share_again_at_every_event(
     # (0.5 s per iteration). At b's arrival (t=20, 40 done): 60 left at share 1.5 take 40 s,
     # 20 + 40 ≤ 65, share 1 would end at 80 → a shrinks to 1.5 in place and ends at t=60.
     result = Simulator(cluster_of([1.0]), edgeflow()).run(
-        [job("a", 0.25, 100, deadline=65.0), job("b", 0.25, 10, submit=20.0)])
+        [job("a", 0.25, 100, deadline=65.0), job("b", 0.25, 10, submit=20.0)]
+    )
     a = by_name(result)["a"]
     assert a.granted.tasks[0].demand.cpu == pytest.approx(0.375)
     assert a.finish == pytest.approx(60.0)
@@ -81,8 +93,13 @@ def test_kappa_and_lambda_are_corrected_from_the_pace_the_jobs_report():
     cluster = cluster_of([1.0, 1.0])
     running = []
     for name, node, pace in (("cloud", "n0", 2.0), ("edge", "n1", 4.0)):
-        js = JobState(job(name, 0.25, 100), len(running), "running", iter_s=pace,
-                      decision=Decision(name, {"w0": node}, []))
+        js = JobState(
+            job(name, 0.25, 100),
+            len(running),
+            "running",
+            iter_s=pace,
+            decision=Decision(name, {"w0": node}, []),
+        )
         running.append(js)
     policy.observe(Round(10.0, cluster, policy.algorithm, [], running))
     # cloud: nominal 1 s / measured 2 s → κ = 1 + 0.2 (0.5 - 1) = 0.9
@@ -90,13 +107,11 @@ def test_kappa_and_lambda_are_corrected_from_the_pace_the_jobs_report():
     # edge: (1 / 4) / κ = 0.2778 → λ = 0.5 + 0.2 (0.2778 - 0.5)
     assert policy.lam == pytest.approx(0.5 + 0.2 * (0.25 / 0.9 - 0.5))
     # the estimates follow: an iteration on an edge node takes 1 / (κ λ)
-    assert policy.iteration_s(job("x", 0.25, 1), edge=True) == pytest.approx(
-        1 / (0.9 * policy.lam))
+    assert policy.iteration_s(job("x", 0.25, 1), edge=True) == pytest.approx(1 / (0.9 * policy.lam))
 
 
 def test_a_deadline_no_share_can_meet_is_demoted_to_best_effort():
-    result = Simulator(cluster_of([1.0]), edgeflow()).run(
-        [job("late", 0.25, 1000, deadline=100.0)])
+    result = Simulator(cluster_of([1.0]), edgeflow()).run([job("late", 0.25, 1000, deadline=100.0)])
     late = by_name(result)["late"]
     assert late.granted is None and late.finish == pytest.approx(1000.0)
     assert result.summary()["deadline_satisfaction"] == 0.0
@@ -110,7 +125,8 @@ def test_optimus_gives_spare_cpu_to_the_jobs_by_marginal_gain_and_min_the_asked_
     assert [js.granted.tasks[0].demand.cpu for js in rnd.placed] == [1.0, 1.0]
     assert cluster.free("n0").cpu == pytest.approx(0.0)
     result = Simulator(cluster_of([2.0]), Min(make_algorithm("first-fit"))).run(
-        [job("a", 0.5, 100), job("b", 0.5, 100)])
+        [job("a", 0.5, 100), job("b", 0.5, 100)]
+    )
     assert all(js.granted is None and js.finish == pytest.approx(100.0) for js in result.jobs)
 
 

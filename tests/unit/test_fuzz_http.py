@@ -10,6 +10,7 @@ backend (`edge.simulated`, no Docker) and the real Network Manager with its `tc`
 dict (as tests/unit/test_edge.py does: no qdisc of this host is touched), and the SDN app with no
 switch connected — where a valid flow change is the documented 503 "nothing was changed".
 """
+
 from __future__ import annotations
 
 import http.client
@@ -19,10 +20,12 @@ import re
 import socket
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from fuzz_strategies import Mutation, bad_names, mutated, raw_bodies
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -39,22 +42,44 @@ from sdn_app.monitor import NetworkMonitor
 from sdn_app.rest import rest_api
 from topologies import load_topology
 
-from fuzz_strategies import Mutation, bad_names, mutated, raw_bodies
-
 # Each example is one loopback request (~1-3 ms); 60 per endpoint keeps the file near 20 s.
-FUZZ = settings(max_examples=60, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "BREW"]
 
-JOB = {"name": "small", "collective": "ring", "workers": 2, "task": {"cpu": 0.5, "mem_mb": 256},
-       "model_params": 85000, "demand_mbps": 20, "target_accuracy": 0.8,
-       "workload": {"model": "mlp-small"}}
+JOB = {
+    "name": "small",
+    "collective": "ring",
+    "workers": 2,
+    "task": {"cpu": 0.5, "mem_mb": 256},
+    "model_params": 85000,
+    "demand_mbps": 20,
+    "target_accuracy": 0.8,
+    "workload": {"model": "mlp-small"},
+}
 REGISTRATION = to_json(Registration("lab1", "http://127.0.0.1:9", "10.0.0.1", "eth0", 1.0, 2048))
-HEARTBEAT = to_json(Heartbeat("lab1", 1, 0.0, Usage(0.1, 100, 1.0, 1.0),
-                              [WorkerState("j-w0-a1", "j", "w0", "running")],
-                              [{"worker": "j-w0-a1", "type": "eval"}]))
-WORKER = {"name": "j-w0-a1", "job": "j", "task": "w0", "image": "ces-worker",
-          "command": ["python3", "-m", "workloads.train"], "cpu": 0.5, "mem_mb": 256}
+HEARTBEAT = to_json(
+    Heartbeat(
+        "lab1",
+        1,
+        0.0,
+        Usage(0.1, 100, 1.0, 1.0),
+        [WorkerState("j-w0-a1", "j", "w0", "running")],
+        [{"worker": "j-w0-a1", "type": "eval"}],
+    )
+)
+WORKER = {
+    "name": "j-w0-a1",
+    "job": "j",
+    "task": "w0",
+    "image": "ces-worker",
+    "command": ["python3", "-m", "workloads.train"],
+    "cpu": 0.5,
+    "mem_mb": 256,
+}
 RULE = {"dst_ip": "10.0.0.2", "rate_mbps": 20}
 FLOW = {"src": "lab1", "dst": "srv1", "path": ["acc1", "agg1", "acc4"], "rate_mbps": 20}
 
@@ -69,12 +94,20 @@ class Answer:
     @property
     def text(self) -> str:
         """The error message and its field, as a user reads them."""
-        return f"{self.doc.get('field', '')}: {self.doc.get('error', '')}" \
-            if isinstance(self.doc, dict) else ""
+        return (
+            f"{self.doc.get('field', '')}: {self.doc.get('error', '')}"
+            if isinstance(self.doc, dict)
+            else ""
+        )
 
 
-def send(url: str, method: str, path: str, body: bytes | None = None,
-         headers: dict[str, str] | None = None) -> Answer:
+def send(
+    url: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
     """One raw request (http.client: any method, any bytes). A dropped connection raises."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
@@ -101,13 +134,16 @@ def quoted(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
-def check(answer: Answer, state: Callable[[], Any], before: Any,
-          allowed_5xx: str | None = None) -> None:
+def check(
+    answer: Answer, state: Callable[[], Any], before: Any, allowed_5xx: str | None = None
+) -> None:
     """The property: below 500 (or the one documented 5xx, by its words); a refusal carries an
     error message and leaves `state()` as it was."""
     if answer.status >= 500:
-        assert allowed_5xx and answer.status == 503 and allowed_5xx in answer.doc["error"], \
-            (answer.status, answer.raw[:300])
+        assert allowed_5xx and answer.status == 503 and allowed_5xx in answer.doc["error"], (
+            answer.status,
+            answer.raw[:300],
+        )
     if answer.status >= 400:
         if answer.doc is not None:  # HEAD
             assert isinstance(answer.doc, dict) and isinstance(answer.doc.get("error"), str)
@@ -146,9 +182,13 @@ def agents_master():
 def master_state(m: Master) -> tuple:
     with m.lock:
         s = m.scheduler
-        return ({n: r.state.value for n, r in m.manager.jobs.items()}, (s.default, s.seed, s.queue),
-                frozenset(m.cordoned), {n: a.reg for n, a in m.compute.agents.items()},
-                {(u, v): d["bw_mbps"] for u, v, d in m.cluster.graph.edges(data=True)})
+        return (
+            {n: r.state.value for n, r in m.manager.jobs.items()},
+            (s.default, s.seed, s.queue),
+            frozenset(m.cordoned),
+            {n: a.reg for n, a in m.compute.agents.items()},
+            {(u, v): d["bw_mbps"] for u, v, d in m.cluster.graph.edges(data=True)},
+        )
 
 
 @dataclass
@@ -167,15 +207,24 @@ def agent():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(edge_network.tc, "link_rate", lambda dev, pid: 1000.0)
         mp.setattr(edge_network.tc, "destinations", lambda dev, pid: dict(kernel))
-        mp.setattr(edge_network.tc, "set_destination", lambda dev, ip, rate, pid:
-                   kernel.__setitem__(edge_network.tc.class_minor(ip), rate))
+        mp.setattr(
+            edge_network.tc,
+            "set_destination",
+            lambda dev, ip, rate, pid: kernel.__setitem__(edge_network.tc.class_minor(ip), rate),
+        )
         mp.setattr(edge_network.tc, "remove_class", lambda dev, minor, pid: kernel.pop(minor))
         compute = SimulatedCompute()
         app = protocol_http.JsonApp()
         reg = Registration("n1", "http://127.0.0.1:9", "10.0.0.1", "eth0", 1.0, 2048)
         # usage=None: the Messenger's loop (heartbeats, the only user) is never started
-        Messenger(reg, "http://127.0.0.1:9", compute, edge_network.NetworkManager("eth0", None),
-                  None, 30.0).routes(app)
+        Messenger(
+            reg,
+            "http://127.0.0.1:9",
+            compute,
+            edge_network.NetworkManager("eth0", None),
+            None,
+            30.0,
+        ).routes(app)
         server = Server(app).start()
         yield AgentUnderTest(server.url, compute, kernel)
         server.stop()
@@ -202,12 +251,34 @@ NOT_SYNCED = "nothing was changed"  # the SDN app's 503 when a needed switch is 
 
 
 # --- any method, any path, any body -------------------------------------------------------------
-MASTER_PATHS = ["/health", "/agents", "/agents/lab1/heartbeat", "/nodes", "/nodes/lab1",
-                "/links", "/links/acc1/agg1", "/scheduler", "/jobs", "/jobs/small", "/nosuch",
-                "/", "//", "/jobs/small/extra", "/health?x=1&x=2"]
+MASTER_PATHS = [
+    "/health",
+    "/agents",
+    "/agents/lab1/heartbeat",
+    "/nodes",
+    "/nodes/lab1",
+    "/links",
+    "/links/acc1/agg1",
+    "/scheduler",
+    "/jobs",
+    "/jobs/small",
+    "/nosuch",
+    "/",
+    "//",
+    "/jobs/small/extra",
+    "/health?x=1&x=2",
+]
 AGENT_PATHS = ["/health", "/workers", "/workers/j-w0-a1", "/shaping", "/nosuch", "/"]
-SDN_PATHS = ["/health", "/jobs", "/jobs/x/flows", "/links", "/switches", "/nosuch", "/jobs/keep",
-             "/"]  # not /jobs/keep/flows: DELETE would rightly remove the job other tests use
+SDN_PATHS = [
+    "/health",
+    "/jobs",
+    "/jobs/x/flows",
+    "/links",
+    "/switches",
+    "/nosuch",
+    "/jobs/keep",
+    "/",
+]  # not /jobs/keep/flows: DELETE would rightly remove the job other tests use
 
 
 @FUZZ
@@ -237,15 +308,30 @@ def test_sdn_any_method_path_and_body(sdn, method, path, body):
 
 # --- names in the URL ---------------------------------------------------------------------------
 url_names = bad_names.filter(bool)  # an empty name is another resource: /jobs/ is the list
+
+
 @FUZZ
-@given(name=url_names, route=st.sampled_from([
-    ("GET", "/jobs/{}"), ("DELETE", "/jobs/{}"), ("PUT", "/nodes/{}"), ("PUT", "/links/{}/agg1"),
-    ("PUT", "/links/acc1/{}"), ("POST", "/agents/{}/heartbeat")]))
+@given(
+    name=url_names,
+    route=st.sampled_from(
+        [
+            ("GET", "/jobs/{}"),
+            ("DELETE", "/jobs/{}"),
+            ("PUT", "/nodes/{}"),
+            ("PUT", "/links/{}/agg1"),
+            ("PUT", "/links/acc1/{}"),
+            ("POST", "/agents/{}/heartbeat"),
+        ]
+    ),
+)
 @example(name="small\n", route=("GET", "/jobs/{}"))
 def test_master_names_in_the_url(agents_master, name, route):
     method, pattern = route
-    body = {"schedulable": False, "bw_mbps": 1} if "heartbeat" not in pattern else \
-        {**HEARTBEAT, "node": name}
+    body = (
+        {"schedulable": False, "bw_mbps": 1}
+        if "heartbeat" not in pattern
+        else {**HEARTBEAT, "node": name}
+    )
     before = master_state(agents_master)
     answer = send_json(agents_master.url, method, pattern.format(quoted(name)), body)
     check(answer, lambda: master_state(agents_master), before)
@@ -277,8 +363,12 @@ def test_agent_worker_names_in_the_url(agent, name):
 
 # --- bodies: one field wrong at a time ----------------------------------------------------------
 @FUZZ
-@given(m=st.one_of(mutated({"job": JOB}), mutated(JOB).map(
-    lambda j: Mutation({"job": j.body}, j.field, j.kind))))
+@given(
+    m=st.one_of(
+        mutated({"job": JOB}),
+        mutated(JOB).map(lambda j: Mutation({"job": j.body}, j.field, j.kind)),
+    )
+)
 @example(m=Mutation({"job": {**JOB, "name": "late\n"}}, "name", "value"))  # was accepted
 @example(m=Mutation({"job": {**JOB, "model_params": 10**400}}, "model_params", "value"))  # 500
 @example(m=Mutation({"job": {**JOB, "workers": 10**9}}, "workers", "value"))  # hung the Master
@@ -339,8 +429,14 @@ def test_master_post_agent(agents_master, m):
 
 
 @FUZZ
-@given(m=st.one_of(mutated(HEARTBEAT), mutated(HEARTBEAT["records"][0]).map(
-    lambda r: Mutation({**HEARTBEAT, "records": [r.body]}, "records", "record"))))  # free-form
+@given(
+    m=st.one_of(
+        mutated(HEARTBEAT),
+        mutated(HEARTBEAT["records"][0]).map(
+            lambda r: Mutation({**HEARTBEAT, "records": [r.body]}, "records", "record")
+        ),
+    )
+)  # free-form
 @example(m=Mutation({**HEARTBEAT, "records": [{"worker": [1]}]}, "records", "value"))  # 500
 @example(m=Mutation({**HEARTBEAT, "sent_at": 10**400}, "sent_at", "value"))
 def test_master_post_heartbeat(agents_master, m):
@@ -366,8 +462,12 @@ def test_agent_post_worker(agent, m, name):
 
 
 @FUZZ
-@given(m=st.one_of(mutated({"rules": [RULE]}), mutated(RULE).map(
-    lambda r: Mutation({"rules": [r.body]}, "rules", r.kind))))
+@given(
+    m=st.one_of(
+        mutated({"rules": [RULE]}),
+        mutated(RULE).map(lambda r: Mutation({"rules": [r.body]}, "rules", r.kind)),
+    )
+)
 @example(m=Mutation({"rules": [RULE, RULE]}, "rules", "value"))  # one class per destination
 @example(m=Mutation({"rules": [{**RULE, "rate_mbps": 10**400}]}, "rules", "value"))
 def test_agent_put_shaping(agent, m):
@@ -376,15 +476,22 @@ def test_agent_put_shaping(agent, m):
 
 
 @FUZZ
-@given(m=st.one_of(mutated({"flows": [FLOW]}), mutated(FLOW).map(
-    lambda f: Mutation({"flows": [f.body]}, f.field, f.kind))),
-    job=st.sampled_from(["keep", "other"]))
-@example(m=Mutation({"flows": [{**FLOW, "rate_mbps": 10**400}]}, "rate_mbps", "value"),
-         job="other")  # was a 500 (OverflowError)
-@example(m=Mutation({"flows": [{**FLOW, "path": ["acc1", [1], "acc4"]}]}, "path", "value"),
-         job="other")  # was a 500 (unhashable list)
-@example(m=Mutation({"flows": [{**FLOW, "src": "lab2"}, FLOW]}, "flows", "value"),
-         job="other")  # FLOW belongs to job "keep": 409
+@given(
+    m=st.one_of(
+        mutated({"flows": [FLOW]}),
+        mutated(FLOW).map(lambda f: Mutation({"flows": [f.body]}, f.field, f.kind)),
+    ),
+    job=st.sampled_from(["keep", "other"]),
+)
+@example(
+    m=Mutation({"flows": [{**FLOW, "rate_mbps": 10**400}]}, "rate_mbps", "value"), job="other"
+)  # was a 500 (OverflowError)
+@example(
+    m=Mutation({"flows": [{**FLOW, "path": ["acc1", [1], "acc4"]}]}, "path", "value"), job="other"
+)  # was a 500 (unhashable list)
+@example(
+    m=Mutation({"flows": [{**FLOW, "src": "lab2"}, FLOW]}, "flows", "value"), job="other"
+)  # FLOW belongs to job "keep": 409
 def test_sdn_put_flows(sdn, m, job):
     before = sdn_state(sdn)
     answer = send_json(sdn.url, "PUT", f"/jobs/{job}/flows", m.body)

@@ -1,6 +1,7 @@
 """The Master's control loop with in-process simulated agents (the real Messenger over HTTP, no
 containers) and a fake SDN app: launch, success, worker death and retry, heartbeat loss, cancel,
 and heartbeats that stay fast while the SDN app stalls."""
+
 from __future__ import annotations
 
 import threading
@@ -8,12 +9,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from two_paths import TWO_PATHS
 
 from edge.simulated import SimulatedAgent
 from master import Master, MasterConfig
 from master.client import MasterClient
 from topologies import load_topology, parse_topology
-from two_paths import TWO_PATHS
 
 STAR = load_topology("star")  # e1, e2: 1 core; e3 0.75; e4, e5 0.5; e6 0.25
 
@@ -71,8 +72,12 @@ class Cluster:
         self.sdn = sdn
         self.master = Master(topo, cfg, sdn).start()
         self.client = MasterClient(self.master.url)
-        self.agents = {n.name: SimulatedAgent(n.name, self.master.url, n.ip, n.cpu, n.mem_mb,
-                                              heartbeat_s).start() for n in topo.nodes}
+        self.agents = {
+            n.name: SimulatedAgent(
+                n.name, self.master.url, n.ip, n.cpu, n.mem_mb, heartbeat_s
+            ).start()
+            for n in topo.nodes
+        }
         self.client.wait_ready(len(topo.nodes), timeout_s=10)
 
     def stop(self) -> None:
@@ -85,8 +90,12 @@ class Cluster:
 
     def workers(self, job: str) -> dict[str, tuple[str, object]]:
         """worker name -> (node, spec) of the job's live workers."""
-        return {w: (node, a.compute.specs[w]) for node, a in self.agents.items()
-                for w in a.compute.workers if a.compute.specs[w].job == job}
+        return {
+            w: (node, a.compute.specs[w])
+            for node, a in self.agents.items()
+            for w in a.compute.workers
+            if a.compute.specs[w].job == job
+        }
 
 
 @pytest.fixture
@@ -98,8 +107,16 @@ def cluster():
 
 def spread_job(name: str, **more) -> dict:
     """Two 1-core tasks: on the star only e1 and e2 can hold one each."""
-    return {"name": name, "collective": "ring", "workers": 2, "task": {"cpu": 1.0, "mem_mb": 512},
-            "model_params": 1e6, "demand_mbps": 50, "iterations": 10, **more}
+    return {
+        "name": name,
+        "collective": "ring",
+        "workers": 2,
+        "task": {"cpu": 1.0, "mem_mb": 512},
+        "model_params": 1e6,
+        "demand_mbps": 50,
+        "iterations": 10,
+        **more,
+    }
 
 
 def running(c: Cluster, name: str, attempt: int = 1):
@@ -125,8 +142,9 @@ def test_launch_starts_each_worker_with_its_rendezvous_and_enforces_the_flows(cl
     pairs = {(f["src"], f["dst"]): f for f in c.sdn.puts[-1]}
     assert set(pairs) == {("e1", "e2"), ("e2", "e1")} and pairs[("e1", "e2")]["path"] == ["hub"]
     rules = wait_for(lambda: c.agents["e1"].network.rules, what="shaping on e1")
-    assert [(r.dst_ip, r.rate_mbps) for r in rules] == \
-        [(STAR.node("e2").ip, pairs[("e1", "e2")]["rate_mbps"])]
+    assert [(r.dst_ip, r.rate_mbps) for r in rules] == [
+        (STAR.node("e2").ip, pairs[("e1", "e2")]["rate_mbps"])
+    ]
 
 
 def test_a_job_finishes_when_every_worker_exits_0_and_frees_what_it_held(cluster):
@@ -174,8 +192,11 @@ def test_a_silent_node_goes_offline_and_its_job_is_placed_again(cluster):
     node = c.job("j")["attempts"][0]["placement"]["w1"]
     t0 = time.monotonic()
     c.agents[node].stop()
-    wait_for(lambda: not next(n for n in c.client.nodes() if n["node"] == node)["online"],
-             timeout_s=5, what=f"{node} offline")
+    wait_for(
+        lambda: not next(n for n in c.client.nodes() if n["node"] == node)["online"],
+        timeout_s=5,
+        what=f"{node} offline",
+    )
     assert time.monotonic() - t0 < 3.0  # heartbeat timeout 1 s
     wait_for(running(c, "j", 2), what="attempt 2 running")
     view = c.job("j")
@@ -250,8 +271,11 @@ def test_a_job_is_re_routed_when_its_link_is_taken(trouble):
             c.sdn.report("s1", "s2", 99.0)  # ... beside 49 Mbit/s of another tenant's
         else:
             c.sdn.report("s1", "s2", 0.0, up=False)
-        wait_for(lambda: any(f["path"] == ["s1", "s3", "s2"] for f in c.sdn.puts[-1]),
-                 timeout_s=3, what="the a->b flow re-installed around")
+        wait_for(
+            lambda: any(f["path"] == ["s1", "s3", "s2"] for f in c.sdn.puts[-1]),
+            timeout_s=3,
+            what="the a->b flow re-installed around",
+        )
         assert time.monotonic() - t0 < 2.0
         att = c.job("j")["attempts"][0]
         path = {(f["src_node"], f["dst_node"]): f["path"] for f in att["flows"]}
@@ -260,9 +284,12 @@ def test_a_job_is_re_routed_when_its_link_is_taken(trouble):
         assert any("re-routed" in e["event"] for e in c.job("j")["events"])
         assert c.job("j")["state"] == "running"
         # noted contended from the reading before the one that saw it, until one after the move
-        wait_for(lambda: c.job("j")["attempts"][0]["contended"][-1][2] == [], timeout_s=3,
-                 what="the contention noted over")
-        (since, seen, flows), (_, over, after) = c.job("j")["attempts"][0]["contended"]
+        wait_for(
+            lambda: c.job("j")["attempts"][0]["contended"][-1][2] == [],
+            timeout_s=3,
+            what="the contention noted over",
+        )
+        (since, seen, flows), (_, over, _after) = c.job("j")["attempts"][0]["contended"]
         assert since < seen <= att["adjustments"][0]["at"] <= over and flows == ["w0>w1"]
     finally:
         c.stop()
@@ -290,18 +317,28 @@ def test_a_job_stays_on_a_contended_link_when_the_detour_is_thinner():
     """The way round through s3 has 10 Mbit/s: beside the tenant's 49 Mbit/s the 50 Mbit/s job
     keeps the direct link at what is left of it less the headroom (100 - 49 - 5 = 46) instead
     of crawling around — once: it does not flap at the next polls."""
-    doc = {"name": "thin", "switches": [{"name": s} for s in ("s1", "s2", "s3")],
-           "nodes": [{"name": n, "cpu": 1, "mem_mb": 2048} for n in ("a", "b")],
-           "links": [{"ends": ["a", "s1"], "bw_mbps": 1000}, {"ends": ["b", "s2"], "bw_mbps": 1000},
-                     {"ends": ["s1", "s2"], "bw_mbps": 100}, {"ends": ["s1", "s3"], "bw_mbps": 10},
-                     {"ends": ["s3", "s2"], "bw_mbps": 10}]}
+    doc = {
+        "name": "thin",
+        "switches": [{"name": s} for s in ("s1", "s2", "s3")],
+        "nodes": [{"name": n, "cpu": 1, "mem_mb": 2048} for n in ("a", "b")],
+        "links": [
+            {"ends": ["a", "s1"], "bw_mbps": 1000},
+            {"ends": ["b", "s2"], "bw_mbps": 1000},
+            {"ends": ["s1", "s2"], "bw_mbps": 100},
+            {"ends": ["s1", "s3"], "bw_mbps": 10},
+            {"ends": ["s3", "s2"], "bw_mbps": 10},
+        ],
+    }
     c = Cluster(FakeSdn(), topo=parse_topology(doc, "thin"), links_poll_s=0.1)
     try:
         assert direct_then(c) == ["a", "s1", "s2", "b"]
         c.sdn.carried[("a", "b")] = 46.0
         c.sdn.report("s1", "s2", 95.0)
-        wait_for(lambda: c.job("j")["attempts"][0]["adjustments"], timeout_s=3,
-                 what="the job's grant cut")
+        wait_for(
+            lambda: c.job("j")["attempts"][0]["adjustments"],
+            timeout_s=3,
+            what="the job's grant cut",
+        )
         time.sleep(0.6)  # several link polls
         att = c.job("j")["attempts"][0]
         [flow] = [f for f in att["flows"] if f["src_node"] == "a"]
@@ -320,11 +357,15 @@ def test_a_job_waiting_for_bandwidth_starts_once_the_traffic_that_filled_the_lin
     c = two_paths()
     try:
         c.sdn.report("a", "s1", 1000.0)
-        wait_for(lambda: any(lk["background_mbps"] > 0 for lk in c.client.links()),
-                 what="the traffic in the Master's view")
+        wait_for(
+            lambda: any(lk["background_mbps"] > 0 for lk in c.client.links()),
+            what="the traffic in the Master's view",
+        )
         c.client.submit(spread_job("j", demand_mbps=50), algorithm="network-aware")
-        wait_for(lambda: "residual bandwidth" in (c.job("j").get("reason") or ""),
-                 what="j waiting for bandwidth")
+        wait_for(
+            lambda: "residual bandwidth" in (c.job("j").get("reason") or ""),
+            what="j waiting for bandwidth",
+        )
         c.sdn.measured = []
         wait_for(running(c, "j"), timeout_s=3, what="j running once the link is free")
     finally:

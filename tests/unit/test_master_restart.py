@@ -3,6 +3,7 @@ and started again on the same file and port, with simulated agents (the real Mes
 that keep heartbeating meanwhile. Nothing is lost, nothing runs twice: the running job keeps its
 attempt and its workers (the agents keep them), the queued one resumes, the finished one stays
 finished; a node that does not come back ends its attempt."""
+
 from __future__ import annotations
 
 import os
@@ -13,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_master_loop import spread_job, wait_for
 
 from edge.simulated import SimulatedAgent
 from master.client import MasterClient
 from protocol.http import Unreachable, free_port
-from test_master_loop import spread_job, wait_for
 from topologies import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,10 +34,27 @@ class MasterProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "master", "serve", "--topo", "star", "--port", str(self.port),
-             "--state", str(self.state), "--algorithm", "first-fit", "--heartbeat-timeout", "2"],
-            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
+            [
+                sys.executable,
+                "-m",
+                "master",
+                "serve",
+                "--topo",
+                "star",
+                "--port",
+                str(self.port),
+                "--state",
+                str(self.state),
+                "--algorithm",
+                "first-fit",
+                "--heartbeat-timeout",
+                "2",
+            ],
+            cwd=REPO,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
 
         def answers() -> bool:
             assert self.proc.poll() is None, "the Master exited"
@@ -44,6 +62,7 @@ class MasterProcess:
                 return bool(self.client.health())
             except Unreachable:
                 return False
+
         wait_for(answers, 30, "the Master to answer")
 
     def kill(self) -> None:
@@ -55,8 +74,12 @@ class MasterProcess:
 def lab(tmp_path):
     master = MasterProcess(tmp_path / "master.sqlite", free_port())
     master.start()
-    agents = {n.name: SimulatedAgent(n.name, master.client.url, n.ip, n.cpu, n.mem_mb,
-                                     heartbeat_s=0.2).start() for n in STAR.nodes}
+    agents = {
+        n.name: SimulatedAgent(
+            n.name, master.client.url, n.ip, n.cpu, n.mem_mb, heartbeat_s=0.2
+        ).start()
+        for n in STAR.nodes
+    }
     master.client.wait_ready(len(STAR.nodes), timeout_s=20)
     yield master, agents
     for a in agents.values():
@@ -68,8 +91,12 @@ def lab(tmp_path):
 
 def workers_of(agents, job: str) -> dict[str, str]:
     """worker -> node, of the job's workers the agents run."""
-    return {w: node for node, a in agents.items() for w in a.compute.workers
-            if a.compute.specs[w].job == job}
+    return {
+        w: node
+        for node, a in agents.items()
+        for w in a.compute.workers
+        if a.compute.specs[w].job == job
+    }
 
 
 def test_a_killed_master_restarted_on_its_state_loses_and_duplicates_nothing(lab):
@@ -94,12 +121,14 @@ def test_a_killed_master_restarted_on_its_state_loses_and_duplicates_nothing(lab
     after = {name: c.job(name) for name in ("done", "run", "wait")}
     assert [after[n]["state"] for n in after] == ["finished", "running", "queued"]
     for name in after:  # the same attempts, decisions and rendezvous ports
-        assert [(a["number"], a["placement"], a["master_port"]) for a in after[name]["attempts"]]\
-            == [(a["number"], a["placement"], a["master_port"])
-                for a in before[name]["attempts"]]
+        assert [
+            (a["number"], a["placement"], a["master_port"]) for a in after[name]["attempts"]
+        ] == [(a["number"], a["placement"], a["master_port"]) for a in before[name]["attempts"]]
     assert any("taken over by a restarted Master" in e["event"] for e in after["run"]["events"])
-    wait_for(lambda: all(workers_of(agents, "run").get(w) == n for w, n in running.items()),
-             what="the running workers kept")
+    wait_for(
+        lambda: all(workers_of(agents, "run").get(w) == n for w, n in running.items()),
+        what="the running workers kept",
+    )
     assert sum(len(a.compute.specs) for a in agents.values()) == 4  # none started twice
 
     for w, node in running.items():
@@ -107,8 +136,9 @@ def test_a_killed_master_restarted_on_its_state_loses_and_duplicates_nothing(lab
     wait_for(lambda: c.job("run")["state"] == "finished", what="run finished after the restart")
     wait_for(lambda: c.job("wait")["state"] == "running", what="the queue resumed")
     port = c.job("wait")["attempts"][0]["master_port"]
-    assert port not in {a["master_port"] for n in ("done", "run")
-                        for a in after[n]["attempts"]}  # a fresh rendezvous port
+    assert port not in {
+        a["master_port"] for n in ("done", "run") for a in after[n]["attempts"]
+    }  # a fresh rendezvous port
     with sqlite3.connect(master.state) as db:  # the file is SQLite in WAL mode
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert {r[0] for r in db.execute("SELECT name FROM jobs")} == {"done", "run", "wait"}
@@ -127,8 +157,9 @@ def test_the_operators_settings_survive_a_restart(lab):
     health = c.health()
     assert (health["scheduler"], health["seed"], health["queue"]) == ("best-fit", 7, "sjf")
     assert [n["node"] for n in c.nodes() if n["cordoned"]] == ["e3"]
-    assert {lk["capacity_mbps"] for lk in c.links() if {lk["src"], lk["dst"]} == {"e1", "hub"}}\
-        == {300}
+    assert {lk["capacity_mbps"] for lk in c.links() if {lk["src"], lk["dst"]} == {"e1", "hub"}} == {
+        300
+    }
 
 
 def test_a_node_that_does_not_come_back_ends_its_restored_attempt(lab):
@@ -140,17 +171,35 @@ def test_a_node_that_does_not_come_back_ends_its_restored_attempt(lab):
     master.kill()
     agents[gone].stop()  # its host died with the Master
     master.start()
-    view = wait_for(lambda: (v := c.job("run"))["attempts"][0]["outcome"] and v, 20,
-                    "the restored attempt to end")
+    view = wait_for(
+        lambda: (v := c.job("run"))["attempts"][0]["outcome"] and v,
+        20,
+        "the restored attempt to end",
+    )
     assert f"node {gone} stopped heartbeating" in view["attempts"][0]["outcome"]
 
 
 def test_an_unusable_state_file_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "state.sqlite"
     bad.write_text("not a database\n" * 100)
-    done = subprocess.run([sys.executable, "-m", "master", "serve", "--topo", "star", "--port",
-                           "0", "--state", str(bad)], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "master",
+            "serve",
+            "--topo",
+            "star",
+            "--port",
+            "0",
+            "--state",
+            str(bad),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and str(bad) in lines[0], done.stderr
 
@@ -166,8 +215,13 @@ def test_the_store_gives_back_what_it_was_given(tmp_path):
     doc = spread_job("j")
     m = Manager()
     rec = m.submit(parse_job(doc), "first-fit", doc, "j.yaml")
-    decision = Decision("j", {"w0": "e1", "w1": "e2"},
-                        [FlowAssignment("w0", "w1", ("e1", "hub", "e2"), 12.5)], 0.01, "enforced")
+    decision = Decision(
+        "j",
+        {"w0": "e1", "w1": "e2"},
+        [FlowAssignment("w0", "w1", ("e1", "hub", "e2"), 12.5)],
+        0.01,
+        "enforced",
+    )
     attempt = m.start_attempt(rec, decision, {"w0": "j-w0-a1", "w1": "j-w1-a1"}, 29501)
     attempt.info.update(predicted_iteration_s=float("inf"), adjustments=[])
     store = Store(tmp_path / "s.sqlite")
@@ -181,6 +235,17 @@ def test_the_store_gives_back_what_it_was_given(tmp_path):
     assert not take_changes([rec], unsaved)  # nothing new
     store.close()
     (back,) = Store(tmp_path / "s.sqlite").load()
-    for name in ("job", "algorithm", "submitted_at", "state", "reason", "attempts", "events",
-                 "records", "finished_at", "document", "source"):
+    for name in (
+        "job",
+        "algorithm",
+        "submitted_at",
+        "state",
+        "reason",
+        "attempts",
+        "events",
+        "records",
+        "finished_at",
+        "document",
+        "source",
+    ):
         assert getattr(back, name) == getattr(rec, name), name

@@ -1,8 +1,10 @@
 """The CES-PPO environment: gymnasium API, masks that never let an infeasible choice through,
 features read from the shortest-path trees as they would be computed afresh, the return by hand,
 and the job's network part from CES's network decision."""
+
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -14,31 +16,58 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.baselines import make_algorithm
-from scheduler.env import FAILED, EnvConfig, PlacementEnv, PlacementEpisode, TrainingInstances, \
-    episode_return
+from scheduler.env import (
+    FAILED,
+    EnvConfig,
+    PlacementEnv,
+    PlacementEpisode,
+    TrainingInstances,
+    episode_return,
+)
 from scheduler.instances import JobDistribution, held_out
 from scheduler.jobs import ring_job, star_job
 from scheduler.layout import shortest_tree
 from scheduler.metrics import DEFAULT_MODEL, predicted_iteration_s
-from scheduler.model import EPS, CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, \
-    Resources, Task, check_decision
+from scheduler.model import (
+    EPS,
+    CannotPlace,
+    Cluster,
+    Decision,
+    FlowAssignment,
+    Job,
+    LogicalFlow,
+    Resources,
+    Task,
+    check_decision,
+)
 from scheduler.paths import route_placement
 from topologies import parse_topology
 
-SMALL = EnvConfig(sites=(4, 12), real_share=0.0, episodes_per_topology=4,
-                  small_jobs=JobDistribution(max_workers=4))
+SMALL = EnvConfig(
+    sites=(4, 12),
+    real_share=0.0,
+    episodes_per_topology=4,
+    small_jobs=JobDistribution(max_workers=4),
+)
 
 
 def line_cluster(bw: float = 100.0, cpu: float = 1.0) -> Cluster:
     """a, c on switch s1; b on s2; s1-s2 is the only way between them."""
-    doc = {"name": "line", "switches": [{"name": "s1"}, {"name": "s2"}],
-           "nodes": [{"name": "a", "cpu": cpu, "mem_mb": 1024},
-                     {"name": "b", "cpu": cpu, "mem_mb": 1024},
-                     {"name": "c", "cpu": cpu, "mem_mb": 1024}],
-           "links": [{"ends": ["s1", "s2"], "bw_mbps": bw},
-                     {"ends": ["a", "s1"], "bw_mbps": 1000},
-                     {"ends": ["c", "s1"], "bw_mbps": 1000},
-                     {"ends": ["b", "s2"], "bw_mbps": 1000}]}
+    doc = {
+        "name": "line",
+        "switches": [{"name": "s1"}, {"name": "s2"}],
+        "nodes": [
+            {"name": "a", "cpu": cpu, "mem_mb": 1024},
+            {"name": "b", "cpu": cpu, "mem_mb": 1024},
+            {"name": "c", "cpu": cpu, "mem_mb": 1024},
+        ],
+        "links": [
+            {"ends": ["s1", "s2"], "bw_mbps": bw},
+            {"ends": ["a", "s1"], "bw_mbps": 1000},
+            {"ends": ["c", "s1"], "bw_mbps": 1000},
+            {"ends": ["b", "s2"], "bw_mbps": 1000},
+        ],
+    }
     return Cluster.from_topology(parse_topology(doc, "<test>"))
 
 
@@ -102,7 +131,9 @@ def test_step_features_read_from_the_trees_match_paths_computed_afresh():
     g = cluster.graph
     for v in range(0, len(ep.compute), 5):
         src = ep.compute[v]
-        view = nx.subgraph_view(g, filter_node=lambda x: x == src or g.nodes[x]["kind"] == "switch")
+        view = nx.subgraph_view(
+            g, filter_node=lambda x, src=src: x == src or g.nodes[x]["kind"] == "switch"
+        )
         hops = nx.single_source_shortest_path_length(view, src)
         tree = shortest_tree(ep.layout, v)
         for towards in (False, True):
@@ -110,7 +141,7 @@ def test_step_features_read_from_the_trees_match_paths_computed_afresh():
             for w, name in enumerate(ep.compute):
                 if w == v:
                     continue
-                sw = [s for s in g.neighbors(name)]  # a compute node's access switch(es)
+                sw = list(g.neighbors(name))  # a compute node's access switch(es)
                 expect = min((hops[s] + 1 for s in sw if s in hops), default=math.inf)
                 assert tree.hops[w] == expect
                 if math.isinf(expect):
@@ -121,7 +152,7 @@ def test_step_features_read_from_the_trees_match_paths_computed_afresh():
                     x = int(tree.parent[x])
                     path.append(x)
                 names = [ep.vertices[i] for i in reversed(path)]
-                links = list(zip(names, names[1:]))
+                links = list(itertools.pairwise(names))
                 if towards:
                     links = [(b, a) for a, b in links]
                 assert width[w] == pytest.approx(max(min(cluster.residual(*lk) for lk in links), 0))
@@ -201,18 +232,23 @@ def test_the_return_is_the_log_speed_up_over_network_aware_by_hand():
         ep.step(second)
         reward, info = episode_return(ep)
         ref = make_algorithm("network-aware").place(cluster, job)
-        assert info["iteration_s"] == pytest.approx(predicted_iteration_s(cluster, job,
-                                                                          ep.decision()))
+        assert info["iteration_s"] == pytest.approx(
+            predicted_iteration_s(cluster, job, ep.decision())
+        )
         assert info["heuristic_iteration_s"] == pytest.approx(
-            predicted_iteration_s(cluster, job, ref))
-        assert reward == pytest.approx(math.log(info["heuristic_iteration_s"] /
-                                                info["iteration_s"]))
+            predicted_iteration_s(cluster, job, ref)
+        )
+        assert reward == pytest.approx(
+            math.log(info["heuristic_iteration_s"] / info["iteration_s"])
+        )
         assert {f.rate_mbps for f in ep.decision().flows} == {400.0 if second == 2 else 100.0}
         returns.append(reward)
         times.append(info["iteration_s"])
     flows = [(f.bytes_per_iter, 1.0) for f in job.flows]
-    comm = {r: DEFAULT_MODEL.communication_s([(b, r) for b, _ in flows], steps=2)
-            for r in (400.0, 100.0)}
+    comm = {
+        r: DEFAULT_MODEL.communication_s([(b, r) for b, _ in flows], steps=2)
+        for r in (400.0, 100.0)
+    }
     assert times[1] - times[0] == pytest.approx(comm[100.0] - comm[400.0])
     assert returns[0] - returns[1] == pytest.approx(math.log(times[1] / times[0]))
 
@@ -243,15 +279,24 @@ def test_colocated_tasks_need_no_flow_and_cost_no_communication():
     d = ep.decision()
     assert d.flows == [] and set(d.placement.values()) == {"a"}
     assert predicted_iteration_s(cluster, job, d) == pytest.approx(
-        DEFAULT_MODEL.iteration_s([0.1 / 0.25] * 3, []))
+        DEFAULT_MODEL.iteration_s([0.1 / 0.25] * 3, [])
+    )
 
 
 def test_a_saturated_link_masks_nodes_that_cannot_reach_the_peers():
     cluster = line_cluster(bw=100.0)
-    bg = Job("bg", [Task("x", Resources()), Task("y", Resources())],
-             [LogicalFlow("x", "y", 100.0, 0.0)], collective="custom")
-    cluster.allocate(bg, Decision("bg", {"x": "a", "y": "b"},
-                                  [FlowAssignment("x", "y", ("a", "s1", "s2", "b"), 100.0)]))
+    bg = Job(
+        "bg",
+        [Task("x", Resources()), Task("y", Resources())],
+        [LogicalFlow("x", "y", 100.0, 0.0)],
+        collective="custom",
+    )
+    cluster.allocate(
+        bg,
+        Decision(
+            "bg", {"x": "a", "y": "b"}, [FlowAssignment("x", "y", ("a", "s1", "s2", "b"), 100.0)]
+        ),
+    )
     job = ring_job("r", 2, Resources(0.25, 128), 1e6, 10.0)
     ep = PlacementEpisode(cluster, job)
     ep.step(0)  # w0 on a: w0→w1 cannot leave s1 towards s2

@@ -3,6 +3,7 @@ run beats the untrained policy, checkpoints round-trip to identical decisions, d
 slower than its own greedy rollout (nor, with `compare`, than network-aware's placement) and
 stays within its budget, the committed checkpoint decides feasibly on unseen topologies, the
 CLI."""
+
 from __future__ import annotations
 
 import csv
@@ -20,21 +21,46 @@ import torch
 import scheduler.ppo as ppo
 from scheduler.baselines import NetworkAware, make_algorithm
 from scheduler.env import EnvConfig, PlacementEpisode, TrainingInstances
-from scheduler.instances import GPU_CLUSTER_JOBS, JobDistribution, make_instance, random_job, \
-    spread_jobs
+from scheduler.instances import (
+    GPU_CLUSTER_JOBS,
+    JobDistribution,
+    make_instance,
+    random_job,
+    spread_jobs,
+)
 from scheduler.jobs import load_jobs
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Decision, check_decision
 from scheduler.paths import route_placement
-from scheduler.ppo import CHECKPOINT, Agent, Episode, PPOConfig, Policy, collate_graphs, \
-    collate_steps, first_node_lesson, first_node_losses, iteration_s, load, rollout, save, \
-    segment_log_softmax, teacher, train, validate
+from scheduler.ppo import (
+    CHECKPOINT,
+    Agent,
+    Episode,
+    Policy,
+    PPOConfig,
+    collate_graphs,
+    collate_steps,
+    first_node_lesson,
+    first_node_losses,
+    iteration_s,
+    load,
+    rollout,
+    save,
+    segment_log_softmax,
+    teacher,
+    train,
+    validate,
+)
 from scheduler.trace import MACHINE_TABLE, load_machine_spec
 from topologies import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = EnvConfig(sites=(4, 10), real_share=0.0, episodes_per_topology=4,
-                 small_jobs=JobDistribution(max_workers=4))
+FAST = EnvConfig(
+    sites=(4, 10),
+    real_share=0.0,
+    episodes_per_topology=4,
+    small_jobs=JobDistribution(max_workers=4),
+)
 
 
 def instances(seed: int, n: int, spread: float = 0.5) -> list:
@@ -78,7 +104,7 @@ def test_the_numpy_inference_scores_every_feasible_node_as_the_training_path():
             mine = policy.logits(obs)
             feasible = np.flatnonzero(obs.mask)
             assert np.isneginf(mine[~obs.mask]).all()
-            assert np.allclose(mine[feasible], rows[at:at + len(feasible)], atol=1e-5)
+            assert np.allclose(mine[feasible], rows[at : at + len(feasible)], atol=1e-5)
             at += len(feasible)
 
 
@@ -86,14 +112,21 @@ def test_the_teacher_is_never_slower_than_network_aware_with_ces_paths_and_rates
     for cluster, job in instances(6, 12, spread=1.0):
         try:
             na = NetworkAware().positions(cluster, job)
-            ref = predicted_iteration_s(cluster, job, Decision(
-                job.name, na, route_placement(cluster, job, na)))
+            ref = predicted_iteration_s(
+                cluster, job, Decision(job.name, na, route_placement(cluster, job, na))
+            )
         except CannotPlace:
             continue
         placement, t = teacher(cluster, job, starts=4)
         assert t <= ref * (1 + 1e-9)
-        assert check_decision(cluster, job, Decision(
-            job.name, placement, route_placement(cluster, job, placement))) == []
+        assert (
+            check_decision(
+                cluster,
+                job,
+                Decision(job.name, placement, route_placement(cluster, job, placement)),
+            )
+            == []
+        )
 
 
 def test_a_first_node_lesson_ranks_the_first_nodes_by_their_own_rollouts():
@@ -115,7 +148,7 @@ def test_a_first_node_lesson_ranks_the_first_nodes_by_their_own_rollouts():
         # network-aware's when it is not among them
         policy = Policy(agent, ep0.graph_input())
         logits = policy.logits(first)
-        ranked = list(np.argsort(-logits, kind="stable")[:int(first.mask.sum())])
+        ranked = list(np.argsort(-logits, kind="stable")[: int(first.mask.sum())])
         k = min(cfg.first_rollouts, len(ranked))
         assert nodes[:2] == ranked[:2] and set(nodes[:k]) <= set(ranked)
         drawn += len(ranked) > k
@@ -152,8 +185,13 @@ def test_first_node_lessons_teach_the_fastest_first_node_and_keep_the_later_step
     torch.manual_seed(0)
     agent = Agent(cfg)
     rng = np.random.default_rng(1)
-    lessons = [x for x in (first_node_lesson(agent, c, j, cfg, rng)
-                           for c, j in instances(21, 24, spread=1.0)) if x is not None]
+    lessons = [
+        x
+        for x in (
+            first_node_lesson(agent, c, j, cfg, rng) for c, j in instances(21, 24, spread=1.0)
+        )
+        if x is not None
+    ]
 
     def picked() -> float:  # lessons whose fastest node the policy rates highest of those tried
         hits = 0
@@ -163,10 +201,13 @@ def test_first_node_lessons_teach_the_fastest_first_node_and_keep_the_later_step
         return hits / len(lessons)
 
     def kept() -> float:  # later steps where the policy still makes the fastest rollout's choice
-        same = [int(np.argmax(Policy(agent, e.graph).logits(obs))) == action
-                for e in (lesson.later for lesson in lessons)
-                for obs, action in zip(e.steps, e.actions)]
+        same = [
+            int(np.argmax(Policy(agent, e.graph).logits(obs))) == action
+            for e in (lesson.later for lesson in lessons)
+            for obs, action in zip(e.steps, e.actions)
+        ]
         return float(np.mean(same))
+
     before = picked()
     assert kept() == 1.0  # the untrained policy's own greedy choices
     optim = torch.optim.Adam(agent.parameters(), lr=3e-3)
@@ -182,20 +223,29 @@ def test_first_node_lessons_teach_the_fastest_first_node_and_keep_the_later_step
 
 
 def test_a_short_training_run_beats_the_untrained_policy():
-    cfg = PPOConfig(seed=0, imitation=96, ppo=32, batch=16, teacher_starts=4, first_nodes=16,
-                    first_rollouts=4, first_batch=8)
+    cfg = PPOConfig(
+        seed=0,
+        imitation=96,
+        ppo=32,
+        batch=16,
+        teacher_starts=4,
+        first_nodes=16,
+        first_rollouts=4,
+        first_batch=8,
+    )
     held = instances(99, 20, spread=1.0)
     torch.manual_seed(cfg.seed)  # train() starts from exactly these weights
     before = validate(Agent(cfg), held)
     rows: list[dict] = []
     agent = train(cfg, FAST, log=rows.append, validation=held)
     after = validate(agent, held)
-    assert [r["phase"] for r in rows][0] == "imitation" and rows[-1]["phase"] == "first node"
+    assert next(r["phase"] for r in rows) == "imitation" and rows[-1]["phase"] == "first node"
     assert "ppo" in {r["phase"] for r in rows}
     assert rows[-1]["instances"] == cfg.imitation + cfg.ppo + cfg.first_nodes
     # the weights returned are those of the best validation figure
-    assert min(r["vs_network_aware"] for r in rows if "vs_network_aware" in r) == \
-        pytest.approx(after)
+    assert min(r["vs_network_aware"] for r in rows if "vs_network_aware" in r) == pytest.approx(
+        after
+    )
     # the untrained policy already follows network-aware after its first task (the prior on
     # the guidance): what 128 instances teach is mostly the first node
     assert after < before * 0.95, (before, after)
@@ -228,7 +278,7 @@ def test_a_checkpoint_round_trips_with_identical_decisions(tmp_path):
 
 
 def test_a_checkpoint_of_another_network_is_refused_with_its_path(tmp_path):
-    agent, path = _untrained(tmp_path)
+    _agent, path = _untrained(tmp_path)
     data = torch.load(path, weights_only=True)
     del data["state_dict"]["prior"]  # as a checkpoint from before the guidance
     torch.save(data, path)
@@ -266,8 +316,7 @@ def test_decoding_is_never_slower_than_its_greedy_rollout_nor_network_aware(tmp_
     assert compared >= 10 and better >= 1
 
 
-def test_the_decode_budget_bounds_the_rollouts_and_a_bad_budget_is_named(tmp_path,
-                                                                          monkeypatch):
+def test_the_decode_budget_bounds_the_rollouts_and_a_bad_budget_is_named(tmp_path, monkeypatch):
     _, path = _untrained(tmp_path)
     calls: list[int] = []
     real = ppo.rollout
@@ -279,14 +328,23 @@ def test_the_decode_budget_bounds_the_rollouts_and_a_bad_budget_is_named(tmp_pat
             return greedy.place(c, j) is not None
         except CannotPlace:
             return False
-    cluster, job = next((c, j) for c, j in instances(8, 20, spread=1.0)
-                        if PlacementEpisode(c, j).observe().mask.sum() >= 5 and placeable(c, j))
+
+    cluster, job = next(
+        (c, j)
+        for c, j in instances(8, 20, spread=1.0)
+        if PlacementEpisode(c, j).observe().mask.sum() >= 5 and placeable(c, j)
+    )
     work = len(cluster.compute_nodes()) * len(job.tasks)
-    for budget, compare, rollouts in ((work - 1, True, 1), (2 * work, False, 2),
-                                      (2 * work, True, 1), (5 * work + 1, True, 4)):
+    for budget, compare, rollouts in (
+        (work - 1, True, 1),
+        (2 * work, False, 2),
+        (2 * work, True, 1),
+        (5 * work + 1, True, 4),
+    ):
         calls.clear()
-        make_algorithm("ces-ppo", checkpoint=path, decode_budget=budget,
-                       compare=compare).place(cluster, job)
+        make_algorithm("ces-ppo", checkpoint=path, decode_budget=budget, compare=compare).place(
+            cluster, job
+        )
         assert len(calls) == rollouts, (budget, compare)
     with pytest.raises(ValueError, match="decode_budget"):
         make_algorithm("ces-ppo", checkpoint=path, decode_budget=-1)
@@ -298,8 +356,7 @@ def test_the_committed_checkpoint_places_feasibly_on_unseen_topologies():
     rng = np.random.default_rng(0)
     for topo in ("campus", "topozoo/Abilene"):
         cluster = Cluster.from_topology(load_topology(topo))
-        jobs = load_jobs(ROOT / "workloads" / "jobs") + [random_job(rng, f"r{i}")
-                                                          for i in range(6)]
+        jobs = load_jobs(ROOT / "workloads" / "jobs") + [random_job(rng, f"r{i}") for i in range(6)]
         placed = 0
         for job in jobs:
             try:
@@ -311,8 +368,12 @@ def test_the_committed_checkpoint_places_feasibly_on_unseen_topologies():
             placed += 1
         assert placed >= len(jobs) // 2
     # jobs that no node holds, on a GPU cluster from the Alibaba machine table
-    gpus = make_instance(Cluster.from_topology(load_topology("topozoo/Abilene")), 0, 0.5,
-                         load_machine_spec(MACHINE_TABLE))
+    gpus = make_instance(
+        Cluster.from_topology(load_topology("topozoo/Abilene")),
+        0,
+        0.5,
+        load_machine_spec(MACHINE_TABLE),
+    )
     for job in spread_jobs(np.random.default_rng(1), gpus, 4, GPU_CLUSTER_JOBS):
         d = algo.place(gpus, job)
         assert check_decision(gpus, job, d) == [] and len(set(d.placement.values())) > 1
@@ -321,21 +382,44 @@ def test_the_committed_checkpoint_places_feasibly_on_unseen_topologies():
 
 def test_cli_trains_writes_curve_and_checkpoint_and_rejects_bad_input(tmp_path):
     out, csv_path, png = tmp_path / "c.pt", tmp_path / "curve.csv", tmp_path / "curve.png"
-    cmd = [sys.executable, "-m", "scheduler.train_ppo", "--seed", "1", "--imitation", "24",
-           "--ppo", "8", "--first-nodes", "4", "--validation", "4", "--out", str(out),
-           "--csv", str(csv_path),
-           "--png", str(png)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scheduler.train_ppo",
+        "--seed",
+        "1",
+        "--imitation",
+        "24",
+        "--ppo",
+        "8",
+        "--first-nodes",
+        "4",
+        "--validation",
+        "4",
+        "--out",
+        str(out),
+        "--csv",
+        str(csv_path),
+        "--png",
+        str(png),
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert out.exists() and png.stat().st_size > 0
     rows = list(csv.DictReader(csv_path.open()))
     assert rows and int(rows[-1]["instances"]) == 36 and rows[-1]["vs_network_aware"]
     assert load(out)[2]["command"].startswith("python -m scheduler.train_ppo --seed 1")
-    for args, says in ((["--imitation", "0", "--ppo", "0", "--first-nodes", "0"],
-                        "nothing to train"),
-                       (["--first-nodes", "-1"], "--first-nodes must be"),
-                       (["--hidden", "2"], "--hidden must be"),
-                       (["--machines", str(tmp_path / "none.csv")], "--machines")):
-        bad = subprocess.run([sys.executable, "-m", "scheduler.train_ppo", *args], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
+    for args, says in (
+        (["--imitation", "0", "--ppo", "0", "--first-nodes", "0"], "nothing to train"),
+        (["--first-nodes", "-1"], "--first-nodes must be"),
+        (["--hidden", "2"], "--hidden must be"),
+        (["--machines", str(tmp_path / "none.csv")], "--machines"),
+    ):
+        bad = subprocess.run(
+            [sys.executable, "-m", "scheduler.train_ppo", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr

@@ -1,6 +1,7 @@
 """The algorithm registry and the baselines: every decision is feasible or a clear CannotPlace
 (property tests over random instances), the cluster is never mutated, and each baseline picks
 what its definition says on hand-made cases."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,13 +18,20 @@ from scheduler.paths import PATH_RULES
 from topologies import parse_topology
 
 BASELINES = ["random", "first-fit", "best-fit", "utilization", "k8s-spread", "network-aware"]
-VARIANTS = BASELINES + [f"first-fit:{rule}" for rule in PATH_RULES] + \
-    [f"random:{rule}" for rule in PATH_RULES]
+VARIANTS = (
+    BASELINES
+    + [f"first-fit:{rule}" for rule in PATH_RULES]
+    + [f"random:{rule}" for rule in PATH_RULES]
+)
 
 
 def snapshot(cluster: Cluster) -> tuple:
-    return (dict(cluster.used), dict(cluster.reserved), set(cluster.jobs),
-            {n: dict(d) for n, d in cluster.graph.nodes(data=True)})
+    return (
+        dict(cluster.used),
+        dict(cluster.reserved),
+        set(cluster.jobs),
+        {n: dict(d) for n, d in cluster.graph.nodes(data=True)},
+    )
 
 
 def outcome(algo, cluster: Cluster, job: Job) -> Decision | None:
@@ -43,8 +51,9 @@ def outcome(algo, cluster: Cluster, job: Job) -> Decision | None:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_every_decision_is_feasible_or_a_clear_cannot_place(seed):
-    cluster, job = random_instance(np.random.default_rng(seed), max_switches=5, max_nodes=6,
-                                   max_workers=5)
+    cluster, job = random_instance(
+        np.random.default_rng(seed), max_switches=5, max_nodes=6, max_workers=5
+    )
     for name in VARIANTS:
         decision = outcome(make_algorithm(name, seed=seed), cluster, job)
         if decision is not None:  # and it can really be allocated
@@ -57,8 +66,9 @@ def test_every_decision_is_feasible_or_a_clear_cannot_place(seed):
 def test_exact_is_feasible_and_never_worse_than_a_baseline(seed):
     # ≤ 4 switches: every node pair has ≤ 5 loop-free paths, all among exact's candidates,
     # so exact is optimal over everything a baseline can choose.
-    cluster, job = random_instance(np.random.default_rng(seed), max_switches=4, max_nodes=5,
-                                   max_workers=4)
+    cluster, job = random_instance(
+        np.random.default_rng(seed), max_switches=4, max_nodes=5, max_workers=4
+    )
     exact = make_algorithm("exact")
     best = outcome(exact, cluster, job)
     assert exact.last_optimal
@@ -67,8 +77,9 @@ def test_exact_is_feasible_and_never_worse_than_a_baseline(seed):
         if decision is None:
             continue
         assert best is not None, f"{name} placed a job exact found impossible"
-        assert predicted_iteration_s(cluster, job, best) <= \
-            predicted_iteration_s(cluster, job, decision) * (1 + 1e-9), name
+        assert predicted_iteration_s(cluster, job, best) <= predicted_iteration_s(
+            cluster, job, decision
+        ) * (1 + 1e-9), name
 
 
 def test_registry():
@@ -95,18 +106,22 @@ def test_seeded_randomness():
             d = outcome(algo, cluster, job)
             out.append(d and d.placement)
         return out
+
     assert placements(1) == placements(1)
     assert placements(1) != placements(2)
 
 
-def cluster_of(*nodes: tuple[str, float, float], uplink: dict[str, str] | None = None,
-               core_bw: float = 1000) -> Cluster:
+def cluster_of(
+    *nodes: tuple[str, float, float], uplink: dict[str, str] | None = None, core_bw: float = 1000
+) -> Cluster:
     """Nodes (name, cpu, mem) on access switch s1, or on s2 when uplink says so; s1-s2 core."""
     uplink = uplink or {}
-    doc = {"switches": [{"name": "s1"}, {"name": "s2"}],
-           "nodes": [{"name": n, "cpu": c, "mem_mb": m} for n, c, m in nodes],
-           "links": [{"ends": ["s1", "s2"], "bw_mbps": core_bw}] +
-                    [{"ends": [n, uplink.get(n, "s1")], "bw_mbps": 1000} for n, _, _ in nodes]}
+    doc = {
+        "switches": [{"name": "s1"}, {"name": "s2"}],
+        "nodes": [{"name": n, "cpu": c, "mem_mb": m} for n, c, m in nodes],
+        "links": [{"ends": ["s1", "s2"], "bw_mbps": core_bw}]
+        + [{"ends": [n, uplink.get(n, "s1")], "bw_mbps": 1000} for n, _, _ in nodes],
+    }
     return Cluster.from_topology(parse_topology(doc, "hand"))
 
 
@@ -150,14 +165,28 @@ def test_k8s_spread_prefers_least_allocated_then_balanced():
     assert choice("k8s-spread", c, one_task(0.5, 500)) == "n3"
     # the ring's workers spread over the three nodes rather than packing
     ring = ring_job("r", 3, Resources(0.25, 100), 1e6, 10, iterations=1)
-    assert len(set(make_algorithm("k8s-spread").place(cluster_of(
-        ("a", 2, 2000), ("b", 2, 2000), ("c", 2, 2000)), ring).placement.values())) == 3
+    assert (
+        len(
+            set(
+                make_algorithm("k8s-spread")
+                .place(cluster_of(("a", 2, 2000), ("b", 2, 2000), ("c", 2, 2000)), ring)
+                .placement.values()
+            )
+        )
+        == 3
+    )
 
 
 def test_network_aware_keeps_peers_close_under_bandwidth():
     # a and b on s1, c and d on s2, the s1-s2 core has 50 Mbit/s; tasks fit one per node
-    c = cluster_of(("a", 1, 1000), ("c", 1.5, 1000), ("b", 1, 1000), ("d", 1, 1000),
-                   uplink={"c": "s2", "d": "s2"}, core_bw=50)
+    c = cluster_of(
+        ("a", 1, 1000),
+        ("c", 1.5, 1000),
+        ("b", 1, 1000),
+        ("d", 1, 1000),
+        uplink={"c": "s2", "d": "s2"},
+        core_bw=50,
+    )
     ring = ring_job("r", 2, Resources(1, 100), 1e6, 100, iterations=1)
     placement = make_algorithm("network-aware").place(c, ring).placement
     assert placement == {"w0": "c", "w1": "d"}  # most free cpu first, then its switch-mate

@@ -1,19 +1,30 @@
 """Schedulers composed from parts (`scheduler.compose`) and CES's network decision for a given
 placement (`paths.route_placement`)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from two_paths import TWO_PATHS
 
 from scheduler import compose
 from scheduler.baselines import make_algorithm
 from scheduler.instances import random_instance
 from scheduler.jobs import ring_job
 from scheduler.metrics import predicted_iteration_s
-from scheduler.model import BEST_EFFORT, ENFORCED, CannotPlace, Cluster, Decision, Job, LogicalFlow, \
-    Resources, Task, check_decision
+from scheduler.model import (
+    BEST_EFFORT,
+    ENFORCED,
+    CannotPlace,
+    Cluster,
+    Decision,
+    Job,
+    LogicalFlow,
+    Resources,
+    Task,
+    check_decision,
+)
 from scheduler.paths import NoPath, assign_flows, route_placement
-from two_paths import TWO_PATHS
 from topologies.routes import default_path
 
 DIRECT, AROUND = ("a", "s1", "s2", "b"), ("a", "s1", "s3", "s2", "b")
@@ -29,12 +40,20 @@ def test_specs_parse_and_default_by_network_blindness():
     assert compose.parse("first-fit:widest") == ("first-fit:widest", None)
     with pytest.raises(ValueError, match="unknown network 'fast'"):
         compose.parse("ces-ppo/fast")
-    assert [compose.network_of(s) for s in ("k8s-spread", "first-fit:widest", "network-aware",
-                                            "exact", "network-aware/best-effort")] == \
-        ["best-effort", "best-effort", "enforced", "enforced", "best-effort"]
-    assert [compose.adjustable(s) for s in ("network-aware", "k8s-spread/ces",
-                                            "network-aware/static", "k8s-spread")] == \
-        [True, True, False, False]
+    assert [
+        compose.network_of(s)
+        for s in (
+            "k8s-spread",
+            "first-fit:widest",
+            "network-aware",
+            "exact",
+            "network-aware/best-effort",
+        )
+    ] == ["best-effort", "best-effort", "enforced", "enforced", "best-effort"]
+    assert [
+        compose.adjustable(s)
+        for s in ("network-aware", "k8s-spread/ces", "network-aware/static", "k8s-spread")
+    ] == [True, True, False, False]
 
 
 def test_best_effort_takes_the_default_paths_and_holds_no_bandwidth():
@@ -76,8 +95,12 @@ def test_route_placement_spreads_flows_over_parallel_paths():
     cluster = Cluster.from_topology(TWO_PATHS)
     cluster.graph.edges["s1", "s2"]["bw_mbps"] = 300.0
     tasks = [Task(n, Resources(0.25, 64)) for n in ("x", "y", "p", "q")]
-    job = Job("two", tasks, [LogicalFlow("x", "p", 300, 3e6), LogicalFlow("y", "q", 300, 3e6)],
-              collective="custom")
+    job = Job(
+        "two",
+        tasks,
+        [LogicalFlow("x", "p", 300, 3e6), LogicalFlow("y", "q", 300, 3e6)],
+        collective="custom",
+    )
     placement = {"x": "a", "y": "a", "p": "b", "q": "b"}
     flows = route_placement(cluster, job, placement)
     assert {f.path for f in flows} == {DIRECT, AROUND}
@@ -98,9 +121,9 @@ def test_route_placement_is_never_worse_than_the_path_rules():
             placement = make_algorithm("random", seed=i).place(cluster, job).placement
         except CannotPlace:
             continue
-        ours = predicted_iteration_s(cluster, job, Decision(job.name, placement,
-                                                            route_placement(cluster, job,
-                                                                            placement)))
+        ours = predicted_iteration_s(
+            cluster, job, Decision(job.name, placement, route_placement(cluster, job, placement))
+        )
         for rule in ("shortest", "widest", "ksplit", "constrained"):
             try:
                 other = Decision(job.name, placement, assign_flows(cluster, job, placement, rule))
@@ -122,6 +145,7 @@ def test_route_placement_refuses_a_flow_without_bandwidth():
 
 def test_the_lower_bound_is_below_the_exact_optimum_and_every_algorithm():
     from scheduler.bounds import iteration_lower_bound
+
     rng = np.random.default_rng(3)
     exact = make_algorithm("exact")
     tight = 0

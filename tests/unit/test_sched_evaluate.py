@@ -1,4 +1,5 @@
 """`python -m scheduler.evaluate`: the instances it builds, its stable JSON, its errors."""
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,19 @@ import yaml
 from scheduler.evaluate import evaluate, main
 from scheduler.instances import background_load, make_instance
 from scheduler.jobs import ring_job
-from scheduler.trace import load_machine_spec
 from scheduler.model import Cluster, Resources
+from scheduler.trace import load_machine_spec
 from topologies import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
-STABLE = ("iteration_time_s", "bw_satisfaction", "balance_std", "network_cost", "decision_ms",
-          "placed_fraction")
+STABLE = (
+    "iteration_time_s",
+    "bw_satisfaction",
+    "balance_std",
+    "network_cost",
+    "decision_ms",
+    "placed_fraction",
+)
 
 
 def test_background_load_is_feasible_and_differs_per_seed():
@@ -32,8 +39,9 @@ def test_background_load_is_feasible_and_differs_per_seed():
         busy = {lk: r for lk, r in c.reserved.items() if r > 0}
         assert busy and all(r <= c.link_capacity(*lk) + 1e-9 for lk, r in busy.items())
         flows = [d.flows[0] for name, (_, d) in c.jobs.items() if name.startswith("bg-flow")]
-        assert len(flows) >= 5 and all(f.rate_mbps <= 0.5 * c.link_capacity(*f.path[:2]) + 1e-9
-                                       for f in flows)
+        assert len(flows) >= 5 and all(
+            f.rate_mbps <= 0.5 * c.link_capacity(*f.path[:2]) + 1e-9 for f in flows
+        )
     assert make_instance(base, 0, 0.5).used == a.used  # reproducible
     assert background_load(base, np.random.default_rng(0), 0.0).jobs == {}
 
@@ -44,8 +52,9 @@ def test_machine_table_instances(tmp_path):
     base = Cluster.from_topology(load_topology("campus"))
     c = make_instance(base, 3, 0.0, load_machine_spec(path))
     assert {c.capacity(n).gpu for n in c.compute_nodes()} <= {0, 2}
-    assert [c.capacity(n) for n in c.compute_nodes()] != \
-        [base.capacity(n) for n in base.compute_nodes()]
+    assert [c.capacity(n) for n in c.compute_nodes()] != [
+        base.capacity(n) for n in base.compute_nodes()
+    ]
 
 
 def write_jobs(tmp_path: Path) -> Path:
@@ -58,9 +67,20 @@ def write_jobs(tmp_path: Path) -> Path:
 
 def test_cli_writes_the_stable_json(tmp_path, capsys):
     out = tmp_path / "r" / "eval.json"
-    code = main(["--topo", "campus", "--jobs", str(write_jobs(tmp_path)), "--seeds", "2",
-                 "--algos", "first-fit,k8s-spread,network-aware,exact,random:ksplit",
-                 "--out", str(out)])
+    code = main(
+        [
+            "--topo",
+            "campus",
+            "--jobs",
+            str(write_jobs(tmp_path)),
+            "--seeds",
+            "2",
+            "--algos",
+            "first-fit,k8s-spread,network-aware,exact,random:ksplit",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     doc = json.loads(out.read_text())
     algos = doc["algorithms"]
@@ -71,8 +91,10 @@ def test_cli_writes_the_stable_json(tmp_path, capsys):
         assert 0 <= row["placed_fraction"]["mean"] <= 1
     placed = algos["exact"]["placed_fraction"]["mean"]
     if placed == algos["first-fit"]["placed_fraction"]["mean"] == 1.0:
-        assert algos["exact"]["iteration_time_s"]["mean"] <= \
-            algos["first-fit"]["iteration_time_s"]["mean"] + 1e-9
+        assert (
+            algos["exact"]["iteration_time_s"]["mean"]
+            <= algos["first-fit"]["iteration_time_s"]["mean"] + 1e-9
+        )
     assert doc["instance"]["seeds"] == 2 and doc["machine"]["cores"] >= 1
     assert "network-aware" in capsys.readouterr().out
 
@@ -85,21 +107,34 @@ def test_all_skips_what_does_not_apply():
     assert doc["algorithms"]["first-fit"]["placed_fraction"]["mean"] == 1.0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--topo", "nowhere"], "nowhere: no such topology"),
-    (["--algos", "first-fit,magic"], "unknown algorithm 'magic'"),
-    (["--algos", "first-fit:teleport"], "unknown path rule 'teleport'"),
-    (["--seeds", "0"], "--seeds: expected an integer ≥ 1, got 0"),
-    (["--background", "1.5"], "--background: expected a number in [0, 1), got 1.5"),
-    (["--topo", "gen:internet:20", "--algos", "exact"], "exact: the instance is too large"),
-    (["--jobs", "missing-folder"], "missing-folder: no such job file or folder"),
-    (["--machines", "missing.csv"], "missing.csv: cannot read"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--topo", "nowhere"], "nowhere: no such topology"),
+        (["--algos", "first-fit,magic"], "unknown algorithm 'magic'"),
+        (["--algos", "first-fit:teleport"], "unknown path rule 'teleport'"),
+        (["--seeds", "0"], "--seeds: expected an integer ≥ 1, got 0"),
+        (["--background", "1.5"], "--background: expected a number in [0, 1), got 1.5"),
+        (["--topo", "gen:internet:20", "--algos", "exact"], "exact: the instance is too large"),
+        (["--jobs", "missing-folder"], "missing-folder: no such job file or folder"),
+        (["--machines", "missing.csv"], "missing.csv: cannot read"),
+    ],
+)
 def test_cli_bad_input_exits_2(tmp_path, capsys, args, message):
     job = tmp_path / "j.yaml"
-    job.write_text(yaml.safe_dump({"name": "j", "collective": "ring", "workers": 2,
-                                   "task": {"cpu": 0.25}, "model_params": 1000,
-                                   "demand_mbps": 10, "iterations": 5}))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "j",
+                "collective": "ring",
+                "workers": 2,
+                "task": {"cpu": 0.25},
+                "model_params": 1000,
+                "demand_mbps": 10,
+                "iterations": 5,
+            }
+        )
+    )
     base = {"--topo": "campus", "--jobs": str(job), "--algos": "first-fit", "--seeds": "1"}
     for flag, value in zip(args[::2], args[1::2]):
         base[flag] = value
@@ -110,9 +145,10 @@ def test_cli_bad_input_exits_2(tmp_path, capsys, args, message):
 
 
 def test_run_sequence_counts_placements_and_correct_rejections():
-    from scheduler.evaluate import run_sequence
-    from scheduler.baselines import make_algorithm
     from test_sched_baselines import cluster_of
+
+    from scheduler.baselines import make_algorithm
+    from scheduler.evaluate import run_sequence
 
     cluster = cluster_of(("a", 1, 1000), ("b", 1, 1000))
     jobs = [ring_job(f"r{i}", 2, Resources(0.5, 100), 1e6, 10, iterations=10) for i in range(3)]

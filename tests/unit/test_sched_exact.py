@@ -1,5 +1,6 @@
 """The exact reference against brute force: every placement × every loop-free path per flow,
 rates by the bytes-weighted rate split, judged by `predicted_iteration_s`."""
+
 from __future__ import annotations
 
 import itertools
@@ -15,8 +16,15 @@ from scheduler.baselines import make_algorithm
 from scheduler.instances import random_instance
 from scheduler.jobs import ring_job
 from scheduler.metrics import predicted_iteration_s
-from scheduler.model import CannotPlace, Cluster, Decision, FlowAssignment, Job, Resources, \
-    check_decision
+from scheduler.model import (
+    CannotPlace,
+    Cluster,
+    Decision,
+    FlowAssignment,
+    Job,
+    Resources,
+    check_decision,
+)
 from scheduler.paths import fair_rates
 from scheduler.perfmodel import IterationModel
 from topologies import load_topology
@@ -38,24 +46,37 @@ def brute_force(cluster: Cluster, job: Job, model: IterationModel) -> float:
         options = [all_paths(cluster, placement[f.src], placement[f.dst]) for f in crossing]
         for paths in itertools.product(*options):
             chosen = {(f.src, f.dst): p for f, p in zip(crossing, paths)}
-            rates = fair_rates(cluster, chosen, {(f.src, f.dst): f.demand_mbps for f in crossing},
-                               {(f.src, f.dst): f.bytes_per_iter for f in crossing})
-            decision = Decision(job.name, placement,
-                                [FlowAssignment(f.src, f.dst, chosen[f.src, f.dst],
-                                                rates[f.src, f.dst]) for f in crossing])
+            rates = fair_rates(
+                cluster,
+                chosen,
+                {(f.src, f.dst): f.demand_mbps for f in crossing},
+                {(f.src, f.dst): f.bytes_per_iter for f in crossing},
+            )
+            decision = Decision(
+                job.name,
+                placement,
+                [
+                    FlowAssignment(f.src, f.dst, chosen[f.src, f.dst], rates[f.src, f.dst])
+                    for f in crossing
+                ],
+            )
             if check_decision(cluster, job, decision):
                 continue
             best = min(best, predicted_iteration_s(cluster, job, decision, model))
     return best
 
 
-@pytest.mark.parametrize("model", [IterationModel(), IterationModel(max_rate_mbps=40)],
-                         ids=["default-model", "goodput-capped"])
+@pytest.mark.parametrize(
+    "model",
+    [IterationModel(), IterationModel(max_rate_mbps=40)],
+    ids=["default-model", "goodput-capped"],
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_exact_matches_brute_force_on_tiny_instances(model, seed):
-    cluster, job = random_instance(np.random.default_rng(seed), max_switches=3, max_nodes=3,
-                                   max_workers=3)
+    cluster, job = random_instance(
+        np.random.default_rng(seed), max_switches=3, max_nodes=3, max_workers=3
+    )
     expected = brute_force(cluster, job, model)
     exact = make_algorithm("exact", model=model)
     try:
@@ -77,7 +98,8 @@ def test_exact_on_campus_is_optimal_and_fast_enough():
     assert exact.last_optimal and decision.decision_s < 20
     assert predicted_iteration_s(cluster, job, decision) <= min(
         predicted_iteration_s(cluster, job, make_algorithm(n).place(cluster, job))
-        for n in ("first-fit", "k8s-spread", "network-aware"))
+        for n in ("first-fit", "k8s-spread", "network-aware")
+    )
 
 
 def test_exact_reports_a_timeout_and_applies_by_size():

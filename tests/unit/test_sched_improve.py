@@ -1,5 +1,6 @@
 """Local search over a placement (scheduler/improve.py) and CES-PPO's decoding, whose last stage
 it is."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +18,17 @@ from topologies import parse_topology
 
 def _cluster(nodes: list[dict], links: list[dict]) -> Cluster:
     switches = sorted({e for lk in links for e in lk["ends"] if e.startswith("s")})
-    return Cluster.from_topology(parse_topology(
-        {"name": "t", "switches": [{"name": s} for s in switches], "nodes": nodes,
-         "links": links}, "test"))
+    return Cluster.from_topology(
+        parse_topology(
+            {
+                "name": "t",
+                "switches": [{"name": s} for s in switches],
+                "nodes": nodes,
+                "links": links,
+            },
+            "test",
+        )
+    )
 
 
 def _decision(cluster: Cluster, job, placement: dict[str, str]) -> Decision:
@@ -27,12 +36,17 @@ def _decision(cluster: Cluster, job, placement: dict[str, str]) -> Decision:
 
 
 # a and b, two 2-core nodes behind a 100 Mbit/s link: a 4-task ring of 1-core tasks fills both
-PAIR = dict(nodes=[{"name": "a", "cpu": 2, "mem_mb": 4096},
-                   {"name": "b", "cpu": 2, "mem_mb": 4096}],
-            links=[{"ends": ["a", "s1"], "bw_mbps": 1000}, {"ends": ["b", "s2"], "bw_mbps": 1000},
-                   {"ends": ["s1", "s2"], "bw_mbps": 100}])
-RING = ring_job("ring", 4, Resources(cpu=1, mem_mb=512), model_bytes=20e6, demand_mbps=100,
-                compute_s=0.1)
+PAIR = dict(
+    nodes=[{"name": "a", "cpu": 2, "mem_mb": 4096}, {"name": "b", "cpu": 2, "mem_mb": 4096}],
+    links=[
+        {"ends": ["a", "s1"], "bw_mbps": 1000},
+        {"ends": ["b", "s2"], "bw_mbps": 1000},
+        {"ends": ["s1", "s2"], "bw_mbps": 100},
+    ],
+)
+RING = ring_job(
+    "ring", 4, Resources(cpu=1, mem_mb=512), model_bytes=20e6, demand_mbps=100, compute_s=0.1
+)
 
 
 def _crossing(job, placement: dict[str, str]) -> int:
@@ -45,8 +59,9 @@ def test_an_exchange_regroups_a_ring_split_across_a_thin_link():
     assert _crossing(RING, split.placement) == 4  # every ring neighbour across the link
     better = improve(cluster, RING, split, evaluations=100)
     assert _crossing(RING, better.placement) == 2
-    assert predicted_iteration_s(cluster, RING, better) < \
-        0.75 * predicted_iteration_s(cluster, RING, split)
+    assert predicted_iteration_s(cluster, RING, better) < 0.75 * predicted_iteration_s(
+        cluster, RING, split
+    )
     assert check_decision(cluster, RING, better) == []
 
 
@@ -63,29 +78,34 @@ def test_no_evaluation_and_no_better_move_leave_the_decision_as_it_is():
 # heavy job, docs/e2e.md: the model, counting grants, rates both pairs the same)
 TIGHT_AND_ROOMY = dict(
     nodes=[{"name": n, "cpu": 1, "mem_mb": 4096} for n in "abc"],
-    links=[{"ends": [n, f"s{n}"], "bw_mbps": 1000} for n in "abc"] +
-          [{"ends": ["sa", "sb"], "bw_mbps": 100}, {"ends": ["sb", "sc"], "bw_mbps": 200}])
-PAIR_RING = ring_job("pair", 2, Resources(cpu=1, mem_mb=512), model_bytes=20e6, demand_mbps=100,
-                     compute_s=0.1)
+    links=[{"ends": [n, f"s{n}"], "bw_mbps": 1000} for n in "abc"]
+    + [{"ends": ["sa", "sb"], "bw_mbps": 100}, {"ends": ["sb", "sc"], "bw_mbps": 200}],
+)
+PAIR_RING = ring_job(
+    "pair", 2, Resources(cpu=1, mem_mb=512), model_bytes=20e6, demand_mbps=100, compute_s=0.1
+)
 
 
 def test_between_placements_the_model_rates_the_same_the_one_with_room_to_spare_wins():
     cluster = _cluster(**TIGHT_AND_ROOMY)
     tight = _decision(cluster, PAIR_RING, {"w0": "a", "w1": "b"})
     roomy = _decision(cluster, PAIR_RING, {"w0": "c", "w1": "b"})
-    assert predicted_iteration_s(cluster, PAIR_RING, tight) == \
-        predicted_iteration_s(cluster, PAIR_RING, roomy)
+    assert predicted_iteration_s(cluster, PAIR_RING, tight) == predicted_iteration_s(
+        cluster, PAIR_RING, roomy
+    )
     assert Rank(cluster, PAIR_RING, roomy) < Rank(cluster, PAIR_RING, tight)
     assert not Rank(cluster, PAIR_RING, tight) < Rank(cluster, PAIR_RING, roomy)
     better = improve(cluster, PAIR_RING, tight, evaluations=100)
     assert better.placement == roomy.placement
-    assert spare_iteration_s(cluster, PAIR_RING, better) < \
-        0.6 * spare_iteration_s(cluster, PAIR_RING, tight)
+    assert spare_iteration_s(cluster, PAIR_RING, better) < 0.6 * spare_iteration_s(
+        cluster, PAIR_RING, tight
+    )
     # a faster prediction still wins over any spare: b-c's link mostly taken by another tenant
     cluster.reserved[("sb", "sc")] = cluster.reserved[("sc", "sb")] = 150
     assert improve(cluster, PAIR_RING, tight, evaluations=100).placement == tight.placement
-    assert Rank(cluster, PAIR_RING, tight) < \
-        Rank(cluster, PAIR_RING, _decision(cluster, PAIR_RING, roomy.placement))
+    assert Rank(cluster, PAIR_RING, tight) < Rank(
+        cluster, PAIR_RING, _decision(cluster, PAIR_RING, roomy.placement)
+    )
 
 
 def test_moves_fit_what_the_cluster_leaves_and_change_one_or_two_tasks():
@@ -111,8 +131,10 @@ def test_moves_fit_what_the_cluster_leaves_and_change_one_or_two_tasks():
 
 
 def test_a_task_on_a_node_gone_offline_may_leave_it_and_none_goes_there():
-    cluster = _cluster(nodes=PAIR["nodes"] + [{"name": "c", "cpu": 2, "mem_mb": 4096}],
-                       links=PAIR["links"] + [{"ends": ["c", "s2"], "bw_mbps": 1000}])
+    cluster = _cluster(
+        nodes=PAIR["nodes"] + [{"name": "c", "cpu": 2, "mem_mb": 4096}],
+        links=PAIR["links"] + [{"ends": ["c", "s2"], "bw_mbps": 1000}],
+    )
     split = {"w0": "a", "w1": "b", "w2": "a", "w3": "b"}
     cluster.offline.add("b")
     free = {n: cluster.free(n) for n in cluster.compute_nodes(online_only=True)}
@@ -149,16 +171,26 @@ def test_local_search_is_never_slower_and_stays_feasible_on_random_instances():
 
 def test_local_search_starts_from_the_fastest_candidate(monkeypatch):
     import scheduler.ppo as ppo
+
     started: list = []
     considered: list[float] = []
     real_improve, real_consider = ppo.improve, ppo._Decoding._consider
-    monkeypatch.setattr(ppo, "improve", lambda c, j, d, evaluations: started.append(
-        predicted_iteration_s(c, j, d)) or real_improve(c, j, d, evaluations))
+    monkeypatch.setattr(
+        ppo,
+        "improve",
+        lambda c, j, d, evaluations: (
+            started.append(predicted_iteration_s(c, j, d)) or real_improve(c, j, d, evaluations)
+        ),
+    )
 
     def consider(self, placement):
         real_consider(self, placement)
-        considered.append(predicted_iteration_s(self.cluster, self.job,
-                                                _decision(self.cluster, self.job, placement)))
+        considered.append(
+            predicted_iteration_s(
+                self.cluster, self.job, _decision(self.cluster, self.job, placement)
+            )
+        )
+
     monkeypatch.setattr(ppo._Decoding, "_consider", consider)
     rng = np.random.default_rng(3)
     algo = make_algorithm("ces-ppo")
@@ -178,17 +210,24 @@ def test_local_search_starts_from_the_fastest_candidate(monkeypatch):
 
 def test_local_search_gets_what_the_rollouts_leave_of_the_budget(monkeypatch):
     import scheduler.ppo as ppo
+
     calls: list[int] = []
     real = ppo.improve
-    monkeypatch.setattr(ppo, "improve",
-                        lambda c, j, d, evaluations: calls.append(evaluations) or real(c, j, d,
-                                                                                      evaluations))
+    monkeypatch.setattr(
+        ppo,
+        "improve",
+        lambda c, j, d, evaluations: calls.append(evaluations) or real(c, j, d, evaluations),
+    )
     cluster = _cluster(**PAIR)
     work = 2 * len(RING.tasks)  # one rollout: 2 nodes × 4 tasks
     # greedy, network-aware and the other first node take 3 rollouts' worth; each evaluation
     # of the search costs one more
-    for budget, compare, searched in ((work, True, None), (2 * work, False, None),
-                                      (11 * work - 1, True, 7), (11 * work, False, 9)):
+    for budget, compare, searched in (
+        (work, True, None),
+        (2 * work, False, None),
+        (11 * work - 1, True, 7),
+        (11 * work, False, 9),
+    ):
         calls.clear()
         make_algorithm("ces-ppo", decode_budget=budget, compare=compare).place(cluster, RING)
         assert calls == ([] if searched is None else [searched]), budget

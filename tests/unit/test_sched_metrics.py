@@ -1,19 +1,31 @@
 """Metrics against values computed by hand (topology of test_sched_paths: h1,h3 on s1, h2 on s2,
 short path h1-s1-s2-h2 with 4 ms one way)."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
+from test_sched_paths import LONG, SHORT, diamond, reserve
 
-from scheduler.metrics import bandwidth_satisfaction, cluster_metrics, decision_metrics, \
-    deployed_count, fragmentation, job_completion_s, load_balance, load_variance, network_cost, \
-    node_utilisation, packable, predicted_iteration_s, spare_iteration_s
+from scheduler.metrics import (
+    bandwidth_satisfaction,
+    cluster_metrics,
+    decision_metrics,
+    deployed_count,
+    fragmentation,
+    job_completion_s,
+    load_balance,
+    load_variance,
+    network_cost,
+    node_utilisation,
+    packable,
+    predicted_iteration_s,
+    spare_iteration_s,
+)
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
 from scheduler.perfmodel import IterationModel
 from topologies import parse_topology
-
-from test_sched_paths import LONG, SHORT, diamond, reserve  # noqa: E402  (same folder)
 
 BACK = tuple(reversed(SHORT))
 
@@ -21,12 +33,21 @@ BACK = tuple(reversed(SHORT))
 def ring2(speed_h2: float = 2.0) -> tuple[Cluster, Job, Decision]:
     c = diamond()
     c.graph.nodes["h2"]["speed"] = speed_h2
-    job = Job("r", [Task("w0", Resources(0.5, 100)), Task("w1", Resources(0.5, 100))],
-              [LogicalFlow("w0", "w1", 100, 1e6), LogicalFlow("w1", "w0", 100, 1e6)],
-              collective="ring", model_bytes=1e6, compute_s=0.1, iterations=1000)
-    dec = Decision("r", {"w0": "h1", "w1": "h2"},
-                   [FlowAssignment("w0", "w1", SHORT, 50), FlowAssignment("w1", "w0", BACK, 100)],
-                   decision_s=0.002)
+    job = Job(
+        "r",
+        [Task("w0", Resources(0.5, 100)), Task("w1", Resources(0.5, 100))],
+        [LogicalFlow("w0", "w1", 100, 1e6), LogicalFlow("w1", "w0", 100, 1e6)],
+        collective="ring",
+        model_bytes=1e6,
+        compute_s=0.1,
+        iterations=1000,
+    )
+    dec = Decision(
+        "r",
+        {"w0": "h1", "w1": "h2"},
+        [FlowAssignment("w0", "w1", SHORT, 50), FlowAssignment("w1", "w0", BACK, 100)],
+        decision_s=0.002,
+    )
     return c, job, dec
 
 
@@ -83,8 +104,12 @@ def loaded_cluster() -> Cluster:
     """h1: cpu 1/2 used, mem 512/1024; h2: cpu 2/2, mem 0; h3: idle, 1 GPU of 2 in use."""
     c = diamond()
     c.graph.nodes["h3"]["gpu"] = 2
-    job = Job("load", [Task("a", Resources(1, 512)), Task("b", Resources(2, 0)),
-                       Task("c", Resources(0, 0, 1))], [], collective="custom")
+    job = Job(
+        "load",
+        [Task("a", Resources(1, 512)), Task("b", Resources(2, 0)), Task("c", Resources(0, 0, 1))],
+        [],
+        collective="custom",
+    )
     c.allocate(job, Decision("load", {"a": "h1", "b": "h2", "c": "h3"}, []))
     return c
 
@@ -101,8 +126,9 @@ def test_seed004_cluster_metrics_by_hand():
     # F = 1/N Σ_n Σ_r free share: h1 0.5 + 0.5, h2 0 + 1, h3 1 + 1 + 0.5
     assert fragmentation(c) == pytest.approx((1 + 1 + 2.5) / 3)
     assert load_variance(c, "gpu") == 0.0  # only h3 has GPUs
-    assert load_variance(c, "cpu") == pytest.approx(((0.5 - 0.5) ** 2 + (1 - 0.5) ** 2
-                                                     + (0 - 0.5) ** 2) / 3)
+    assert load_variance(c, "cpu") == pytest.approx(
+        ((0.5 - 0.5) ** 2 + (1 - 0.5) ** 2 + (0 - 0.5) ** 2) / 3
+    )
     m = cluster_metrics(c)
     assert m.fragmentation == pytest.approx(1.5) and m.balance_max_mean == pytest.approx(0.5 / mean)
     with pytest.raises(ValueError, match="unknown resource 'disk'"):
@@ -123,14 +149,19 @@ def test_idle_cluster():
 
 
 def test_packable_is_exact():
-    doc = {"switches": [{"name": "s"}],
-           "nodes": [{"name": "a", "cpu": 1.0, "mem_mb": 100}, {"name": "b", "cpu": 1.0,
-                                                                "mem_mb": 100}],
-           "links": [{"ends": ["a", "s"], "bw_mbps": 10}, {"ends": ["b", "s"], "bw_mbps": 10}]}
+    doc = {
+        "switches": [{"name": "s"}],
+        "nodes": [
+            {"name": "a", "cpu": 1.0, "mem_mb": 100},
+            {"name": "b", "cpu": 1.0, "mem_mb": 100},
+        ],
+        "links": [{"ends": ["a", "s"], "bw_mbps": 10}, {"ends": ["b", "s"], "bw_mbps": 10}],
+    }
     c = Cluster.from_topology(parse_topology(doc, "two"))
 
     def job(*cpus: float) -> Job:
         return Job("j", [Task(f"t{i}", Resources(x, 1)) for i, x in enumerate(cpus)], [])
+
     assert packable(c, job(0.6, 0.6)) is True
     assert packable(c, job(0.6, 0.6, 0.6)) is False
     # first-fit in this order fails (0.5+0.3 | 0.5+0.3 leaves 0.4 nowhere) but a packing exists

@@ -4,19 +4,36 @@
                └─ s3 ──(150)── s4 ──(150)─┘     (s1-s3 150 Mbit/s; 1 ms each)
 Access links 1000 Mbit/s, 1 ms.
 """
+
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
 import networkx as nx
 import pytest
 
-from scheduler.model import CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow, \
-    Resources, Task, check_decision
 from scheduler.layout import hops_over, layout, residuals
-from scheduler.paths import NoPath, assign_flows, candidate_paths, fair_rates, shortest_path, \
-    widest_path
+from scheduler.model import (
+    CannotPlace,
+    Cluster,
+    Decision,
+    FlowAssignment,
+    Job,
+    LogicalFlow,
+    Resources,
+    Task,
+    check_decision,
+)
+from scheduler.paths import (
+    NoPath,
+    assign_flows,
+    candidate_paths,
+    fair_rates,
+    shortest_path,
+    widest_path,
+)
 from topologies import parse_topology
 
 SHORT = ("h1", "s1", "s2", "h2")
@@ -24,31 +41,45 @@ LONG = ("h1", "s1", "s3", "s4", "s2", "h2")
 
 
 def diamond() -> Cluster:
-    doc = {"name": "diamond",
-           "switches": [{"name": s} for s in ("s1", "s2", "s3", "s4")],
-           "nodes": [{"name": h, "cpu": 2, "mem_mb": 1024} for h in ("h1", "h2", "h3")],
-           "links": [{"ends": ["s1", "s2"], "bw_mbps": 100, "delay_ms": 2},
-                     {"ends": ["s1", "s3"], "bw_mbps": 150, "delay_ms": 1},
-                     {"ends": ["s3", "s4"], "bw_mbps": 150, "delay_ms": 1},
-                     {"ends": ["s4", "s2"], "bw_mbps": 150, "delay_ms": 1},
-                     {"ends": ["h1", "s1"], "bw_mbps": 1000, "delay_ms": 1},
-                     {"ends": ["h2", "s2"], "bw_mbps": 1000, "delay_ms": 1},
-                     {"ends": ["h3", "s1"], "bw_mbps": 1000, "delay_ms": 1}]}
+    doc = {
+        "name": "diamond",
+        "switches": [{"name": s} for s in ("s1", "s2", "s3", "s4")],
+        "nodes": [{"name": h, "cpu": 2, "mem_mb": 1024} for h in ("h1", "h2", "h3")],
+        "links": [
+            {"ends": ["s1", "s2"], "bw_mbps": 100, "delay_ms": 2},
+            {"ends": ["s1", "s3"], "bw_mbps": 150, "delay_ms": 1},
+            {"ends": ["s3", "s4"], "bw_mbps": 150, "delay_ms": 1},
+            {"ends": ["s4", "s2"], "bw_mbps": 150, "delay_ms": 1},
+            {"ends": ["h1", "s1"], "bw_mbps": 1000, "delay_ms": 1},
+            {"ends": ["h2", "s2"], "bw_mbps": 1000, "delay_ms": 1},
+            {"ends": ["h3", "s1"], "bw_mbps": 1000, "delay_ms": 1},
+        ],
+    }
     return Cluster.from_topology(parse_topology(doc, "diamond"))
 
 
 def two_flow_job(demand: float, bytes_a: float = 1e6, bytes_b: float = 1e6) -> tuple[Job, dict]:
     tasks = [Task(n, Resources(0.1, 10)) for n in "abcd"]
-    job = Job("j", tasks, [LogicalFlow("a", "b", demand, bytes_a),
-                           LogicalFlow("c", "d", demand, bytes_b)], collective="custom")
+    job = Job(
+        "j",
+        tasks,
+        [LogicalFlow("a", "b", demand, bytes_a), LogicalFlow("c", "d", demand, bytes_b)],
+        collective="custom",
+    )
     return job, {"a": "h1", "c": "h1", "b": "h2", "d": "h2"}
 
 
 def reserve(cluster: Cluster, path: tuple[str, ...], rate: float) -> None:
-    job = Job(f"bg{len(cluster.jobs)}", [Task("x", Resources()), Task("y", Resources())],
-              [LogicalFlow("x", "y", rate, 0)], collective="custom")
-    cluster.allocate(job, Decision(job.name, {"x": path[0], "y": path[-1]},
-                                   [FlowAssignment("x", "y", path, rate)]))
+    job = Job(
+        f"bg{len(cluster.jobs)}",
+        [Task("x", Resources()), Task("y", Resources())],
+        [LogicalFlow("x", "y", rate, 0)],
+        collective="custom",
+    )
+    cluster.allocate(
+        job,
+        Decision(job.name, {"x": path[0], "y": path[-1]}, [FlowAssignment("x", "y", path, rate)]),
+    )
 
 
 def test_shortest_widest_and_candidates():
@@ -81,8 +112,8 @@ def test_hops_over_links_with_a_demand_free():
     def hops(c: Cluster, origin: str, min_residual: float = 0.0, towards: bool = False):
         lay = layout(c)
         h = hops_over(lay, residuals(c, lay), lay.index[origin], min_residual, towards)
-        return {lay.vertices[i]: int(x) for i, x in enumerate(h[:lay.n_compute])
-                if x != math.inf}
+        return {lay.vertices[i]: int(x) for i, x in enumerate(h[: lay.n_compute]) if x != math.inf}
+
     c = diamond()
     assert hops(c, "h1") == {"h1": 0, "h3": 2, "h2": 3}
     assert hops(c, "h1", min_residual=120) == {"h1": 0, "h3": 2, "h2": 5}
@@ -118,13 +149,15 @@ def test_fair_rates_are_weighted_max_min_fair(seed):
         a, b = rng.sample(hosts, 2)
         route = list(nx.all_simple_paths(c.graph, a, b))
         key = i if i % 2 else (a, b, i)
-        paths[key] = tuple(rng.choice([p for p in route if all(v.startswith("s") for v in p[1:-1])]))
+        paths[key] = tuple(
+            rng.choice([p for p in route if all(v.startswith("s") for v in p[1:-1])])
+        )
         demands[key] = rng.choice([0.0, 5.0, rng.uniform(1, 300), math.inf])
         weights[key] = rng.choice([1.0, 3.0, rng.uniform(0.1, 10)])
     rates = fair_rates(c, paths, demands, weights)
     load: dict = {}
     for f, p in paths.items():
-        for lk in zip(p, p[1:]):
+        for lk in itertools.pairwise(p):
             load.setdefault(lk, []).append(f)
     tol = 1e-6
     for lk, fs in load.items():
@@ -133,17 +166,22 @@ def test_fair_rates_are_weighted_max_min_fair(seed):
         assert 0 <= rates[f] <= demands[f] + tol
         if rates[f] >= demands[f] - tol:
             continue
-        assert any(sum(rates[g] for g in load[lk]) >= max(c.residual(*lk), 0.0) - tol and
-                   all(rates[g] / weights[g] <= rates[f] / weights[f] + tol for g in load[lk])
-                   for lk in zip(p, p[1:])), f"flow {f} has no bottleneck"
+        assert any(
+            sum(rates[g] for g in load[lk]) >= max(c.residual(*lk), 0.0) - tol
+            and all(rates[g] / weights[g] <= rates[f] / weights[f] + tol for g in load[lk])
+            for lk in itertools.pairwise(p)
+        ), f"flow {f} has no bottleneck"
 
 
-@pytest.mark.parametrize("rule, paths, rates", [
-    ("shortest", [SHORT, SHORT], [50, 50]),
-    ("widest", [LONG, LONG], [75, 75]),
-    ("ksplit", [LONG, SHORT], [150, 100]),      # 150 > 100, then 150/2 < 100: spread
-    ("constrained", [LONG, LONG], [75, 75]),    # 200 fits nowhere: widest, both
-])
+@pytest.mark.parametrize(
+    "rule, paths, rates",
+    [
+        ("shortest", [SHORT, SHORT], [50, 50]),
+        ("widest", [LONG, LONG], [75, 75]),
+        ("ksplit", [LONG, SHORT], [150, 100]),  # 150 > 100, then 150/2 < 100: spread
+        ("constrained", [LONG, LONG], [75, 75]),  # 200 fits nowhere: widest, both
+    ],
+)
 def test_path_rules_on_a_job(rule, paths, rates):
     c = diamond()
     job, placement = two_flow_job(200)

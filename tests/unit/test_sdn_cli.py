@@ -1,5 +1,6 @@
 """The SDN app's launcher refuses bad input with one clear line and exit code 2, and the client
 reports an unreachable app as an error, not a traceback."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sdn_app", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "sdn_app", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture()
@@ -28,13 +34,16 @@ def busy_port():
         yield s.getsockname()[1]
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--topo", "nosuch"], "nosuch: no such topology"),
-    (["--rest", "localhost"], "expected HOST:PORT"),
-    (["--rest", "127.0.0.1:99999"], "port must be"),
-    (["--stats-interval", "0"], "--stats-interval must be > 0"),
-    (["--burst-s", "-1"], "--burst-s must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--topo", "nosuch"], "nosuch: no such topology"),
+        (["--rest", "localhost"], "expected HOST:PORT"),
+        (["--rest", "127.0.0.1:99999"], "port must be"),
+        (["--stats-interval", "0"], "--stats-interval must be > 0"),
+        (["--burst-s", "-1"], "--burst-s must be > 0"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(args, words):
     proc = launch(*args)
     assert proc.returncode == 2
@@ -50,10 +59,31 @@ def test_a_busy_port_is_a_clear_error(busy_port):
 
 def test_a_bad_state_file_is_a_clear_error(tmp_path):
     state = tmp_path / "state.json"
-    state.write_text(json.dumps({"version": 1, "topology": "campus", "jobs": [
-        {"job": "j", "seq": 1, "updated": 0, "flows": [
-            {"src": "lab1", "dst": "srv1", "path": ["acc1", "nosuch", "acc4"], "rate_mbps": 5,
-             "flow_no": 1, "meter_id": 1}]}]}))
+    state.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "topology": "campus",
+                "jobs": [
+                    {
+                        "job": "j",
+                        "seq": 1,
+                        "updated": 0,
+                        "flows": [
+                            {
+                                "src": "lab1",
+                                "dst": "srv1",
+                                "path": ["acc1", "nosuch", "acc4"],
+                                "rate_mbps": 5,
+                                "flow_no": 1,
+                                "meter_id": 1,
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    )
     proc = launch("--state", str(state), "--of-port", "0", "--rest", "127.0.0.1:0")
     assert proc.returncode == 2
     assert f"{state}: jobs[0]: flows[0].path[1]: unknown switch 'nosuch'" in proc.stderr

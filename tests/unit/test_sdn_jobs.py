@@ -1,4 +1,5 @@
 """The SDN app's job table: flow numbers, meter ids, conflicts, switch contents, state file."""
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,16 @@ def f(src="lab1", dst="srv1", path=("acc1", "agg1", "acc4"), rate=20, **kw):
 
 
 def test_meter_ids_are_unique_per_switch_and_kept_across_changes(table):
-    job = table.propose("a", specs(table, f(), f(src="lab2"), f(src="srv1", dst="lab1",
-                                                               path=("acc4", "agg1", "acc1"))))
+    job = table.propose(
+        "a",
+        specs(table, f(), f(src="lab2"), f(src="srv1", dst="lab1", path=("acc4", "agg1", "acc1"))),
+    )
     assert [x.meter_id for x in job.flows] == [1, 2, 1]  # two on acc1, one on acc4
     table.commit(job)
     # re-route + rate change of flow 1, flow 2 dropped, a new flow added
-    again = table.propose("a", specs(table, f(path=("acc1", "agg2", "core1", "agg3", "acc4"),
-                                              rate=5), f(src="lab3")))
+    again = table.propose(
+        "a", specs(table, f(path=("acc1", "agg2", "core1", "agg3", "acc4"), rate=5), f(src="lab3"))
+    )
     assert again.flows[0].meter_id == 1 and again.flows[0].flow_no == 1
     # lab2's meter (2) and flow number (2) stay reserved while its entries are being removed
     assert again.flows[1].meter_id == 3 and again.flows[1].flow_no == 4
@@ -67,8 +71,9 @@ def test_switch_contents_has_defaults_and_every_jobs_entries(table):
 
 def test_state_round_trip(table, tmp_path):
     table.commit(table.propose("a", specs(table, f(tcp_dst=29500, name="r0"), f(src="lab2"))))
-    table.commit(table.propose("b", specs(table, f(src="srv2", dst="lab3",
-                                                   path=("acc4", "agg1", "acc1")))))
+    table.commit(
+        table.propose("b", specs(table, f(src="srv2", dst="lab3", path=("acc4", "agg1", "acc1"))))
+    )
     path = tmp_path / "state.json"
     table.save(path)
     other = JobTable(table.topo)
@@ -83,16 +88,41 @@ def test_loading_a_missing_file_is_an_empty_table(table, tmp_path):
     assert table.jobs == {}
 
 
-@pytest.mark.parametrize("content, words", [
-    ("{not json", "cannot read"),
-    (json.dumps({"version": 99, "jobs": []}), "version"),
-    (json.dumps({"version": 1, "topology": "star", "jobs": []}), "topology 'star'"),
-    (json.dumps({"version": 1, "topology": "campus", "jobs": [
-        {"job": "a", "seq": 1, "updated": 0, "flows": [
-            {"src": "lab1", "dst": "srv1", "path": ["acc1", "acc4"], "rate_mbps": 1,
-             "flow_no": 1, "meter_id": 1}]}]}), "jobs[0]: flows[0].path[1]: not contiguous"),
-    (json.dumps({"version": 1, "topology": "campus", "jobs": [{"job": "a"}]}), "malformed"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("{not json", "cannot read"),
+        (json.dumps({"version": 99, "jobs": []}), "version"),
+        (json.dumps({"version": 1, "topology": "star", "jobs": []}), "topology 'star'"),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "topology": "campus",
+                    "jobs": [
+                        {
+                            "job": "a",
+                            "seq": 1,
+                            "updated": 0,
+                            "flows": [
+                                {
+                                    "src": "lab1",
+                                    "dst": "srv1",
+                                    "path": ["acc1", "acc4"],
+                                    "rate_mbps": 1,
+                                    "flow_no": 1,
+                                    "meter_id": 1,
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ),
+            "jobs[0]: flows[0].path[1]: not contiguous",
+        ),
+        (json.dumps({"version": 1, "topology": "campus", "jobs": [{"job": "a"}]}), "malformed"),
+    ],
+)
 def test_bad_state_files_are_clear_errors(table, tmp_path, content, words):
     path = tmp_path / "state.json"
     path.write_text(content)

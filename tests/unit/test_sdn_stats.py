@@ -1,4 +1,5 @@
 """Counters → Mbit/s and ports → directed links (SDN app statistics, pure logic)."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,14 @@ def test_rate_from_two_samples():
     assert rate_mbps(Sample(0, 10.0), Sample(2_500_000, 12.0)) == pytest.approx(10.0)
 
 
-@pytest.mark.parametrize("prev, cur", [(Sample(100, 5.0), Sample(50, 6.0)),  # counter reset
-                                       (Sample(100, 5.0), Sample(200, 5.0)),  # no time passed
-                                       (Sample(100, 6.0), Sample(200, 5.0))])  # clock restarted
+@pytest.mark.parametrize(
+    "prev, cur",
+    [
+        (Sample(100, 5.0), Sample(50, 6.0)),  # counter reset
+        (Sample(100, 5.0), Sample(200, 5.0)),  # no time passed
+        (Sample(100, 6.0), Sample(200, 5.0)),
+    ],
+)  # clock restarted
 def test_rate_unknowable(prev, cur):
     assert rate_mbps(prev, cur) is None
 
@@ -51,5 +57,9 @@ def test_link_ends_count_each_direction_at_a_switch():
     assert (down.dpid, down.port, down.counter) == (topo.switch("acc1").dpid, port, "tx")
     core = ends[("core2", "agg2")]
     link = next(lk for lk in topo.links if {lk.a, lk.b} == {"core2", "agg2"})
-    assert (core.dpid, core.port, core.counter, core.capacity_mbps) == \
-        (topo.switch("core2").dpid, link.port_of("core2"), "tx", 200.0)
+    assert (core.dpid, core.port, core.counter, core.capacity_mbps) == (
+        topo.switch("core2").dpid,
+        link.port_of("core2"),
+        "tx",
+        200.0,
+    )

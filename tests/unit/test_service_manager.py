@@ -1,15 +1,16 @@
 """The Manager's job life cycle and the Compute Controller's bookkeeping (pure logic, a fake
 clock): retries and their limit, non-retryable failures, heartbeat-loss and worker-end detection,
 the worker command line."""
+
 from __future__ import annotations
 
 import pytest
 
-from scheduler.jobs import ring_job, star_job
-from scheduler.model import Decision, Resources
 from master.compute import ComputeController, worker_command, worker_image
 from master.manager import Manager, ManagerError, Phase
 from protocol.messages import Heartbeat, Registration, Usage, WorkerState
+from scheduler.jobs import ring_job, star_job
+from scheduler.model import Decision, Resources
 
 
 class Clock:
@@ -21,8 +22,15 @@ class Clock:
 
 
 def job(name: str = "j1", workers: int = 2):
-    return ring_job(name, workers, Resources(0.5, 256), 4e5, 50, target_accuracy=0.9,
-                    workload={"model": "mlp-small"})
+    return ring_job(
+        name,
+        workers,
+        Resources(0.5, 256),
+        4e5,
+        50,
+        target_accuracy=0.9,
+        workload={"model": "mlp-small"},
+    )
 
 
 def decision(j, nodes: list[str]) -> Decision:
@@ -153,22 +161,48 @@ def test_a_worker_the_agent_forgot_is_missing_after_the_grace():
 
 
 def test_worker_command_from_the_workload_mapping():
-    j = ring_job("r", 3, Resources(0.5, 256), 4e5, 50, target_accuracy=0.9, iterations=300,
-                 workload={"model": "cnn", "eval_every": 5, "max_seconds": 60})
+    j = ring_job(
+        "r",
+        3,
+        Resources(0.5, 256),
+        4e5,
+        50,
+        target_accuracy=0.9,
+        iterations=300,
+        workload={"model": "cnn", "eval_every": 5, "max_seconds": 60},
+    )
     cmd = worker_command(j, 1, "10.0.0.7", 29501, "eth0", 3)
     assert cmd[:3] == ["python3", "-m", "workloads.train"]
     opts = dict(zip(cmd[3::2], cmd[4::2]))
-    assert opts == {"--rank": "1", "--world-size": "3", "--master-addr": "10.0.0.7",
-                    "--master-port": "29501", "--iface": "eth0", "--seed": "3", "--out": "-",
-                    "--collective": "ring", "--target-acc": "0.9", "--max-iters": "300",
-                    "--model": "cnn", "--eval-every": "5", "--max-seconds": "60"}
+    assert opts == {
+        "--rank": "1",
+        "--world-size": "3",
+        "--master-addr": "10.0.0.7",
+        "--master-port": "29501",
+        "--iface": "eth0",
+        "--seed": "3",
+        "--out": "-",
+        "--collective": "ring",
+        "--target-acc": "0.9",
+        "--max-iters": "300",
+        "--model": "cnn",
+        "--eval-every": "5",
+        "--max-seconds": "60",
+    }
     star = star_job("s", 2, Resources(0.5, 256), 4e5, 50, iterations=10)
     assert "ps" in worker_command(star, 0, "10.0.0.1", 1, "eth0", 0)
     j.command = "python3 -m workloads.train"  # a program: the options are appended
     assert worker_command(j, 0, "10.0.0.7", 1, "eth0", 0)[3] == "--rank"
     j.command = "run --r {rank} --of {world_size} --at {master_addr}:{master_port}"
-    assert worker_command(j, 2, "10.0.0.7", 9, "eth0", 0) == \
-        ["run", "--r", "2", "--of", "3", "--at", "10.0.0.7:9"]
+    assert worker_command(j, 2, "10.0.0.7", 9, "eth0", 0) == [
+        "run",
+        "--r",
+        "2",
+        "--of",
+        "3",
+        "--at",
+        "10.0.0.7:9",
+    ]
     j.command = "run {nope}"
     with pytest.raises(ValueError, match="placeholders"):
         worker_command(j, 0, "10.0.0.7", 9, "eth0", 0)

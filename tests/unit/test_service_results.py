@@ -1,5 +1,6 @@
 """From the Master's view of a job to results rows, and from results.json to summary.md,
 results.csv and the figures (hand-made data with known answers)."""
+
 from __future__ import annotations
 
 import csv
@@ -11,21 +12,28 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "experiments"))
 
-import plots  # noqa: E402
-import report  # noqa: E402
-from e2e import rows  # noqa: E402
+from experiments import (
+    plots,
+    report,
+)
+from experiments.e2e import rows
 
 
 def it(i: int, payload: int, comm_s: float) -> dict:
-    return {"type": "iter", "iter": i, "iter_s": comm_s + 0.01, "comm_s": comm_s,
-            "payload_tx_bytes": payload}
+    return {
+        "type": "iter",
+        "iter": i,
+        "iter_s": comm_s + 0.01,
+        "comm_s": comm_s,
+        "payload_tx_bytes": payload,
+    }
 
 
 def test_measured_mbps_is_the_median_collective_goodput_per_outgoing_flow():
-    recs = [it(i, 1_000_000, 0.8) for i in range(2)] + \
-           [it(i, 1_000_000, t) for i, t in enumerate([0.1, 0.2, 0.4, 0.2, 0.2], start=2)]
+    recs = [it(i, 1_000_000, 0.8) for i in range(2)] + [
+        it(i, 1_000_000, t) for i, t in enumerate([0.1, 0.2, 0.4, 0.2, 0.2], start=2)
+    ]
     # warm-up dropped; median of 8 Mbit over {0.1, 0.2, 0.4, 0.2, 0.2} s = 40 Mbit/s
     assert rows.measured_mbps(recs, 1) == pytest.approx(40.0)
     assert rows.measured_mbps(recs, 2) == pytest.approx(20.0)
@@ -33,32 +41,98 @@ def test_measured_mbps_is_the_median_collective_goodput_per_outgoing_flow():
 
 
 def view(reached: bool) -> dict:
-    r0 = [{"type": "start"}, it(1, 800_000, 0.1), it(2, 800_000, 0.1), it(3, 800_000, 0.1),
-          {"type": "eval", "iter": 3, "elapsed_s": 1.5, "accuracy": 0.5},
-          {"type": "eval", "iter": 6, "elapsed_s": 3.0, "accuracy": 0.92 if reached else 0.6},
-          {"type": "end", "reached_target": reached, "tta_s": 3.0 if reached else None,
-           "iters": 6, "startup_s": 9.0,
-           "tcp": {"address": "10.0.0.1", "peers": {"10.0.0.2": {
-               "bytes_acked": 10_000_000, "busy_us": 1_000_000, "bytes_retrans": 10_000,
-               "rwnd_limited_us": 100_000, "bytes_sent": 10_010_000, "segs_out": 6_000,
-               "options": 1}}}}]
-    r1 = [it(1, 400_000, 0.1), it(2, 400_000, 0.1), it(3, 400_000, 0.1),
-          # stopped before its end: its last evaluation has the counters
-          {"type": "eval", "iter": 3, "elapsed_s": 1.5, "accuracy": 0.5,
-           "tcp": {"address": "10.0.0.2", "peers": {
-              "10.0.0.1": {"bytes_acked": 9_600_000, "busy_us": 2_000_000,
-                           "bytes_sent": 9_600_000, "segs_out": 10_000, "options": 0},
-              "10.0.0.9": {"bytes_acked": 1, "busy_us": 1}}}}]
-    return {"name": "heavy.r0", "state": "finished", "reason": "", "collective": "ring",
-            "tasks": ["w0", "w1"], "workload": {"model": "mlp-large"}, "jct_s": 20.0,
-            "events": [], "records": {"heavy.r0-w0-a1": r0, "heavy.r0-w1-a1": r1},
-            "attempts": [{"number": 1, "placement": {"w0": "a", "w1": "b"},
-                          "workers": {"w0": "heavy.r0-w0-a1", "w1": "heavy.r0-w1-a1"},
-                          "predicted_iteration_s": 0.1, "decision_s": 0.002,
-                          "flows": [{"src": "w0", "dst": "w1", "src_node": "a", "dst_node": "b",
-                                     "path": ["a", "s1", "b"], "rate_mbps": 80.0},
-                                    {"src": "w1", "dst": "w0", "src_node": "b", "dst_node": "a",
-                                     "path": ["b", "s1", "a"], "rate_mbps": 40.0}]}]}
+    r0 = [
+        {"type": "start"},
+        it(1, 800_000, 0.1),
+        it(2, 800_000, 0.1),
+        it(3, 800_000, 0.1),
+        {"type": "eval", "iter": 3, "elapsed_s": 1.5, "accuracy": 0.5},
+        {"type": "eval", "iter": 6, "elapsed_s": 3.0, "accuracy": 0.92 if reached else 0.6},
+        {
+            "type": "end",
+            "reached_target": reached,
+            "tta_s": 3.0 if reached else None,
+            "iters": 6,
+            "startup_s": 9.0,
+            "tcp": {
+                "address": "10.0.0.1",
+                "peers": {
+                    "10.0.0.2": {
+                        "bytes_acked": 10_000_000,
+                        "busy_us": 1_000_000,
+                        "bytes_retrans": 10_000,
+                        "rwnd_limited_us": 100_000,
+                        "bytes_sent": 10_010_000,
+                        "segs_out": 6_000,
+                        "options": 1,
+                    }
+                },
+            },
+        },
+    ]
+    r1 = [
+        it(1, 400_000, 0.1),
+        it(2, 400_000, 0.1),
+        it(3, 400_000, 0.1),
+        # stopped before its end: its last evaluation has the counters
+        {
+            "type": "eval",
+            "iter": 3,
+            "elapsed_s": 1.5,
+            "accuracy": 0.5,
+            "tcp": {
+                "address": "10.0.0.2",
+                "peers": {
+                    "10.0.0.1": {
+                        "bytes_acked": 9_600_000,
+                        "busy_us": 2_000_000,
+                        "bytes_sent": 9_600_000,
+                        "segs_out": 10_000,
+                        "options": 0,
+                    },
+                    "10.0.0.9": {"bytes_acked": 1, "busy_us": 1},
+                },
+            },
+        },
+    ]
+    return {
+        "name": "heavy.r0",
+        "state": "finished",
+        "reason": "",
+        "collective": "ring",
+        "tasks": ["w0", "w1"],
+        "workload": {"model": "mlp-large"},
+        "jct_s": 20.0,
+        "events": [],
+        "records": {"heavy.r0-w0-a1": r0, "heavy.r0-w1-a1": r1},
+        "attempts": [
+            {
+                "number": 1,
+                "placement": {"w0": "a", "w1": "b"},
+                "workers": {"w0": "heavy.r0-w0-a1", "w1": "heavy.r0-w1-a1"},
+                "predicted_iteration_s": 0.1,
+                "decision_s": 0.002,
+                "flows": [
+                    {
+                        "src": "w0",
+                        "dst": "w1",
+                        "src_node": "a",
+                        "dst_node": "b",
+                        "path": ["a", "s1", "b"],
+                        "rate_mbps": 80.0,
+                    },
+                    {
+                        "src": "w1",
+                        "dst": "w0",
+                        "src_node": "b",
+                        "dst_node": "a",
+                        "path": ["b", "s1", "a"],
+                        "rate_mbps": 40.0,
+                    },
+                ],
+            }
+        ],
+    }
 
 
 def test_job_row():
@@ -66,8 +140,7 @@ def test_job_row():
     assert row["job"] == "heavy" and row["seed"] == 2 and row["state"] == "finished"
     assert row["reached_target"] and row["tta_s"] == 3.0 and row["final_accuracy"] == 0.92
     assert row["placement"] == {"w0": "a", "w1": "b"} and row["jct_s"] == 20.0
-    assert [f["measured_mbps"] for f in row["flows"]] == [pytest.approx(64.0),
-                                                          pytest.approx(32.0)]
+    assert [f["measured_mbps"] for f in row["flows"]] == [pytest.approx(64.0), pytest.approx(32.0)]
     # the kernel's counters of the connection to the receiver's address
     w0_w1, w1_w0 = row["flows"]
     assert w0_w1["tcp_mbps"] == pytest.approx(80.0) and w1_w0["tcp_mbps"] == pytest.approx(38.4)
@@ -88,21 +161,52 @@ def results() -> dict:
         row = rows.job_row(scheduler, seed, "heavy", view(tta is not None), timed_out=False)
         row["tta_s"] = tta
         row["jct_s"] = None if tta is None else tta + 5.0  # queued 5 s; unfinished: the timeout
-        light = {**row, "job": "light", "flows": [], "tta_s": 1.0, "reached_target": True,
-                 "jct_s": 10.0}
-        return {"scheduler": scheduler, "seed": seed, "wall_s": 30.0, "jobs": [row, light],
-                "links": {"t": [0.0, 2.0, 4.0], "mbps": {"a>s1": [0.0, 60.0, None], "lab3>acc1": [40.0, None, 50.0]},
-                          "capacity_mbps": {"a>s1": 100.0, "lab3>acc1": 100.0}}}
-    return {"version": 1, "topology": "campus", "schedulers": ["ces-ppo", "k8s-spread"],
-            "seeds": 2, "machine": {"cores": 2, "loadavg": [0.5, 0.5, 0.5]},
-            "scenario": {"name": "t", "timeout_s": 100.0, "description": "",
-                         "jobs": [{"name": "heavy", "model_params": 2_000_000},
-                                  {"name": "light", "model_params": 100_000,
-                                   "target_accuracy": 0.9}]},
-            "background": [{"src": "lab3", "dst": "srv3", "mbps": 50, "path": ["acc1"]}],
-            "wall_s": 123.0, "bringup_s": 10.0, "teardown_s": 3.0,
-            "runs": [run_("ces-ppo", 0, 30.0), run_("ces-ppo", 1, 50.0),
-                     run_("k8s-spread", 0, 80.0), run_("k8s-spread", 1, None)]}
+        light = {
+            **row,
+            "job": "light",
+            "flows": [],
+            "tta_s": 1.0,
+            "reached_target": True,
+            "jct_s": 10.0,
+        }
+        return {
+            "scheduler": scheduler,
+            "seed": seed,
+            "wall_s": 30.0,
+            "jobs": [row, light],
+            "links": {
+                "t": [0.0, 2.0, 4.0],
+                "mbps": {"a>s1": [0.0, 60.0, None], "lab3>acc1": [40.0, None, 50.0]},
+                "capacity_mbps": {"a>s1": 100.0, "lab3>acc1": 100.0},
+            },
+        }
+
+    return {
+        "version": 1,
+        "topology": "campus",
+        "schedulers": ["ces-ppo", "k8s-spread"],
+        "seeds": 2,
+        "machine": {"cores": 2, "loadavg": [0.5, 0.5, 0.5]},
+        "scenario": {
+            "name": "t",
+            "timeout_s": 100.0,
+            "description": "",
+            "jobs": [
+                {"name": "heavy", "model_params": 2_000_000},
+                {"name": "light", "model_params": 100_000, "target_accuracy": 0.9},
+            ],
+        },
+        "background": [{"src": "lab3", "dst": "srv3", "mbps": 50, "path": ["acc1"]}],
+        "wall_s": 123.0,
+        "bringup_s": 10.0,
+        "teardown_s": 3.0,
+        "runs": [
+            run_("ces-ppo", 0, 30.0),
+            run_("ces-ppo", 1, 50.0),
+            run_("k8s-spread", 0, 80.0),
+            run_("k8s-spread", 1, None),
+        ],
+    }
 
 
 def test_summary_and_csv(tmp_path: Path):
@@ -142,8 +246,12 @@ def test_best_effort_flows_have_no_grant_and_adjustments_are_timed():
     assert report.rate_ratios(row) == [] and report.binding_flows(row) == []
     adjusted = view(True)
     adjusted["attempts"][0]["adjustments"] = [{"at": 1003.5, "links": ["s1>s2"], "flows": ""}]
-    run = {"scheduler": "ces-ppo", "seed": 0, "background_started_at": {"lab3->srv3": 1001.0},
-           "jobs": [rows.job_row("ces-ppo", 0, "heavy", adjusted, timed_out=False)]}
+    run = {
+        "scheduler": "ces-ppo",
+        "seed": 0,
+        "background_started_at": {"lab3->srv3": 1001.0},
+        "jobs": [rows.job_row("ces-ppo", 0, "heavy", adjusted, timed_out=False)],
+    }
     assert report.reaction_times({"runs": [run]}) == {"ces-ppo": [pytest.approx(2.5)]}
     assert report.network_blind_best_effort("k8s-spread")
     assert not report.network_blind_best_effort("k8s-spread/ces")
@@ -153,14 +261,21 @@ def test_best_effort_flows_have_no_grant_and_adjustments_are_timed():
 def test_figures_are_made_from_the_json(tmp_path: Path):
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results()))
-    done = subprocess.run([sys.executable, str(REPO / "experiments" / "plots.py"), str(path)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "plots.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     for name in plots.FIGURES:
         png = tmp_path / f"{name}.png"
         assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
-    bad = subprocess.run([sys.executable, str(REPO / "experiments" / "plots.py"),
-                          str(tmp_path / "missing.json")], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "plots.py"), str(tmp_path / "missing.json")],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "missing.json" in bad.stderr
 
 
@@ -176,8 +291,11 @@ def test_a_flows_rate_is_the_time_weighted_mean_of_what_was_installed():
     att = v["attempts"][-1]
     att.update(started_at=0.0, ended_at=10.0, installed=[[0.0, {"w0>w1": 160.0, "w1>w0": 40.0}]])
     w0_w1, w1_w0 = rows.job_row("ces-ppo", 0, "heavy", v, timed_out=False)["flows"]
-    assert (w0_w1["granted_mbps"], w0_w1["rate_mbps"], w0_w1["rate_max_mbps"]) == \
-        (80.0, 160.0, 160.0)
+    assert (w0_w1["granted_mbps"], w0_w1["rate_mbps"], w0_w1["rate_max_mbps"]) == (
+        80.0,
+        160.0,
+        160.0,
+    )
     assert (w1_w0["granted_mbps"], w1_w0["rate_mbps"]) == (40.0, 40.0)
 
 
@@ -198,14 +316,20 @@ def test_wire_ratio_weighs_each_interval_by_the_time_its_socket_was_busy():
     wire where 2 × 40 + 8 × 80 = 720 were let through (0.989). Against the whole run's mean (60)
     the 71.2 Mbit/s it sent while busy would read 1.19."""
     history = [[100.0, {"f": 40.0}], [110.0, {"f": 80.0}]]
-    sender = [{"type": "data", "clock_start": 100.0},
-              snapshot("eval", 10.0, 2.0, 72.0), snapshot("end", 20.0, 10.0, 712.0)]
-    assert rows.wire_ratio(sender, "10.0.0.2", history, "f") == (pytest.approx(712 / 720, abs=1e-4),
-                                                                10.0)
+    sender = [
+        {"type": "data", "clock_start": 100.0},
+        snapshot("eval", 10.0, 2.0, 72.0),
+        snapshot("end", 20.0, 10.0, 712.0),
+    ]
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f") == (
+        pytest.approx(712 / 720, abs=1e-4),
+        10.0,
+    )
     # an interval whose counters went back (another connection took over) is left out
     reset = [sender[0], sender[1], snapshot("eval", 15.0, 1.0, 10.0), sender[2]]
     assert rows.wire_ratio(reset, "10.0.0.2", history, "f")[0] == pytest.approx(
-        (72 + 702) / (2 * 40 + 9 * 80), abs=1e-4)
+        (72 + 702) / (2 * 40 + 9 * 80), abs=1e-4
+    )
     assert rows.wire_ratio(sender[1:], "10.0.0.2", history, "f") == (None, None)  # no clock
     assert rows.wire_ratio(sender, "10.0.0.9", history, "f") == (None, None)  # not its peer
     # no interval long enough to judge: no figure by interval (the whole run's stands)
@@ -220,10 +344,15 @@ def test_seconds_on_a_contended_link_are_not_judged_against_the_grant():
     assert rows.contended_periods(notes, "w1>w0", 130.0) == [(118.0, 130.0)]
     assert rows.contended_periods(notes, "w1>w0", None) == [(118.0, float("inf"))]
     history = [[100.0, {"f": 40.0}], [110.0, {"f": 80.0}]]
-    sender = [{"type": "data", "clock_start": 100.0},
-              snapshot("eval", 10.0, 2.0, 20.0), snapshot("end", 20.0, 10.0, 660.0)]
-    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", [(104.0, 108.0)]) == \
-        (pytest.approx(640 / 640, abs=1e-4), 8.0)
+    sender = [
+        {"type": "data", "clock_start": 100.0},
+        snapshot("eval", 10.0, 2.0, 20.0),
+        snapshot("end", 20.0, 10.0, 660.0),
+    ]
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", [(104.0, 108.0)]) == (
+        pytest.approx(640 / 640, abs=1e-4),
+        8.0,
+    )
     assert rows.wire_ratio(sender, "10.0.0.2", history, "f", [(95.0, 125.0)]) == (None, 0.0)
     # a flow whose every judged second was contended is no figure at all, not a whole-run one
     v = view(True)
@@ -231,35 +360,51 @@ def test_seconds_on_a_contended_link_are_not_judged_against_the_grant():
     att.update(started_at=0.0, ended_at=10.0, contended=[[0.0, 1.0, ["w0>w1", "w1>w0"]]])
     row = rows.job_row("ces-ppo", 0, "heavy", v, timed_out=False)
     assert [f["contended_s"] for f in row["flows"]] == [10.0, 10.0]
-    assert report.binding_flows(row) and report.rate_ratios(row) == [] and \
-        report.rate_ratios(row, "tcp_mbps") == []
+    assert (
+        report.binding_flows(row)
+        and report.rate_ratios(row) == []
+        and report.rate_ratios(row, "tcp_mbps") == []
+    )
     assert "1 of the binding flows crossed a contended link" in report.summary(
-        {"scenario": {"name": "x", "timeout_s": 60}, "topology": "t", "schedulers": ["ces-ppo"],
-         "runs": [{"scheduler": "ces-ppo", "seed": 0, "jobs": [row]}]})
+        {
+            "scenario": {"name": "x", "timeout_s": 60},
+            "topology": "t",
+            "schedulers": ["ces-ppo"],
+            "runs": [{"scheduler": "ces-ppo", "seed": 0, "jobs": [row]}],
+        }
+    )
 
 
 def test_flows_sharing_a_node_pair_are_not_held_to_their_own_grant():
     """The Network Controller enforces per node pair: a -> b carries two jobs' flows."""
     one, two = view(True), view(True)
     two["name"] = "light.r0"
-    run = [rows.job_row("ces-ppo", 0, "heavy", one, timed_out=False),
-           rows.job_row("ces-ppo", 0, "light", two, timed_out=False),
-           rows.job_row("k8s-spread", 0, "heavy", {**view(True), "attempts": [
-               {**view(True)["attempts"][0], "network": "best-effort"}]}, timed_out=False)]
+    run = [
+        rows.job_row("ces-ppo", 0, "heavy", one, timed_out=False),
+        rows.job_row("ces-ppo", 0, "light", two, timed_out=False),
+        rows.job_row(
+            "k8s-spread",
+            0,
+            "heavy",
+            {**view(True), "attempts": [{**view(True)["attempts"][0], "network": "best-effort"}]},
+            timed_out=False,
+        ),
+    ]
     rows.mark_shared_pairs(run)
     assert all(f["pair_shared"] for r in run[:2] for f in r["flows"])
     assert not any(f["pair_shared"] for f in run[2]["flows"])  # best-effort: no grant
     assert report.binding_flows(run[0]) == [] and report.rate_ratios(run[0]) == []
     alone = [rows.job_row("ces-ppo", 0, "heavy", view(True), timed_out=False)]
     rows.mark_shared_pairs(alone)
-    assert report.binding_flows(alone[0]) and not any(f["pair_shared"]
-                                                      for f in alone[0]["flows"])
+    assert report.binding_flows(alone[0]) and not any(f["pair_shared"] for f in alone[0]["flows"])
     # one after the other on the same pair: each had the pair's class to itself
     first, then = view(True), view(True)
     first["attempts"][0].update(started_at=0.0, ended_at=10.0)
     then["attempts"][0].update(started_at=10.0, ended_at=20.0)
-    apart = [rows.job_row("ces-ppo", 0, "a", first, timed_out=False),
-             rows.job_row("ces-ppo", 0, "b", then, timed_out=False)]
+    apart = [
+        rows.job_row("ces-ppo", 0, "a", first, timed_out=False),
+        rows.job_row("ces-ppo", 0, "b", then, timed_out=False),
+    ]
     rows.mark_shared_pairs(apart)
     assert not any(f["pair_shared"] for r in apart for f in r["flows"])
 
@@ -268,15 +413,23 @@ def test_a_ring_flow_is_judged_only_while_its_own_grant_paces_the_ring():
     """Installed 40 for 10 s while the ring's other flow had 60, then 80 against its 50: the ring
     ran at 50 then, and this flow waited for data — only the first interval is judged."""
     history = [[100.0, {"f": 40.0, "g": 60.0}], [110.0, {"f": 80.0, "g": 50.0}]]
-    sender = [{"type": "data", "clock_start": 100.0},
-              snapshot("eval", 10.0, 2.0, 76.0), snapshot("end", 20.0, 10.0, 476.0)]
-    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", ring=("g",)) == \
-        (pytest.approx(76 / 80, abs=1e-4), 2.0)
-    assert rows.wire_ratio(sender, "10.0.0.2", history, "f")[0] == \
-        pytest.approx(476 / 720, abs=1e-4)  # as one flow alone, the trickle would count
+    sender = [
+        {"type": "data", "clock_start": 100.0},
+        snapshot("eval", 10.0, 2.0, 76.0),
+        snapshot("end", 20.0, 10.0, 476.0),
+    ]
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f", ring=("g",)) == (
+        pytest.approx(76 / 80, abs=1e-4),
+        2.0,
+    )
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f")[0] == pytest.approx(
+        476 / 720, abs=1e-4
+    )  # as one flow alone, the trickle would count
     # the same counters as the other flow's: judged only where its own 50 paced the ring
-    assert rows.wire_ratio(sender, "10.0.0.2", history, "g", ring=("f",)) == \
-        (pytest.approx(400 / 400, abs=1e-4), 8.0)
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "g", ring=("f",)) == (
+        pytest.approx(400 / 400, abs=1e-4),
+        8.0,
+    )
 
 
 def test_results_from_before_the_network_field_are_summarised():

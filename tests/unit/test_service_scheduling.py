@@ -2,6 +2,7 @@
 checkpointed on the testbed), not even for a starving job's reservation; policies that preempt,
 resize or move running jobs are refused. The Scheduler in its own process decides as it does in
 the Master's, says why it refuses, is replaced when it dies and leaves with the Master."""
+
 from __future__ import annotations
 
 import logging
@@ -14,27 +15,32 @@ from pathlib import Path
 
 import pytest
 
+from master.scheduling import Scheduler, SchedulerProcess, UnknownAlgorithm
 from scheduler.baselines import make_algorithm
 from scheduler.jobs import custom_job, ring_job
 from scheduler.model import Cluster, Decision, Resources, Task
 from scheduler.multi import POLICIES, REALLOCATING, make_policy
-from master.scheduling import Scheduler, SchedulerProcess, UnknownAlgorithm
 from topologies import parse_topology
 
 
 def test_the_master_never_preempts_even_for_a_starving_job():
-    doc = {"switches": [{"name": "s"}], "nodes": [{"name": "n0", "cpu": 1.0, "mem_mb": 1024}],
-           "links": [{"ends": ["n0", "s"], "bw_mbps": 100.0}]}
+    doc = {
+        "switches": [{"name": "s"}],
+        "nodes": [{"name": "n0", "cpu": 1.0, "mem_mb": 1024}],
+        "links": [{"ends": ["n0", "s"], "bw_mbps": 100.0}],
+    }
     view = Cluster.from_topology(parse_topology(doc, "test"))
-    runner, starving = (custom_job(name, [Task("w0", Resources(1.0, 100))], [], compute_s=1.0,
-                                   iterations=10 ** 6) for name in ("runner", "starving"))
+    runner, starving = (
+        custom_job(name, [Task("w0", Resources(1.0, 100))], [], compute_s=1.0, iterations=10**6)
+        for name in ("runner", "starving")
+    )
     decision = Decision("runner", {"w0": "n0"}, [])
     view.allocate(runner, decision)
     sched = Scheduler("first-fit", queue="ces-multi")
-    sched.submitted(starving, at=-10 ** 7)  # waited far past any reservation threshold
-    placed, reasons = sched.round(view, "first-fit", [starving.name],
-                                  [(runner, decision, 10 ** 7)],
-                                  now=0.0)
+    sched.submitted(starving, at=-(10**7))  # waited far past any reservation threshold
+    placed, reasons = sched.round(
+        view, "first-fit", [starving.name], [(runner, decision, 10**7)], now=0.0
+    )
     assert placed == [] and "runner" in view.jobs and "starving" in reasons
 
 
@@ -46,14 +52,17 @@ def test_the_master_refuses_policies_that_preempt_resize_or_move_running_jobs(qu
 
 def test_the_reallocating_policies_are_the_ones_that_say_so():
     algorithm = make_algorithm("first-fit")
-    assert {name for name in POLICIES
-            if getattr(make_policy(name, algorithm), "reallocates", False)} == REALLOCATING
+    assert {
+        name for name in POLICIES if getattr(make_policy(name, algorithm), "reallocates", False)
+    } == REALLOCATING
 
 
 def _two_nodes() -> Cluster:
-    doc = {"switches": [{"name": "s"}],
-           "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 1024} for i in range(2)],
-           "links": [{"ends": [f"n{i}", "s"], "bw_mbps": 100.0} for i in range(2)]}
+    doc = {
+        "switches": [{"name": "s"}],
+        "nodes": [{"name": f"n{i}", "cpu": 1.0, "mem_mb": 1024} for i in range(2)],
+        "links": [{"ends": [f"n{i}", "s"], "bw_mbps": 100.0} for i in range(2)],
+    }
     return Cluster.from_topology(parse_topology(doc, "test"))
 
 
@@ -74,8 +83,9 @@ def test_a_job_that_did_not_fit_is_retried_only_once_room_was_released():
     runner = custom_job("runner", [Task("w0", Resources(1.0, 100))], [], compute_s=1.0)
     held = Decision("runner", {"w0": "n0"}, [])
     view.allocate(runner, held)
-    big = custom_job("big", [Task(f"w{i}", Resources(1.0, 100)) for i in range(2)], [],
-                     compute_s=1.0)
+    big = custom_job(
+        "big", [Task(f"w{i}", Resources(1.0, 100)) for i in range(2)], [], compute_s=1.0
+    )
     small = custom_job("small", [Task("w0", Resources(0.5, 100))], [], compute_s=1.0)
     sched = Scheduler("first-fit", queue="fifo-backfill")
     counting = _Counting(sched.policy("first-fit").algorithm)
@@ -83,16 +93,21 @@ def test_a_job_that_did_not_fit_is_retried_only_once_room_was_released():
     for job in (big, small):
         sched.submitted(job, at=0.0)
 
-    placed, reasons = sched.round(view.copy(), "first-fit", [big.name, small.name],
-                                  [(runner, held, 10.0)], now=0.0)
+    placed, reasons = sched.round(
+        view.copy(), "first-fit", [big.name, small.name], [(runner, held, 10.0)], now=0.0
+    )
     assert [p.job for p in placed] == ["small"]  # backfilled beside the runner
     assert "fits on no online node" in reasons["big"] or "more than" in reasons["big"]
     view.allocate(small, placed[0].decision)
     calls = counting.calls
     # The cluster only filled up since: the waiting job is not placed again, and says why still.
-    placed, again = sched.round(view.copy(), "first-fit", [big.name],
-                                [(runner, held, 10.0), (small, placed[0].decision, 10.0)],
-                                now=1.0)
+    placed, again = sched.round(
+        view.copy(),
+        "first-fit",
+        [big.name],
+        [(runner, held, 10.0), (small, placed[0].decision, 10.0)],
+        now=1.0,
+    )
     assert placed == [] and counting.calls == calls and again["big"] == reasons["big"]
     # Room released (both running jobs end): it is placed.
     view.release("runner")
@@ -103,8 +118,10 @@ def test_a_job_that_did_not_fit_is_retried_only_once_room_was_released():
 
 def test_a_job_that_failed_behind_one_started_in_its_round_starts_when_that_one_ends():
     view = _two_nodes()
-    first, second = (custom_job(name, [Task(f"w{i}", Resources(1.0, 100)) for i in range(2)],
-                                [], compute_s=1.0) for name in ("first", "second"))
+    first, second = (
+        custom_job(name, [Task(f"w{i}", Resources(1.0, 100)) for i in range(2)], [], compute_s=1.0)
+        for name in ("first", "second")
+    )
     sched = Scheduler("first-fit", queue="fifo-backfill")
     for job in (first, second):
         sched.submitted(job, at=0.0)
@@ -116,8 +133,7 @@ def test_a_job_that_failed_behind_one_started_in_its_round_starts_when_that_one_
 
 
 def _jobs(n: int) -> list:
-    return [ring_job(f"j{k}", 2, Resources(0.5, 100), 1e6, 10.0, compute_s=1.0)
-            for k in range(n)]
+    return [ring_job(f"j{k}", 2, Resources(0.5, 100), 1e6, 10.0, compute_s=1.0) for k in range(n)]
 
 
 def _rounds(sched, jobs: list) -> list[list[tuple[str, dict]]]:
@@ -189,13 +205,16 @@ def test_a_scheduler_process_that_died_is_replaced_and_knows_the_waiting_jobs(ca
 
 
 def test_the_scheduler_process_leaves_when_its_master_is_killed():
-    script = ("from master.scheduling import SchedulerProcess\n"
-              "s = SchedulerProcess('first-fit')\n"
-              "print(s._proc.pid, flush=True)\n"
-              "import time; time.sleep(60)\n")
+    script = (
+        "from master.scheduling import SchedulerProcess\n"
+        "s = SchedulerProcess('first-fit')\n"
+        "print(s._proc.pid, flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
     root = Path(__file__).resolve().parents[2]
-    master = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE,
-                              text=True)
+    master = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True
+    )
     try:
         pid = int(master.stdout.readline())
         assert _running(pid)

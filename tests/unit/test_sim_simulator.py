@@ -1,5 +1,6 @@
 """The simulator: rates flows really get (granted, max-min fair, scaled on a capacity drop), event
 order, progress at changing pace, node leave/join, rejection, reproducibility."""
+
 from __future__ import annotations
 
 import math
@@ -7,16 +8,22 @@ from dataclasses import replace
 
 import pytest
 
+from scheduler.arrivals import parse_arrivals
 from scheduler.baselines import make_algorithm
+from scheduler.evaluate import run_policy
 from scheduler.jobs import custom_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, LogicalFlow, Resources, Task
-from scheduler.evaluate import run_policy
 from scheduler.multi import Fifo, FifoBackfill
-from scheduler.arrivals import parse_arrivals
 from scheduler.rounds import Round, estimated_iteration_s, scale_job
-from scheduler.simulator import BackgroundFlow, LinkChange, NodeJoin, NodeLeave, SimConfig, \
-    Simulator
+from scheduler.simulator import (
+    BackgroundFlow,
+    LinkChange,
+    NodeJoin,
+    NodeLeave,
+    SimConfig,
+    Simulator,
+)
 from topologies import load_topology, parse_topology
 
 FOREVER = 1e9
@@ -27,31 +34,46 @@ def line_cluster() -> Cluster:
     makes first-fit put a 2×1-cpu job on a1 and a3."""
     nodes = ["a1", "a3", "b1", "b2", "c2", "c3"]
     at = {"a1": "s1", "b1": "s1", "b2": "s2", "c2": "s2", "a3": "s3", "c3": "s3"}
-    doc = {"switches": [{"name": s} for s in ("s1", "s2", "s3")],
-           "nodes": [{"name": n, "cpu": 1, "mem_mb": 1024} for n in nodes],
-           "links": [{"ends": ["s1", "s2"], "bw_mbps": 10}, {"ends": ["s2", "s3"], "bw_mbps": 4}]
-           + [{"ends": [n, at[n]], "bw_mbps": 1000} for n in nodes]}
+    doc = {
+        "switches": [{"name": s} for s in ("s1", "s2", "s3")],
+        "nodes": [{"name": n, "cpu": 1, "mem_mb": 1024} for n in nodes],
+        "links": [{"ends": ["s1", "s2"], "bw_mbps": 10}, {"ends": ["s2", "s3"], "bw_mbps": 4}]
+        + [{"ends": [n, at[n]], "bw_mbps": 1000} for n in nodes],
+    }
     return Cluster.from_topology(parse_topology(doc, "line"))
 
 
 def one_switch(cpus: list[float]) -> Cluster:
-    doc = {"switches": [{"name": "s"}],
-           "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": 1024} for i, c in enumerate(cpus)],
-           "links": [{"ends": [f"n{i}", "s"], "bw_mbps": 100} for i in range(len(cpus))]}
+    doc = {
+        "switches": [{"name": "s"}],
+        "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": 1024} for i, c in enumerate(cpus)],
+        "links": [{"ends": [f"n{i}", "s"], "bw_mbps": 100} for i in range(len(cpus))],
+    }
     return Cluster.from_topology(parse_topology(doc, "star"))
 
 
 def pair_job(name: str = "j", iterations: int = 100, submit: float = 0.0) -> Job:
     """Two 1-cpu workers and one flow w0 -> w1 of 1 MB per iteration."""
-    return custom_job(name, [Task("w0", Resources(1, 100)), Task("w1", Resources(1, 100))],
-                      [LogicalFlow("w0", "w1", 100.0, 1e6)], compute_s=0.1,
-                      iterations=iterations, submit_time=submit)
+    return custom_job(
+        name,
+        [Task("w0", Resources(1, 100)), Task("w1", Resources(1, 100))],
+        [LogicalFlow("w0", "w1", 100.0, 1e6)],
+        compute_s=0.1,
+        iterations=iterations,
+        submit_time=submit,
+    )
 
 
 def solo_job(name: str, submit: float = 0.0, iterations: int = 100, cpu: float = 1.0) -> Job:
     """One task, no flows; compute_s = cpu makes one iteration exactly 1 s on a speed-1 node."""
-    return custom_job(name, [Task("w0", Resources(cpu, 100))], [], compute_s=cpu,
-                      iterations=iterations, submit_time=submit)
+    return custom_job(
+        name,
+        [Task("w0", Resources(cpu, 100))],
+        [],
+        compute_s=cpu,
+        iterations=iterations,
+        submit_time=submit,
+    )
 
 
 def run(cluster: Cluster, jobs: list[Job], events=(), policy=None, **config):
@@ -70,13 +92,17 @@ A_PLACE = {"w0": "a1", "w1": "a3"}
 
 # --- rates --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("c_demand, a_rate", [(math.inf, 2.0), (1.0, 3.0)])
 def test_unmetered_job_gets_its_max_min_share(c_demand, a_rate):
     # Classic case: A crosses both links, B only s1-s2 (10), C only s2-s3 (4). Max-min: A and C
     # split 4 (2 each), B takes the 8 A leaves on s1-s2; if C only wants 1, A gets 3.
     cluster = line_cluster()
     job = pair_job()
-    bg = [BackgroundFlow(0.0, "b1", "b2", FOREVER), BackgroundFlow(0.0, "c2", "c3", FOREVER, c_demand)]
+    bg = [
+        BackgroundFlow(0.0, "b1", "b2", FOREVER),
+        BackgroundFlow(0.0, "c2", "c3", FOREVER, c_demand),
+    ]
     res = run(cluster, [job], bg, metered=False)
     js = res.jobs[0]
     assert js.decision.placement == A_PLACE and js.decision.flows[0].path == A_PATH
@@ -96,8 +122,9 @@ def test_background_flow_gets_what_the_job_leaves():
     res = run(cluster, [job], bg, metered=False)
     js = res.jobs[0]
     assert js.decision.placement == {"w0": "b1", "w1": "b2"}
-    expected = job.iterations * iteration_at(cluster, job, js.decision.placement,
-                                             ("b1", "s1", "s2", "b2"), 8.0)
+    expected = job.iterations * iteration_at(
+        cluster, job, js.decision.placement, ("b1", "s1", "s2", "b2"), 8.0
+    )
     assert js.finish == pytest.approx(expected, rel=1e-9)
 
 
@@ -127,11 +154,17 @@ def test_capacity_drop_scales_metered_flows_and_keeps_progress():
 
 def triangle_cluster(cpu: float = 1) -> Cluster:
     """a at s1, b at s2; s1 —10— s2 directly and over s3 (10 + 10)."""
-    doc = {"switches": [{"name": s} for s in ("s1", "s2", "s3")],
-           "nodes": [{"name": n, "cpu": cpu, "mem_mb": 1024} for n in ("a", "b")],
-           "links": [{"ends": ["s1", "s2"], "bw_mbps": 10}, {"ends": ["s1", "s3"], "bw_mbps": 10},
-                     {"ends": ["s3", "s2"], "bw_mbps": 10}, {"ends": ["a", "s1"], "bw_mbps": 1000},
-                     {"ends": ["b", "s2"], "bw_mbps": 1000}]}
+    doc = {
+        "switches": [{"name": s} for s in ("s1", "s2", "s3")],
+        "nodes": [{"name": n, "cpu": cpu, "mem_mb": 1024} for n in ("a", "b")],
+        "links": [
+            {"ends": ["s1", "s2"], "bw_mbps": 10},
+            {"ends": ["s1", "s3"], "bw_mbps": 10},
+            {"ends": ["s3", "s2"], "bw_mbps": 10},
+            {"ends": ["a", "s1"], "bw_mbps": 1000},
+            {"ends": ["b", "s2"], "bw_mbps": 1000},
+        ],
+    }
     return Cluster.from_topology(parse_topology(doc, "triangle"))
 
 
@@ -151,8 +184,9 @@ def test_a_shrunk_link_re_routes_enforced_jobs_unless_adjustment_is_off(adjust):
     else:  # stays, scaled down to the link's 1 Mbit/s
         slow = iteration_at(cluster, job, place, direct, 1.0)
         assert js.reroutes == 0 and js.decision.flows[0].path == direct
-        assert js.finish == pytest.approx(t_drop + (job.iterations - t_drop / full) * slow,
-                                          rel=1e-9)
+        assert js.finish == pytest.approx(
+            t_drop + (job.iterations - t_drop / full) * slow, rel=1e-9
+        )
 
 
 class Doubled(FifoBackfill):
@@ -188,6 +222,7 @@ def test_background_ending_speeds_the_job_up():
 
 # --- events -------------------------------------------------------------------------------------
 
+
 def test_completion_frees_resources_for_a_simultaneous_arrival_fifo_order():
     cluster = one_switch([1.0])
     jobs = [solo_job("first", 0.0), solo_job("second", 100.0), solo_job("early", 50.0)]
@@ -212,7 +247,10 @@ def test_strict_fifo_blocks_behind_the_head_backfill_does_not():
     cluster = one_switch([1.0])
     jobs = [solo_job("run", 0.0), solo_job("big", 1.0, cpu=1.0), solo_job("small", 2.0, cpu=0.5)]
     cluster.graph.nodes["n0"]["cpu"] = 1.5
-    fifo = {js.name: js for js in run(cluster.copy(), jobs, policy=Fifo(make_algorithm("first-fit"))).jobs}
+    fifo = {
+        js.name: js
+        for js in run(cluster.copy(), jobs, policy=Fifo(make_algorithm("first-fit"))).jobs
+    }
     back = {js.name: js for js in run(cluster.copy(), jobs).jobs}
     assert fifo["small"].first_start == pytest.approx(100.0)
     assert back["small"].first_start == pytest.approx(2.0)
@@ -228,8 +266,7 @@ def test_node_leave_requeues_the_job_with_its_progress():
 
 
 def test_node_leave_fails_the_job_when_so_configured():
-    res = run(one_switch([1.0, 1.0]), [solo_job("j")], [NodeLeave(30.0, "n0")],
-              on_node_loss="fail")
+    res = run(one_switch([1.0, 1.0]), [solo_job("j")], [NodeLeave(30.0, "n0")], on_node_loss="fail")
     assert res.jobs[0].state == "failed" and res.jobs[0].finish == pytest.approx(30.0)
 
 
@@ -265,8 +302,12 @@ def test_iterations_are_required():
 
 def test_round_holds_keep_resources_for_their_owner():
     from scheduler.rounds import JobState
+
     cluster = one_switch([1.0, 1.0])
-    owner, other = JobState(solo_job("owner"), 0, "queued"), JobState(solo_job("other"), 1, "queued")
+    owner, other = (
+        JobState(solo_job("owner"), 0, "queued"),
+        JobState(solo_job("other"), 1, "queued"),
+    )
     rnd = Round(0.0, cluster, make_algorithm("first-fit"), [owner, other], [])
     rnd.hold(owner, Decision("owner", {"w0": "n0"}, []))
     assert rnd.view(other).free("n0") == Resources(0, 924)
@@ -276,6 +317,7 @@ def test_round_holds_keep_resources_for_their_owner():
 
 
 # --- reproducibility -------------------------------------------------------------------------------
+
 
 def test_same_seed_same_run_different_seed_different_run():
     cluster = Cluster.from_topology(load_topology("campus"))
@@ -293,6 +335,7 @@ def test_nominal_iteration_uses_speed_one_and_demanded_rates():
     job = pair_job()
     # compute 0.1 s on 1 core + 1 MB at 100 Mbit/s × efficiency, plus one collective step.
     from scheduler.perfmodel import IterationModel
+
     m = IterationModel()
     comm = 1e6 * 8 / (min(100 * m.efficiency, m.max_rate_mbps) * 1e6) + 2 * m.per_message_latency_s
     assert estimated_iteration_s(job) == pytest.approx(0.1 + comm)
@@ -304,8 +347,12 @@ def test_balance_and_utilisation_are_time_averages_over_online_nodes():
     u = (1.0 + 100 / 1024) / 2  # Ū_n of the busy node: mean of its cpu and memory shares
     res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=100)], restart_overhead_s=0.0)
     assert res.balance_std == pytest.approx(u / 2) and res.utilisation == pytest.approx(u / 2)
-    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=200)], [NodeLeave(100.0, "n0")],
-              restart_overhead_s=0.0)
+    res = run(
+        one_switch([1.0, 1.0]),
+        [solo_job("j", iterations=200)],
+        [NodeLeave(100.0, "n0")],
+        restart_overhead_s=0.0,
+    )
     assert res.end_time == pytest.approx(200.0)
     # first half: two online nodes (std u/2, mean u/2); second half: n1 alone (std 0, mean u)
     assert res.balance_std == pytest.approx((u / 2) / 2)
@@ -315,8 +362,10 @@ def test_balance_and_utilisation_are_time_averages_over_online_nodes():
 def test_balance_while_jobs_arrive_stops_at_the_last_arrival():
     # j runs on n0 from 0 to 200 s; k arrives at 100 s and runs on n1 to 200 s.
     u = (1.0 + 100 / 1024) / 2
-    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=200),
-                                       solo_job("k", submit=100.0, iterations=100)])
+    res = run(
+        one_switch([1.0, 1.0]),
+        [solo_job("j", iterations=200), solo_job("k", submit=100.0, iterations=100)],
+    )
     assert res.end_time == pytest.approx(200.0)
     assert res.balance_std_arrivals == pytest.approx(u / 2)  # [0, 100]: n0 busy, n1 idle
     assert res.balance_std == pytest.approx(u / 4)  # then both busy: std 0
@@ -329,8 +378,11 @@ def test_balance_while_jobs_wait_covers_only_the_time_with_a_queue():
     # j runs on n0 from 0 to 300 s, k on n1 from 0 to 100 s; l waits for k and runs on n1 from
     # 100 to 200 s. Queued only in [0, 100), both nodes busy (std 0); in [200, 300) n0 runs alone.
     u = (1.0 + 100 / 1024) / 2
-    res = run(one_switch([1.0, 1.0]), [solo_job("j", iterations=300), solo_job("k"),
-                                       solo_job("l", submit=1.0)], restart_overhead_s=0.0)
+    res = run(
+        one_switch([1.0, 1.0]),
+        [solo_job("j", iterations=300), solo_job("k"), solo_job("l", submit=1.0)],
+        restart_overhead_s=0.0,
+    )
     assert res.end_time == pytest.approx(300.0)
     assert res.queued_share == pytest.approx(99 / 300)
     assert res.balance_std_queued == pytest.approx(0.0)
@@ -343,10 +395,13 @@ def test_balance_while_jobs_wait_covers_only_the_time_with_a_queue():
 
 def test_a_hold_lets_jobs_done_before_its_owner_starts_backfill():
     from scheduler.rounds import JobState
+
     cluster = one_switch([1.0])
     owner = JobState(solo_job("owner"), 0, "queued")
-    short, long = JobState(solo_job("short", iterations=50), 1, "queued"), \
-        JobState(solo_job("long", iterations=500), 2, "queued")
+    short, long = (
+        JobState(solo_job("short", iterations=50), 1, "queued"),
+        JobState(solo_job("long", iterations=500), 2, "queued"),
+    )
     rnd = Round(0.0, cluster, make_algorithm("first-fit"), [owner, long, short], [])
     rnd.hold(owner, Decision("owner", {"w0": "n0"}, []), until=60.0)  # owner expected at 60 s
     assert rnd.try_place(long) is None  # 500 s: would delay the owner

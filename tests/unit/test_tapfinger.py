@@ -2,6 +2,7 @@
 arbiter's posterior on a tiny case, losers left out of the loss, its own setting and baselines,
 the CES policy in the simulator (every job it admits passes the masks on an idle cluster, where
 the agents start one), the training command (smoke) and its checkpoint."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,9 +56,15 @@ def test_the_arbiter_weighs_the_selection_probability_by_available_over_required
 def two_agents_one_task() -> Obs:
     masks = np.zeros((2, 1, 3), bool)
     masks[..., :2] = True  # wait or cell 1
-    return Obs(np.ones((2, 2), np.float32), np.ones((1, 2), np.float32),
-               np.zeros((0, 2), np.float32), np.zeros((2, 0), int), np.zeros((2, 1), int),
-               masks, np.array([[1.0], [3.0]]))
+    return Obs(
+        np.ones((2, 2), np.float32),
+        np.ones((1, 2), np.float32),
+        np.zeros((0, 2), np.float32),
+        np.zeros((2, 0), int),
+        np.zeros((2, 1), int),
+        masks,
+        np.array([[1.0], [3.0]]),
+    )
 
 
 def test_a_conflict_has_one_winner_and_the_losers_log_probabilities_leave_the_loss():
@@ -72,12 +79,10 @@ def test_a_conflict_has_one_winner_and_the_losers_log_probabilities_leave_the_lo
     hp = mappo.Hyper()
     adv = np.array([1.0, -2.0])
     base = mappo.ppo_loss(net, [(obs, step, adv, np.zeros(2))], 0.0, 1.0, hp)
-    changed = mappo.ppo_loss(net, [(obs, step, np.array([50.0, -2.0]), np.zeros(2))], 0.0,
-                             1.0, hp)
+    changed = mappo.ppo_loss(net, [(obs, step, np.array([50.0, -2.0]), np.zeros(2))], 0.0, 1.0, hp)
     assert base.item() == pytest.approx(changed.item())  # the loser's advantage does not count
     changed = mappo.ppo_loss(net, [(obs, step, np.array([1.0, 5.0]), np.zeros(2))], 0.0, 1.0, hp)
     assert base.item() != pytest.approx(changed.item())  # the winner's does
-
 
 
 def test_training_keeps_the_weights_that_validated_best():
@@ -91,12 +96,12 @@ def test_training_keeps_the_weights_that_validated_best():
         seen.append({k: v.clone() for k, v in n.state_dict().items()})
         return next(scores)
 
-    summary = mappo.train(net, mappo.paper_episodes(net, hp, rng), 2, hp, lambda _: None,
-                          validate)
+    summary = mappo.train(net, mappo.paper_episodes(net, hp, rng), 2, hp, lambda _: None, validate)
     assert summary["kept_after_episodes"] == 1 and summary["validation"] == 3.0
     final = net.state_dict()
     assert all(torch.equal(final[k], seen[1][k]) for k in final)
     assert any(not torch.equal(seen[1][k], seen[2][k]) for k in final)  # episode 2 did train
+
 
 def test_speed_functions_and_the_baselines_in_the_paper_setting():
     assert paper.speed(0, np.array([1, 4]), 0.0) == 0.0  # below the minimum
@@ -114,9 +119,11 @@ def test_speed_functions_and_the_baselines_in_the_paper_setting():
 
 
 def cluster_of(cpus: list[float], mem_mb: int = 1024, bw: float = 100.0) -> Cluster:
-    doc = {"switches": [{"name": "s"}],
-           "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": mem_mb} for i, c in enumerate(cpus)],
-           "links": [{"ends": [f"n{i}", "s"], "bw_mbps": bw} for i in range(len(cpus))]}
+    doc = {
+        "switches": [{"name": "s"}],
+        "nodes": [{"name": f"n{i}", "cpu": c, "mem_mb": mem_mb} for i, c in enumerate(cpus)],
+        "links": [{"ends": [f"n{i}", "s"], "bw_mbps": bw} for i in range(len(cpus))],
+    }
     return Cluster.from_topology(parse_topology(doc, "test"))
 
 
@@ -124,13 +131,16 @@ def test_the_ces_masks_by_share_bandwidth_memory_and_online_nodes():
     cluster = cluster_of([1.0, 0.5, 4.0, 4.0], mem_mb=1024)
     cluster.offline.add("n3")
     ring = ring_job("r", 2, Resources(0.25, 100), 1e6, 40.0, compute_s=0.25, iterations=10)
-    solo = custom_job("s", [Task("w0", Resources(0.25, 2000))], [], compute_s=0.25,
-                      iterations=10)
-    rnd = Round(0.0, cluster, make_algorithm("first-fit"),
-                [JobState(ring, 0, "queued"), JobState(solo, 1, "queued")], [])
-    obs, jobs = policy.observe(rnd, cluster.compute_nodes())
-    shares = lambda i, s: {policy.cell_share(c) for c in  # noqa: E731
-                           np.flatnonzero(obs.masks[i, s][1:]) + 1}
+    solo = custom_job("s", [Task("w0", Resources(0.25, 2000))], [], compute_s=0.25, iterations=10)
+    rnd = Round(
+        0.0,
+        cluster,
+        make_algorithm("first-fit"),
+        [JobState(ring, 0, "queued"), JobState(solo, 1, "queued")],
+        [],
+    )
+    obs, _jobs = policy.observe(rnd, cluster.compute_nodes())
+    shares = lambda i, s: {policy.cell_share(c) for c in np.flatnonzero(obs.masks[i, s][1:]) + 1}
     # ring: a task's flows leave at 40 Mbit/s; every bandwidth level fits a 100 Mbit/s link
     assert shares(0, 0) == {(c, b) for c in (1.0, 1.5, 2.0, 3.0) for b in policy.BW_LEVELS}
     assert shares(1, 0) == {(c, b) for c in (1.0, 1.5, 2.0) for b in policy.BW_LEVELS}
@@ -142,10 +152,20 @@ def test_the_ces_masks_by_share_bandwidth_memory_and_online_nodes():
 def test_the_ces_policy_runs_in_the_simulator_and_grants_what_it_chose():
     torch.manual_seed(0)
     net = mappo.build(policy.DIMS, policy.GRID, mappo.Hyper())
-    agent = policy.TapFinger(make_algorithm("first-fit"), net, greedy=False, seed=1,
-                             recorder=policy.Recorder())
-    jobs = [custom_job(f"j{i}", [Task("w0", Resources(0.25, 100))], [], compute_s=0.25,
-                       iterations=50, submit_time=10.0 * i) for i in range(6)]
+    agent = policy.TapFinger(
+        make_algorithm("first-fit"), net, greedy=False, seed=1, recorder=policy.Recorder()
+    )
+    jobs = [
+        custom_job(
+            f"j{i}",
+            [Task("w0", Resources(0.25, 100))],
+            [],
+            compute_s=0.25,
+            iterations=50,
+            submit_time=10.0 * i,
+        )
+        for i in range(6)
+    ]
     result = Simulator(cluster_of([1.0, 1.0]), agent).run(jobs)
     assert all(js.state == "finished" for js in result.jobs)
     for js in result.jobs:  # a job at share s runs an iteration in 1 / s seconds
@@ -184,8 +204,19 @@ def test_a_job_asking_more_than_every_access_link_carries_still_starts():
     rnd = Round(0.0, cluster, make_algorithm("first-fit"), [JobState(fat, 0, "queued")], [])
     obs, _ = policy.observe(rnd, cluster.compute_nodes())
     assert obs.masks[:, 0, 1:].any(-1).all()  # on idle links every bandwidth level fits
-    jobs = [ring_job(f"j{i}", 2, Resources(0.75, 100), 1e8, 1000.0, compute_s=0.25,
-                     iterations=20, submit_time=5.0 * i) for i in range(3)]
+    jobs = [
+        ring_job(
+            f"j{i}",
+            2,
+            Resources(0.75, 100),
+            1e8,
+            1000.0,
+            compute_s=0.25,
+            iterations=20,
+            submit_time=5.0 * i,
+        )
+        for i in range(3)
+    ]
     agent = policy.TapFinger(make_algorithm("first-fit"), biased_net({}), seed=1)
     result = Simulator(cluster, agent).run(jobs)
     assert [js.state for js in result.jobs] == ["finished"] * 3
@@ -202,16 +233,31 @@ def refusing_more_cpu_than_asked(asked: float):
             if job.tasks[0].demand.cpu > asked + 1e-9:
                 raise CannotPlace("more cpu than asked")
             return first_fit.place(cluster, job)
+
     return Refusing()
 
 
-@pytest.mark.parametrize("cells", [{0: 20.0},  # the agents would wait whenever allowed
-                                   {10: 20.0, 11: 20.0, 12: 20.0}])  # try share 3, which fails
+@pytest.mark.parametrize(
+    "cells",
+    [
+        {0: 20.0},  # the agents would wait whenever allowed
+        {10: 20.0, 11: 20.0, 12: 20.0},
+    ],
+)  # try share 3, which fails
 def test_an_idle_cluster_with_a_feasible_job_always_starts_one(cells):
     # Each job arrives on an idle cluster: a round that ends there without a start leaves it
     # queued until some later event, and after the last arrival there is none.
-    jobs = [custom_job(f"j{i}", [Task("w0", Resources(0.25, 100))], [], compute_s=0.25,
-                       iterations=20, submit_time=1000.0 * i) for i in range(3)]
+    jobs = [
+        custom_job(
+            f"j{i}",
+            [Task("w0", Resources(0.25, 100))],
+            [],
+            compute_s=0.25,
+            iterations=20,
+            submit_time=1000.0 * i,
+        )
+        for i in range(3)
+    ]
     agent = policy.TapFinger(refusing_more_cpu_than_asked(0.25), biased_net(cells), seed=1)
     result = Simulator(cluster_of([1.0, 1.0]), agent).run(jobs)
     assert [js.state for js in result.jobs] == ["finished"] * 3
@@ -221,8 +267,11 @@ def test_every_job_the_simulator_admits_passes_the_masks_on_the_idle_cluster():
     # fattree's access links carry 200 Mbit/s; the mix asks up to 1000 Mbit/s per flow
     cluster = Cluster.from_topology(load_topology("fattree"))
     scenario = make_scenario(parse_arrivals("bursty:n=150,load=0.7"), cluster, 0)
-    admitted = [JobState(job, i, "queued") for i, job in enumerate(scenario.jobs)
-                if packable(cluster, job, budget=20_000) is not False]
+    admitted = [
+        JobState(job, i, "queued")
+        for i, job in enumerate(scenario.jobs)
+        if packable(cluster, job, budget=20_000) is not False
+    ]
     assert admitted
     for js in admitted:
         obs, _ = policy.observe(Round(0.0, cluster, None, [js], []), cluster.compute_nodes())

