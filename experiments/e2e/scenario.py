@@ -217,7 +217,9 @@ class Plan:
 
 
 def scenario_path(args: argparse.Namespace) -> Path:
-    """The scenario file `--scenario`/`--quick` name (default: contention)."""
+    """The scenario file `--scenario`/`--quick` name (default: contention); both is an error."""
+    if args.scenario and args.quick:
+        raise ScenarioError("--quick and --scenario each name a scenario: give one")
     return (
         Path(args.scenario)
         if args.scenario

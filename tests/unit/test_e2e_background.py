@@ -102,6 +102,15 @@ def test_a_scenario_names_the_job_the_tenant_follows(tmp_path: Path):
             plan(_plan(tmp_path, bad))
 
 
+def test_quick_with_a_scenario_file_is_refused_not_ignored(tmp_path: Path):
+    args = _plan(tmp_path, "{src: lab3, dst: srv3, mbps: 20, along: light, start_s: 0}")
+    args.quick = True  # run.py prints the one line and exits 2
+    with pytest.raises(
+        ScenarioError, match=r"^--quick and --scenario each name a scenario: give one$"
+    ):
+        plan(args)
+
+
 @pytest.mark.parametrize("topo", ["campus", "ring", "fattree", "star", "gen:internet:12:1"])
 def test_the_default_scenario_spreads_its_jobs_on_every_topology(topo, tmp_path: Path):
     """`spread: true`: on any topology no node holds a whole job and all three run at once."""
