@@ -223,11 +223,6 @@ def _token_tar(token: str) -> bytes:
     return buf.getvalue()
 
 
-def agent_logs(remote: Remote, prefix: str, node: str, lines: int = 20) -> str:
-    _, out, err = remote.run(f"docker logs --tail {lines} {agent_name(prefix, node)}")
-    return out + err
-
-
 def start_tool(
     remote: Remote,
     facts: Facts,
