@@ -104,6 +104,7 @@ def _iface_ip(iface: str, pid: int | None) -> str:
 def _capacity(cfg: AgentConfig, parent: str) -> tuple[float, float]:
     if cfg.cpu and cfg.mem_mb:
         return cfg.cpu, cfg.mem_mb
+    mem: float  # MiB: the cgroup's limit in whole MiB, or the host's memory
     if parent:
         cpu, mem = cgroups.limits(parent)
     else:

@@ -80,10 +80,10 @@ def limits(parent: str) -> tuple[float, int]:
         mem = (d / "memory.max").read_text().strip()
         return cpu, (1 << 62) if mem == "max" else int(mem) // (1024 * 1024)
     cpu_dir, mem_dir = _dirs(parent)
-    quota = int((cpu_dir / "cpu.cfs_quota_us").read_text())
-    period = int((cpu_dir / "cpu.cfs_period_us").read_text())
-    mem = int((mem_dir / "memory.limit_in_bytes").read_text())
-    return (float("inf") if quota < 0 else quota / period), mem // (1024 * 1024)
+    quota_us = int((cpu_dir / "cpu.cfs_quota_us").read_text())
+    period_us = int((cpu_dir / "cpu.cfs_period_us").read_text())
+    limit = int((mem_dir / "memory.limit_in_bytes").read_text())
+    return (float("inf") if quota_us < 0 else quota_us / period_us), limit // (1024 * 1024)
 
 
 def remove(parent: str) -> None:

@@ -17,19 +17,60 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sized
+from typing import Protocol
 
 import docker.errors
 
 from protocol.http import ApiError, JsonApp, Unreachable, call
-from protocol.messages import Heartbeat, Registration, ShapingRule, WorkerSpec, from_json, to_json
+from protocol.messages import (
+    Heartbeat,
+    Registration,
+    ShapingRule,
+    Usage,
+    WorkerSpec,
+    WorkerState,
+    from_json,
+    to_json,
+)
 
-from .compute import ComputeManager
-from .network import NetworkManager, ShapingError, UsageMeter
+from .network import ShapingError
 
 log = logging.getLogger(__name__)
 # A worker's name becomes part of its container's name and of its metric file's name.
 WORKER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class Compute(Protocol):
+    """What the Messenger asks of the Compute Manager: `compute.ComputeManager`, or the simulated
+    agent's `simulated.SimulatedCompute`."""
+
+    on_change: Callable[[], None]  # set by the Messenger: a worker ended, heartbeat at once
+
+    @property
+    def workers(self) -> Sized: ...  # counted by GET /health
+
+    def start(self, spec: WorkerSpec) -> WorkerState: ...
+
+    def stop(self, name: str) -> bool: ...
+
+    def states(self) -> list[WorkerState]: ...
+
+    def take_records(self) -> list[dict]: ...
+
+    def reconcile(self, expected: list[str], held: dict[str, int] | None = None) -> None: ...
+
+
+class Network(Protocol):
+    """What it asks of the Network Manager: `network.NetworkManager`, or `SimulatedNetwork`."""
+
+    def apply(self, rules: list[ShapingRule]) -> dict: ...
+
+
+class Meter(Protocol):
+    """What it asks of the usage meter: `network.UsageMeter`, or an idle node's."""
+
+    def sample(self) -> Usage: ...
 
 
 # Each wait between heartbeats is drawn in heartbeat_s × [1 - JITTER, 1 + JITTER]: agents started
@@ -47,9 +88,9 @@ class Messenger:
         self,
         reg: Registration,
         master: str,
-        compute: ComputeManager,
-        network: NetworkManager,
-        usage: UsageMeter,
+        compute: Compute,
+        network: Network,
+        usage: Meter,
         heartbeat_s: float = 2.0,
         token: str | None = None,
         gone: Callable[[], str] = lambda: "",

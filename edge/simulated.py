@@ -10,6 +10,7 @@ exited; `stop()` silences the agent as a killed one would be.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol.http import JsonApp, Server
@@ -25,8 +26,12 @@ class SimulatedCompute:
     workers: dict[str, WorkerState] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)  # every worker ever started
     records: list[dict] = field(default_factory=list)
-    on_change: object = None  # set by the Messenger: wake it up
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        # Set by the Messenger: wake it up. Not a field: mypy reads a callable field as a
+        # method, which the Messenger's `Compute` protocol could not set.
+        self.on_change: Callable[[], None] = lambda: None
 
     def start(self, spec: WorkerSpec) -> WorkerState:
         with self.lock:
@@ -66,8 +71,7 @@ class SimulatedCompute:
             w = self.workers[name]
             self.records += [{**line, "worker": name} for line in lines or []]
             self.workers[name] = WorkerState(name, w.job, w.task, "exited", exit_code, detail)
-        if self.on_change:
-            self.on_change()
+        self.on_change()
 
 
 @dataclass

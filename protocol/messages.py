@@ -125,7 +125,7 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a message class, not an instance
         return _build(tp, value, where)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
