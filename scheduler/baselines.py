@@ -284,13 +284,14 @@ class NetworkAware(TaskPlacer):
 
     def choose(self, st, d, task, fits):
         placement = st.placement
-        # (peer node, demand, flow goes towards the new task?) for flows to placed peers
+        # (peer node, demand, inward: the flow goes into the peer) for flows to and from
+        # placed peers
         peer_flows = [
-            (placement[f.dst], f.demand_mbps, False)
+            (placement[f.dst], f.demand_mbps, True)
             for f in st.job.flows
             if f.src == task.name and f.dst in placement
         ] + [
-            (placement[f.src], f.demand_mbps, True)
+            (placement[f.src], f.demand_mbps, False)
             for f in st.job.flows
             if f.dst == task.name and f.src in placement
         ]
@@ -302,11 +303,10 @@ class NetworkAware(TaskPlacer):
                 np.array([lay.index[n] for n in st.nodes], np.int64),
             )
         lay, res, at = st.memo["layout"]
-        # hops from the new node to a peer: against the flow's direction
         blocked, cost = flow_hops(
             lay,
             res,
-            [(lay.index[node], demand, not to_new) for node, demand, to_new in peer_flows],
+            [(lay.index[node], demand, inward) for node, demand, inward in peer_flows],
             st.memo,
         )
         # the smallest (blocked, demand-weighted hops, most CPU free first) among the candidates

@@ -29,7 +29,6 @@ machine table, background load, and jobs of every size — half of them jobs no 
 from __future__ import annotations
 
 import copy
-import heapq
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +51,7 @@ from .instances import (
     random_topology,
     spread_jobs,
 )
-from .layout import capacities, flow_hops, layout, reservations, shortest_tree
+from .layout import capacities, flow_hops, layout, reservations, shortest_tree, widths
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
 from .model import EPS, CannotPlace, Cluster, Decision, Job, LogicalFlow
 from .paths import route_placement
@@ -109,7 +108,7 @@ class PlacementEpisode:
         self.has_res = self.capacity > 0
         self.saturated = bool((self.residual <= EPS).any())
         self._comp: np.ndarray | None = None
-        self._bottleneck: dict[tuple[int, bool], np.ndarray] = {}
+        self._bottleneck_of: dict[tuple[int, bool], np.ndarray] = {}  # `_bottleneck`
         self._tight: dict[tuple[int, float, bool], np.ndarray] = {}  # `flow_hops`' searches
 
         self.order = [t.name for t in placement_order(job)]
@@ -213,9 +212,10 @@ class PlacementEpisode:
         fits &= self._room_for_the_rest(free_now, demand, fits, zone)
         peers = self._peer_flows(name)
         if peers and self.saturated and not self.strongly_connected_job:  # else `_zone` did
-            for _, peer, outward in peers:
+            res = self.residual.tolist()
+            for _, peer, inward in peers:
                 pv = self.placement[peer]
-                ok = self._max_min(pv, not outward) > EPS
+                ok = np.array(widths(self.layout, res, pv, inward)) > EPS
                 ok[pv] = True  # co-location needs no path
                 fits &= ok[:n]
         x[:, 0] = fits
@@ -226,11 +226,11 @@ class PlacementEpisode:
         x[:, 4] = np.clip(np.nan_to_num(copies, posinf=remaining) / remaining, 0, 1)
         if peers:
             hops, width = np.zeros(n), np.full(n, np.inf)
-            for f, peer, outward in peers:
+            for f, peer, inward in peers:
                 pv = self.placement[peer]
                 hops += self._hops_from(pv)[:n]
                 x[pv, 5] += 1 / len(peers)
-                w = self._bottleneck_from(pv, towards=outward)[:n]
+                w = self._bottleneck(pv, inward)[:n]
                 width = np.minimum(width, w / max(f.demand_mbps, EPS))
             x[:, 6] = np.minimum(hops / len(peers) / 10, 1)
             x[:, 7] = np.minimum(width, BW_CAP) / BW_CAP
@@ -274,31 +274,33 @@ class PlacementEpisode:
 
     # --- what the features are made of ---------------------------------------------------------
     def _peer_flows(self, task: str) -> list[tuple[LogicalFlow, str, bool]]:
-        """(flow, peer task, outward from `task`) for flows to already-placed tasks."""
+        """(flow, peer task, inward: the flow goes into the peer) for `task`'s flows to and from
+        already-placed tasks. The searches behind the features start at the peer's node."""
         out = []
         for f in self.flows_of[task]:
-            peer, outward = (f.dst, True) if f.src == task else (f.src, False)
+            peer, inward = (f.dst, True) if f.src == task else (f.src, False)
             if peer in self.placement and peer != task:
-                out.append((f, peer, outward))
+                out.append((f, peer, inward))
         return out
 
     def _hops_from(self, v: int) -> np.ndarray:
-        """Hop distance from vertex v to every vertex (compute nodes do not forward)."""
+        """Hop distance from vertex v to every vertex (`layout.shortest_tree`)."""
         return shortest_tree(self.layout, v).hops
 
-    def _bottleneck_from(self, v: int, towards: bool) -> np.ndarray:
-        """The smallest residual along the shortest path between vertex v and every vertex: away
-        from v, or `towards` it (links in the other direction). inf at v, 0 where unreachable."""
-        key = (v, towards)
-        if key not in self._bottleneck:
+    def _bottleneck(self, v: int, inward: bool) -> np.ndarray:
+        """The smallest residual along the shortest path from vertex v to every vertex, or
+        `inward`, from every vertex to v (links in the other direction). inf at v, 0 where
+        unreachable."""
+        key = (v, inward)
+        if key not in self._bottleneck_of:
             tree = shortest_tree(self.layout, v)
-            links = tree.up if towards else tree.down
+            links = tree.inward if inward else tree.outward
             width = np.zeros(len(self.vertices))
             width[v] = math.inf
             for level in tree.levels:
                 width[level] = np.minimum(width[tree.parent[level]], self.residual[links[level]])
-            self._bottleneck[key] = width
-        return self._bottleneck[key]
+            self._bottleneck_of[key] = width
+        return self._bottleneck_of[key]
 
     def _guidance(self, peers: list[tuple[LogicalFlow, str, bool]]) -> np.ndarray:
         """(n_compute, GUIDE_FEATURES): what network-aware weighs when it places a task (its key,
@@ -310,7 +312,7 @@ class PlacementEpisode:
         blocked, cost = flow_hops(
             self.layout,
             self.residual,
-            [(self.placement[peer], f.demand_mbps, outward) for f, peer, outward in peers],
+            [(self.placement[peer], f.demand_mbps, inward) for f, peer, inward in peers],
             self._tight,
         )
         total = sum(f.demand_mbps for f, _, _ in peers)
@@ -318,27 +320,6 @@ class PlacementEpisode:
         out[:, 0] = blocked[:n]
         out[:, 1] = np.minimum(cost[:n] / max(total, EPS) / 10, 1)
         return out
-
-    def _max_min(self, v: int, outward: bool) -> np.ndarray:
-        """The widest path's bottleneck from (or to) vertex v to every vertex: max-min Dijkstra
-        (only where the mask needs reachability the zone cannot give)."""
-        res = self.residual.tolist()
-        width = [0.0] * len(self.vertices)
-        width[v] = math.inf
-        done = [False] * len(self.vertices)
-        heap = [(-math.inf, v)]
-        edges = self.layout.out_edges if outward else self.layout.in_edges
-        while heap:
-            w, u = heapq.heappop(heap)
-            if done[u]:
-                continue
-            done[u] = True
-            for x, e in edges[u]:
-                cand = min(-w, res[e])
-                if cand > width[x]:
-                    width[x] = cand
-                    heapq.heappush(heap, (-cand, x))
-        return np.array(width)
 
     def _zone(self, free_now: np.ndarray) -> np.ndarray:
         """Compute nodes where the job can still be completed. Every collective's logical graph
@@ -358,7 +339,9 @@ class PlacementEpisode:
         return self.online & (ok if ok.any() else True)
 
     def _components(self) -> np.ndarray:
-        """Strongly connected component id of every compute node over links with residual."""
+        """Strongly connected component id of every compute node over links with residual. A
+        path through a compute node would leave it by the link it came in on (each has exactly
+        one link: `topologies` checks it), so `layout.relays` changes none of them."""
         if self._comp is None:
             g = nx.DiGraph()
             g.add_nodes_from(range(len(self.vertices)))

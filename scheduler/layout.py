@@ -48,6 +48,14 @@ def hop_cost(link: dict) -> float:
     return 1.0 + link.get("delay_ms", 0.0) * 1e-6
 
 
+def relays(lay: Layout, v: int | np.ndarray, end: int) -> bool | np.ndarray:
+    """Whether a path one of whose ends is vertex `end` may pass through vertex v — elementwise
+    when v is an array of vertices: a switch does, and so does `end` itself (a path leaves its
+    start and enters its end); a compute node is an end host and does not forward. Every path
+    search of the scheduler asks this (here and in paths.py)."""
+    return (v >= lay.n_compute) | (v == end)
+
+
 _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -111,31 +119,28 @@ def residuals(cluster: Cluster, lay: Layout) -> np.ndarray:
 
 @dataclass
 class Tree:
-    """The breadth-first shortest-path tree from one vertex through switches (a compute node ends
-    a path). Arrays over all vertices; -1 at the root and where unreachable."""
+    """The breadth-first shortest-path tree from one vertex (`relays`). Arrays over all
+    vertices; -1 at the root and where unreachable."""
 
     parent: np.ndarray
-    down: np.ndarray  # the link parent -> vertex
-    up: np.ndarray  # the link vertex -> parent
+    outward: np.ndarray  # the link parent -> vertex (away from the root)
+    inward: np.ndarray  # the link vertex -> parent (towards the root)
     levels: list[np.ndarray]  # the vertices at 1, 2, ... hops
     hops: np.ndarray  # inf where unreachable
 
 
 def hops_over(
-    lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0, towards: bool = False
+    lay: Layout, res: np.ndarray, v: int, min_residual: float = 0.0, inward: bool = False
 ) -> np.ndarray:
-    """(V,) hops from vertex v to every vertex through switches (a compute node ends a path),
-    using only directed links with at least `min_residual` of `res` free (every link when it is
-    ≤ 0); with `towards`, hops *to* v (links taken in the reverse direction). inf where none.
+    """(V,) hops from vertex v to every vertex (`relays`), using only directed links with at
+    least `min_residual` of `res` free (every link when it is ≤ 0); `inward`, hops from every
+    vertex *to* v (links taken in the reverse direction). inf where none.
     Breadth-first, a level at a time over the link arrays (network-aware and the placement
     policy's guidance run several per decision on 1000 nodes)."""
     nv = len(lay.vertices)
-    # the links a path may take, from the end nearer v: only v and the switches forward
-    near, far = (lay.dst, lay.src) if towards else (lay.src, lay.dst)
-    forwards = np.ones(nv, bool)
-    forwards[: lay.n_compute] = False
-    forwards[v] = True
-    usable = forwards[near]
+    # a link is taken from its end nearer v, which must relay
+    near, far = (lay.dst, lay.src) if inward else (lay.src, lay.dst)
+    usable = relays(lay, near, v)
     if min_residual > 0:
         usable &= res >= min_residual - EPS
     near, far = near[usable], far[usable]
@@ -157,24 +162,25 @@ def hops_over(
 def flow_hops(
     lay: Layout, res: np.ndarray, peers: list[tuple[int, float, bool]], memo: dict
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Network-aware's measure of every vertex as the place of a task whose flows go to placed
-    peers `peers` — (peer vertex, demand, `towards` the peer): (V,) whether some flow finds no
-    path with its demand free, and (V,) the flows' hops weighted by demand, over links with the
-    demand free (over any link where there is none; inf where none at all). `memo` keeps the
-    searches (`hops_over`) for the caller's decision: the residuals do not change within it."""
+    """Network-aware's measure of every vertex as the place of a task whose flows go to or come
+    from placed peers `peers` — (peer vertex, demand, `inward`: the flow goes into the peer):
+    (V,) whether some flow finds no path with its demand free, and (V,) the flows' hops weighted
+    by demand, over links with the demand free (over any link where there is none; inf where
+    none at all). `memo` keeps the searches (`hops_over`) for the caller's decision: the
+    residuals do not change within it."""
 
-    def hops(v: int, demand: float, towards: bool) -> np.ndarray:
-        if (v, demand, towards) not in memo:
-            memo[v, demand, towards] = hops_over(lay, res, v, demand, towards)
-        return memo[v, demand, towards]
+    def hops(v: int, demand: float, inward: bool) -> np.ndarray:
+        if (v, demand, inward) not in memo:
+            memo[v, demand, inward] = hops_over(lay, res, v, demand, inward)
+        return memo[v, demand, inward]
 
     blocked, cost = np.zeros(len(lay.vertices), bool), np.zeros(len(lay.vertices))
-    for v, demand, towards in peers:
-        h = hops(v, demand, towards)
+    for v, demand, inward in peers:
+        h = hops(v, demand, inward)
         lost = np.isinf(h)
         if lost.any():
             blocked |= lost
-            h = np.where(lost, hops(v, 0.0, towards), h)
+            h = np.where(lost, hops(v, 0.0, inward), h)
         cost += demand * h
     return blocked, cost
 
@@ -184,65 +190,77 @@ def shortest_tree(lay: Layout, v: int) -> Tree:
     if v not in lay.trees:
         nv = len(lay.vertices)
         parent = np.full(nv, -1, np.int64)
-        down, up = np.full(nv, -1, np.int64), np.full(nv, -1, np.int64)
+        outward, inward = np.full(nv, -1, np.int64), np.full(nv, -1, np.int64)
         hops = np.full(nv, np.inf)
         hops[v] = 0
         levels, frontier, seen = [], [v], {v}
         while frontier:
             nxt = []
             for u in frontier:
-                if u != v and u < lay.n_compute:
-                    continue  # compute nodes do not forward
+                if not relays(lay, u, v):
+                    continue
                 for w, e in lay.out_edges[u]:
                     if w not in seen:
                         seen.add(w)
-                        parent[w], down[w] = u, e
+                        parent[w], outward[w] = u, e
                         nxt.append(w)
             if nxt:
                 levels.append(np.array(nxt, np.int64))
                 hops[nxt] = len(levels)
             frontier = nxt
         for w in seen - {v}:
-            up[w] = lay.edge_id[(lay.vertices[w], lay.vertices[parent[w]])]
-        lay.trees[v] = Tree(parent, down, up, levels, hops)
+            inward[w] = lay.edge_id[(lay.vertices[w], lay.vertices[parent[w]])]
+        lay.trees[v] = Tree(parent, outward, inward, levels, hops)
     return lay.trees[v]
+
+
+def widths(
+    lay: Layout, res: list[float], v: int, inward: bool = False, stop: int | None = None
+) -> list[float]:
+    """The bottleneck of the widest path (by directed residual `res`) from vertex v to every
+    vertex (`relays`), or `inward`, from every vertex to v: inf at v, -inf where there is no
+    path. A max-min Dijkstra; with `stop`, it ends once that vertex's width is known (those not
+    yet settled are then lower bounds)."""
+    width = [-math.inf] * len(lay.vertices)
+    width[v] = math.inf
+    done = [False] * len(lay.vertices)
+    heap = [(-math.inf, v)]
+    edges = lay.in_edges if inward else lay.out_edges
+    while heap:
+        w, u = heapq.heappop(heap)
+        if done[u]:
+            continue
+        done[u] = True
+        if u == stop:
+            break
+        if not relays(lay, u, v):
+            continue
+        for x, e in edges[u]:
+            cand = min(-w, res[e])
+            if cand > width[x]:
+                width[x] = cand
+                heapq.heappush(heap, (-cand, x))
+    return width
 
 
 def widest_route(
     lay: Layout, res: list[float], src: int, dst: int, tolerance: float
 ) -> tuple[list[int], float] | None:
     """The widest src→dst path by directed residual `res`, fewest hops (then least delay) among
-    those as wide: (its directed links, its width); None when dst is unreachable. Inner vertices
-    are switches. Links narrower than the width by more than `tolerance` are not used."""
-    width = [-math.inf] * len(lay.vertices)
-    width[src] = math.inf
-    done = [False] * len(lay.vertices)
-    heap = [(-math.inf, src)]
-    while heap:  # max-min Dijkstra: the best bottleneck
-        w, u = heapq.heappop(heap)
-        if done[u]:
-            continue
-        done[u] = True
-        if u == dst:
-            break
-        if u != src and u < lay.n_compute:
-            continue  # compute nodes do not forward
-        for v, e in lay.out_edges[u]:
-            cand = min(-w, res[e])
-            if cand > width[v]:
-                width[v] = cand
-                heapq.heappush(heap, (-cand, v))
-    if not done[dst]:
+    those as wide: (its directed links, its width); None when dst is unreachable. Links narrower
+    than the width by more than `tolerance` are not used."""
+    width = widths(lay, res, src, stop=dst)[dst]
+    if width == -math.inf:
         return None
-    path = fewest_hops(lay, res, src, dst, min(width[dst], max(width[dst], tolerance) - tolerance))
-    return (path, width[dst]) if path is not None else None
+    path = fewest_hops(lay, res, src, dst, min(width, max(width, tolerance) - tolerance))
+    return (path, width) if path is not None else None
 
 
 def fewest_hops(
     lay: Layout, res: list[float], src: int, dst: int, floor: float
 ) -> list[int] | None:
-    """The fewest-hop (then least-delay) src→dst path over directed links with at least `floor`
-    residual: its directed links, or None. Inner vertices are switches."""
+    """The fewest-hop (then least-delay) src→dst path (`relays`) over directed links with at
+    least `floor` residual: its directed links, or None."""
     cost = [math.inf] * len(lay.vertices)
     via = [-1] * len(lay.vertices)
     cost[src] = 0.0
@@ -253,8 +271,8 @@ def fewest_hops(
             continue
         if u == dst:
             break
-        if u != src and u < lay.n_compute:
-            continue  # compute nodes do not forward
+        if not relays(lay, u, src):
+            continue
         for v, e in lay.out_edges[u]:
             if res[e] < floor:
                 continue

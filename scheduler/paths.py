@@ -1,7 +1,8 @@
 """Paths through the physical network and the rates flows get on them.
 
 A path runs from one compute node to another and passes through switches only (a compute node is
-an end host, it does not forward). Paths are tuples of vertex names of `Cluster.graph`.
+an end host, it does not forward: `layout.relays`). Paths are tuples of vertex names of
+`Cluster.graph`.
 
 Path rules (`PATH_RULES`; each routes the inter-node flows of a job one at a time, in job order):
   shortest     fewest hops (ties: least total delay). Network-blind.
@@ -33,7 +34,7 @@ from collections.abc import Callable, Hashable, Mapping
 
 import networkx as nx
 
-from .layout import Layout, fewest_hops, hop_cost, layout, residuals, widest_route
+from .layout import Layout, fewest_hops, hop_cost, layout, relays, residuals, widest_route
 from .model import EPS, CannotPlace, Cluster, FlowAssignment, Job, LogicalFlow
 from .perfmodel import IterationModel, collective_steps
 
@@ -47,10 +48,12 @@ class NoPath(CannotPlace):
 
 
 def routing_view(cluster: Cluster, src: str, dst: str) -> nx.Graph:
-    """G restricted to switches plus the two end nodes: the vertices a src→dst path may use."""
-    graph = cluster.graph
+    """G restricted to the vertices a src→dst path may use: the two ends and what `relays`."""
+    lay = layout(cluster)
+    s, t = lay.index[src], lay.index[dst]
     return nx.subgraph_view(
-        graph, filter_node=lambda v: v in (src, dst) or graph.nodes[v]["kind"] == "switch"
+        cluster.graph,
+        filter_node=lambda v: relays(lay, lay.index[v], s) or relays(lay, lay.index[v], t),
     )
 
 
@@ -70,14 +73,13 @@ def _hop_weight(
     extra: Mapping[tuple[str, str], float] | None = None,
 ) -> Callable:
     """Dijkstra weight for the directed step u→v: one per hop plus a tiny delay tie-break.
-    Hides steps out of or into a compute node other than the ends (they do not forward) and,
-    with `min_residual` > 0, steps with less residual (minus `extra`) than that."""
-    nodes = cluster.graph.nodes
+    Hides steps out of or into a vertex that does not relay (`relays`) and, with
+    `min_residual` > 0, steps with less residual (minus `extra`) than that."""
+    lay = layout(cluster)
+    index, s, t = lay.index, lay.index[src], lay.index[dst]
 
     def weight(u: str, v: str, d: dict) -> float | None:
-        if (u != src and nodes[u]["kind"] != "switch") or (
-            v != dst and nodes[v]["kind"] != "switch"
-        ):
+        if not (relays(lay, index[u], s) and relays(lay, index[v], t)):
             return None
         if min_residual > 0:
             free = cluster.residual(u, v) - (extra or {}).get((u, v), 0.0)
@@ -97,16 +99,16 @@ _SHORTEST_FROM: weakref.WeakKeyDictionary[nx.Graph, dict[str, dict[str, list[str
 )
 
 
-def _shortest_from(graph: nx.Graph, src: str) -> dict[str, list[str]]:
-    per_source = _SHORTEST_FROM.setdefault(graph, {})
+def _shortest_from(cluster: Cluster, src: str) -> dict[str, list[str]]:
+    per_source = _SHORTEST_FROM.setdefault(cluster.graph, {})
     if src not in per_source:
-        nodes = graph.nodes
+        lay = layout(cluster)
+        index, s = lay.index, lay.index[src]
 
         def weight(u: str, v: str, d: dict) -> float | None:
-            # a compute node other than the source ends a path: it does not forward
-            return None if u != src and nodes[u]["kind"] != "switch" else hop_cost(d)
+            return hop_cost(d) if relays(lay, index[u], s) else None
 
-        per_source[src] = nx.single_source_dijkstra_path(graph, src, weight=weight)
+        per_source[src] = nx.single_source_dijkstra_path(cluster.graph, src, weight=weight)
     return per_source[src]
 
 
@@ -122,7 +124,7 @@ def shortest_path(
     Raises `NoPath`."""
     _check_ends(cluster, src, dst)
     if min_residual <= 0:
-        path = _shortest_from(cluster.graph, src).get(dst)
+        path = _shortest_from(cluster, src).get(dst)
         if path is None:
             raise NoPath(f"no path from {src} to {dst}")
         return tuple(path)
@@ -158,8 +160,8 @@ _CANDIDATES: weakref.WeakKeyDictionary[nx.Graph, dict[tuple[str, str, int], list
 
 
 def candidate_paths(cluster: Cluster, src: str, dst: str, k: int) -> list[Path]:
-    """Up to k shortest loop-free paths src→dst by hop count (inner vertices are switches),
-    remembered per graph. Raises `NoPath` when there is none."""
+    """Up to k shortest loop-free paths src→dst by hop count (`routing_view`), remembered per
+    graph. Raises `NoPath` when there is none."""
     memo = _CANDIDATES.setdefault(cluster.graph, {})
     if (src, dst, k) not in memo:
         _check_ends(cluster, src, dst)

@@ -24,7 +24,7 @@ from scheduler.env import (
     TrainingInstances,
     episode_return,
 )
-from scheduler.instances import JobDistribution, held_out
+from scheduler.instances import JobDistribution, held_out, random_instance
 from scheduler.jobs import ring_job, star_job
 from scheduler.layout import shortest_tree
 from scheduler.metrics import DEFAULT_MODEL, predicted_iteration_s
@@ -122,6 +122,42 @@ def test_masks_never_let_an_infeasible_choice_through(seed):
             assert check_decision(cluster, job, decision) == []
 
 
+def routes(cluster: Cluster, job: Job, placement: dict[str, str]) -> bool:
+    try:
+        route_placement(cluster, job, placement)
+    except CannotPlace:
+        return False
+    return True
+
+
+def test_the_mask_accepts_exactly_the_nodes_route_placement_can_route():
+    """At a job's last step the mask accepts exactly the nodes with room for the task from which
+    CES's network decision (`paths.route_placement`) routes the whole job, and every rollout the
+    mask lets finish is routed: on training instances loaded up to 0.95 (saturated links among
+    them) and on the exact reference's small random instances."""
+    draw_cfg = replace(SMALL, sites=(3, 20), background=(0.5, 0.95), spread_share=0.7)
+    saturated = checked = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        draw = TrainingInstances(draw_cfg, seed)
+        for cluster, job in (draw.next(), draw.next(), random_instance(rng)):
+            ep = PlacementEpisode(cluster, job)
+            saturated += ep.saturated
+            while not ep.done:
+                mask = ep.observe().mask
+                if ep.t == len(ep.order) - 1:
+                    demand = np.array(ep.tasks[ep.task].demand.as_tuple())
+                    room = (demand <= ep.free - ep.job_used + EPS).all(axis=1) & ep.online
+                    for v in np.flatnonzero(room):
+                        placement = ep.placement_names() | {ep.task: ep.compute[v]}
+                        assert mask[v] == routes(cluster, job, placement), (job.name, placement)
+                        checked += 1
+                ep.step(int(rng.choice(np.flatnonzero(mask))))
+            if not ep.failed:
+                assert check_decision(cluster, job, ep.decision()) == []
+    assert saturated >= 20 and checked >= 300  # the mask's network part had work to do
+
+
 def test_step_features_read_from_the_trees_match_paths_computed_afresh():
     """Hops and bottleneck widths come from shortest-path trees kept per graph and filled level
     by level; each must be the hop count and smallest residual of a fewest-hop path through
@@ -136,8 +172,8 @@ def test_step_features_read_from_the_trees_match_paths_computed_afresh():
         )
         hops = nx.single_source_shortest_path_length(view, src)
         tree = shortest_tree(ep.layout, v)
-        for towards in (False, True):
-            width = ep._bottleneck_from(v, towards)
+        for inward in (False, True):
+            width = ep._bottleneck(v, inward)
             for w, name in enumerate(ep.compute):
                 if w == v:
                     continue
@@ -153,7 +189,7 @@ def test_step_features_read_from_the_trees_match_paths_computed_afresh():
                     path.append(x)
                 names = [ep.vertices[i] for i in reversed(path)]
                 links = list(itertools.pairwise(names))
-                if towards:
+                if inward:
                     links = [(b, a) for a, b in links]
                 assert width[w] == pytest.approx(max(min(cluster.residual(*lk) for lk in links), 0))
 

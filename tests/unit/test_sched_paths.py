@@ -109,16 +109,16 @@ def test_bandwidth_constrained_shortest_path():
 
 
 def test_hops_over_links_with_a_demand_free():
-    def hops(c: Cluster, origin: str, min_residual: float = 0.0, towards: bool = False):
+    def hops(c: Cluster, origin: str, min_residual: float = 0.0, inward: bool = False):
         lay = layout(c)
-        h = hops_over(lay, residuals(c, lay), lay.index[origin], min_residual, towards)
+        h = hops_over(lay, residuals(c, lay), lay.index[origin], min_residual, inward)
         return {lay.vertices[i]: int(x) for i, x in enumerate(h[: lay.n_compute]) if x != math.inf}
 
     c = diamond()
     assert hops(c, "h1") == {"h1": 0, "h3": 2, "h2": 3}
     assert hops(c, "h1", min_residual=120) == {"h1": 0, "h3": 2, "h2": 5}
     reserve(c, LONG, 100)
-    assert hops(c, "h2", min_residual=120, towards=True) == {"h2": 0}
+    assert hops(c, "h2", min_residual=120, inward=True) == {"h2": 0}
     assert hops(c, "h2", min_residual=120)["h1"] == 5  # h2 -> h1 is still free
 
 
