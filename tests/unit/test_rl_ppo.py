@@ -193,11 +193,12 @@ def test_first_node_lessons_teach_the_fastest_first_node_and_keep_the_later_step
         if x is not None
     ]
 
-    def picked() -> float:  # lessons whose fastest node the policy rates highest of those tried
+    def picked() -> float:  # lessons where the policy rates a fastest node highest of those tried
         hits = 0
         for lesson in lessons:
             logits = Policy(agent, lesson.first.graph).logits(lesson.first.steps[0])
-            hits += lesson.nodes[np.argmax(logits[lesson.nodes])] == lesson.first.actions[0]
+            # nodes whose rollouts tie for fastest weigh the same in the target: any is right
+            hits += lesson.target[np.argmax(logits[lesson.nodes])] == lesson.target.max()
         return hits / len(lessons)
 
     def kept() -> float:  # later steps where the policy still makes the fastest rollout's choice
@@ -216,8 +217,12 @@ def test_first_node_lessons_teach_the_fastest_first_node_and_keep_the_later_step
         optim.zero_grad()
         (ce + 0.5 * anchor).backward()
         optim.step()
+    # measured (one thread, conftest.py): 0.14 before, 1.0 after, and 1.0 from 20 to 120 steps on
+    # one or two threads. In 3 of the 7 lessons two or three first nodes tie for fastest; counting
+    # only the lesson's own of them (the first) gave 0.71-1.0 from 20 to 120 steps, 0.71 at 60 on
+    # one thread: the failure of a fresh machine
     assert picked() >= max(0.8, before + 0.2), (before, picked())
-    # the anchor holds the later choices (measured: 0.92 of 24 steps; 0.88 without it, 0.71
+    # the anchor holds the later choices (measured: 0.92 of 24 steps; 0.83 without it, 0.62
     # with its sign turned)
     assert kept() >= 0.85
 

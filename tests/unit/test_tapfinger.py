@@ -21,8 +21,6 @@ from scheduler.tapfinger import mappo, paper, policy
 from scheduler.tapfinger.net import Obs, act, allocation_mask, arbitrate, posterior
 from topologies import load_topology, parse_topology
 
-torch.set_num_threads(1)
-
 
 def test_allocation_mask_keeps_the_cells_between_the_minimum_and_what_is_free():
     # cpu levels 0..3, gpu levels 0..2; minimum (2, 1); free (3, 1)
