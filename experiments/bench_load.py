@@ -59,6 +59,7 @@ import yaml
 from edge.simulated import SimulatedAgent
 from experiments.machine import machine
 from master.client import MasterClient
+from master.manager import TERMINAL
 from protocol.http import ApiError, Unreachable
 from topologies import Topology, parse_topology
 
@@ -365,7 +366,7 @@ def measure(
         deadline = time.monotonic() + args.max_s
         while time.monotonic() < deadline:  # the counts, not every job's view: as a monitor would
             counts = client.health()["jobs"]
-            if sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled")) >= len(accepted):
+            if sum(counts.get(s, 0) for s in TERMINAL) >= len(accepted):
                 break
             time.sleep(1.0)
         drain_s = time.monotonic() - t_burst

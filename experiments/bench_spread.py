@@ -11,7 +11,7 @@ drawn in training) and generated Internet-like graphs of 100 and 1000 nodes (see
 does not draw).
 Jobs: experiments/jobs/spread.yaml (a 16-GPU ResNet-50 ring, a parameter server with eight GPU
 workers, an all-to-all of six 2-GPU BERT tasks) and --random-jobs jobs of
-`instances.GPU_CLUSTER_JOBS` that no node of the instance holds (`instances.spread_jobs`). Every
+`instances.GPU_CLUSTER_JOBS` that no node of the instance holds (`instances.random_spread_jobs`). Every
 algorithm places every job alone on the instance.
 Figures:
   - per job placed by both, CES-PPO's predicted iteration time over each other algorithm's:
@@ -55,7 +55,7 @@ from scheduler.bounds import iteration_lower_bound
 from scheduler.compose import build
 from scheduler.env import PlacementEpisode
 from scheduler.evaluate import machine_info
-from scheduler.instances import HELD_OUT, make_instance, spread_jobs
+from scheduler.instances import HELD_OUT, make_instance, random_spread_jobs
 from scheduler.jobs import load_jobs, ring_job
 from scheduler.metrics import load_balance, predicted_iteration_s
 from scheduler.model import CannotPlace, Cluster, Job, Resources
@@ -92,7 +92,7 @@ def run_topology(
     for seed in range(seeds):
         cluster = make_instance(base, seed, 0.5, machines)
         rng = np.random.default_rng(1000 + seed)
-        jobs = load_jobs(JOBS) + spread_jobs(rng, cluster, random_jobs)
+        jobs = load_jobs(JOBS) + random_spread_jobs(rng, cluster, random_jobs)
         for job in jobs:
             bound = iteration_lower_bound(cluster, job)
             algos = algorithms(seed, checkpoint)

@@ -63,6 +63,7 @@ from experiments.machine import cpu_stall_us, machine
 from lab import deploy
 from lab.inventory import Inventory, InventoryError, load_inventory
 from master.client import MasterClient
+from master.manager import TERMINAL
 from master.scheduling import QUEUES
 from protocol.http import ApiError, TokenError, Unreachable, default_token_file, read_token
 from scheduler.jobs import JobError
@@ -74,7 +75,6 @@ from testbed.names import check_prefix, new_prefix
 from topologies import TopologyError, load_topology
 
 log = logging.getLogger("run")
-TERMINAL = ("finished", "failed", "cancelled")
 
 
 def run_once(

@@ -5,7 +5,7 @@
   POST /agents/{node}/heartbeat     Heartbeat     -> {"stop": [...]}
   GET  /nodes                       per node: capacity, allocated, online, usage, cordoned
   PUT  /nodes/{node}                {"schedulable": bool}   (cordon / uncordon)
-  GET  /links                       per directed link: capacity, up, granted, measured, background
+  GET  /links                       per directed link: capacity, up, granted, measured, unscheduled
   PUT  /links/{u}/{v}               {"bw_mbps": capacity}   (a link's capacity changed)
   GET  /scheduler   PUT /scheduler  {"algorithm": name, "seed": n, "queue": policy}
   POST /jobs                        {"job": mapping as in a job YAML, "algorithm": optional}

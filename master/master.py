@@ -359,9 +359,9 @@ class Master:
             # its counters stop): another round on this reading, or they wait for an event that
             # may never come. Only while jobs wait: every poll would otherwise pay for it.
             waiting = bool(self.manager.queued())
-            before = self.network.background() if waiting else None
+            before = self.network.unscheduled() if waiting else None
             moved = self.network.observe(links, flows, read_at)
-            if waiting and self.network.background() != before:
+            if waiting and self.network.unscheduled() != before:
                 self._dirty = True
             self._note_contention()
             if not moved:

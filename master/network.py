@@ -116,8 +116,8 @@ class NetworkController:
     # Below either floor, measured-minus-carried is counter noise: the switches' port and flow
     # counters are read at slightly different moments, so they disagree by a share of the rate
     # (on the ring topology, > 1 Mbit/s at 190 on an access link only the job's pair used).
-    BACKGROUND_FLOOR_MBPS = 1.0
-    BACKGROUND_FLOOR_SHARE = 0.02  # of the link's capacity
+    UNSCHEDULED_FLOOR_MBPS = 1.0
+    UNSCHEDULED_FLOOR_SHARE = 0.02  # of the link's capacity
     # Grants plus unscheduled traffic above this share of a link: TCP's competition on the
     # link's queue already eats into the grants (the measured total cannot exceed the link).
     HEADROOM = 0.95
@@ -160,7 +160,7 @@ class NetworkController:
     def granted(self, u: str, v: str) -> float:
         return sum(p.rate_mbps for p in self.pairs.values() if (u, v) in zip(p.path, p.path[1:]))
 
-    def background(self) -> dict[tuple[str, str], float]:
+    def unscheduled(self) -> dict[tuple[str, str], float]:
         """Unscheduled traffic per directed link: measured less what the scheduled pairs on it
         carry (their installed rate until their counters have two samples) and less their
         acknowledgements on the reverse links (what their ways back carry, up to `ACK_SHARE`:
@@ -187,7 +187,7 @@ class NetworkController:
             capacity = (
                 self.cluster.link_capacity(*link) if self.cluster.graph.has_edge(*link) else 0.0
             )
-            if extra >= max(self.BACKGROUND_FLOOR_MBPS, self.BACKGROUND_FLOOR_SHARE * capacity):
+            if extra >= max(self.UNSCHEDULED_FLOOR_MBPS, self.UNSCHEDULED_FLOOR_SHARE * capacity):
                 out[link] = extra
         return out
 
@@ -196,7 +196,7 @@ class NetworkController:
         bandwidth unscheduled traffic takes reserved (capped at what is left)."""
         view = self.cluster.copy(share_graph=True)  # the graph's structure never changes
         view.offline |= unschedulable
-        taken = dict(self.background())
+        taken = dict(self.unscheduled())
         for link in self.down:
             taken[link] = float("inf")
         for link, mbps in taken.items():
@@ -267,14 +267,14 @@ class NetworkController:
 
     def contended(self) -> set[tuple[str, str]]:
         """Directed links whose grants no longer fit (see module doc)."""
-        bg = self.background()
+        unscheduled = self.unscheduled()
         out = set()
         for link in {lk for p in self.pairs.values() for lk in zip(p.path, p.path[1:])}:
             granted, capacity = self.granted(*link), self.cluster.link_capacity(*link)
             if (
                 link in self.down
                 or granted > capacity + 1e-6
-                or (link in bg and granted + bg[link] > self.HEADROOM * capacity)
+                or (link in unscheduled and granted + unscheduled[link] > self.HEADROOM * capacity)
             ):
                 out.add(link)
         return out
@@ -290,8 +290,8 @@ class NetworkController:
         return {job: sorted(flows) for job, flows in out.items()}
 
     def report(self) -> list[dict]:
-        """Every directed link: capacity, granted by the Master, measured, background."""
-        bg = self.background()
+        """Every directed link: capacity, granted by the Master, measured, unscheduled."""
+        unscheduled = self.unscheduled()
         out = []
         for u, v, d in self.cluster.graph.edges(data=True):
             for a, b in ((u, v), (v, u)):
@@ -309,7 +309,7 @@ class NetworkController:
                         "granted_mbps": round(self.granted(a, b), 3),
                         "installed_mbps": round(installed, 3),
                         "measured_mbps": self.measured.get((a, b)),
-                        "background_mbps": round(bg.get((a, b), 0.0), 3),
+                        "unscheduled_mbps": round(unscheduled.get((a, b), 0.0), 3),
                     }
                 )
         return out

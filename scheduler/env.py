@@ -45,11 +45,11 @@ from .instances import (
     GPU_CLUSTER_JOBS,
     JobDistribution,
     background_load,
+    fill_with_jobs,
     held_out,
-    load_background,
     random_job,
+    random_spread_jobs,
     random_topology,
-    spread_jobs,
 )
 from .layout import capacities, flow_hops, layout, reservations, shortest_tree, widths
 from .metrics import DEFAULT_MODEL, predicted_iteration_s
@@ -387,7 +387,7 @@ class EnvConfig:
     real_share: float = 0.3  # networks from topohub (those not kept out: `instances.held_out`)
     alibaba_share: float = 0.5  # networks with the Alibaba machine table's capacities
     background: tuple[float, float] = (0.0, 0.6)  # share of nodes and links already in use
-    spread_share: float = 0.5  # jobs no node can hold (`instances.spread_jobs`)
+    spread_share: float = 0.5  # jobs no node can hold (`instances.random_spread_jobs`)
     small_jobs: JobDistribution = JobDistribution(max_workers=8)
     gpu_jobs: JobDistribution = GPU_CLUSTER_JOBS
     episodes_per_topology: int = 16  # jobs drawn on one network before the next
@@ -448,7 +448,7 @@ class TrainingInstances:
             cluster = apply_machine_spec(cluster, self.machines, rng)
         level = float(rng.uniform(*cfg.background))
         if rng.random() < 0.5:
-            load_background(rng, cluster, level, cfg.small_jobs)
+            fill_with_jobs(rng, cluster, level, cfg.small_jobs)
             return cluster
         return background_load(cluster, rng, level)
 
@@ -472,7 +472,9 @@ class TrainingInstances:
         )
         if rng.random() < cfg.spread_share:
             try:  # a job that must span nodes, which this network can hold
-                return spread_jobs(rng, cluster, 1, dist, prefix=f"job{self.count}-", tries=200)[0]
+                return random_spread_jobs(
+                    rng, cluster, 1, dist, prefix=f"job{self.count}-", tries=200
+                )[0]
             except CannotPlace:
                 return None
         return random_job(rng, f"job{self.count}", cfg.small_jobs)

@@ -4,7 +4,8 @@ benchmarks and the tests draw from (all seeded through a numpy Generator).
   random_job / JobDistribution   a job of any collective, sized from a distribution
   random_topology                a router graph or a campus-like tiered network, random sizes
   background_load / make_instance  a cluster made busy with background tasks and flows
-  load_background                a cluster made busy with random jobs (training's other kind)
+  fill_with_jobs                 a cluster made busy with random jobs (training's other kind)
+  random_spread_jobs             jobs no node of a cluster holds whole: each must span nodes
   random_instance                a small random (cluster, job): the exact reference's playground
 """
 
@@ -77,7 +78,7 @@ GPU_CLUSTER_JOBS = JobDistribution(
 )
 
 
-def spread_jobs(
+def random_spread_jobs(
     rng: np.random.Generator,
     cluster: Cluster,
     n: int,
@@ -256,7 +257,7 @@ def _resize(rng: np.random.Generator, topo: Topology) -> Topology:
     return Topology(topo.name, nodes, topo.switches, links, topo.source, topo.description)
 
 
-def load_background(
+def fill_with_jobs(
     rng: np.random.Generator,
     cluster: Cluster,
     share: float,

@@ -79,7 +79,7 @@ class Display:
             "link",
             "measured Mbit/s",
             "granted",
-            "background",
+            "unscheduled",
             "capacity",
             title="busiest links",
             title_justify="left",
@@ -93,7 +93,7 @@ class Display:
                 f"{lk['src']}→{lk['dst']}{'' if lk.get('up', True) else ' (down)'}",
                 f"{lk['measured_mbps']:.1f}",
                 f"{lk['granted_mbps']:.0f}",
-                f"{lk['background_mbps']:.0f}",
+                f"{lk['unscheduled_mbps']:.0f}",
                 f"{lk['capacity_mbps']:.0f}",
             )
         self.live.update(Group(self.progress, jt, lt))

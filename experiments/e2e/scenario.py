@@ -36,7 +36,7 @@ class ScenarioError(ValueError):
 
 
 @dataclass(frozen=True)
-class Background:
+class BackgroundFlow:
     """Another tenant's paced TCP transfer (iperf3) between two compute nodes."""
 
     src: str
@@ -69,10 +69,10 @@ class Scenario:
     seeds: int
     timeout_s: float
     jobs: list[JobDocument]
-    background: list[Background] = field(default_factory=list)
+    background: list[BackgroundFlow] = field(default_factory=list)
     description: str = ""
     link_scale: float = 1.0  # every link's capacity × this (see `scaled`)
-    spread: bool = False  # size the jobs so that no node holds one whole (`spread_jobs`)
+    spread: bool = False  # size the jobs so that no node holds one whole (`spread_out`)
     background_load: BackgroundLoad | None = None  # see `loaded`
 
 
@@ -160,7 +160,10 @@ def load_scenario(path: Path) -> Scenario:
         seeds,
         float(timeout),
         docs,
-        [_background(b, f"{where}: field 'background[{i}]'") for i, b in enumerate(background)],
+        [
+            _background_flow(b, f"{where}: field 'background[{i}]'")
+            for i, b in enumerate(background)
+        ],
         str(doc.get("description", "")),
         float(scale),
         doc.get("spread", False),
@@ -168,7 +171,7 @@ def load_scenario(path: Path) -> Scenario:
     )
 
 
-def _background(b: object, where: str) -> Background:
+def _background_flow(b: object, where: str) -> BackgroundFlow:
     expected = (
         "{src: NODE, dst: NODE, mbps: RATE > 0, path: [SWITCH, ...] (optional), "
         "start_s: SECONDS >= 0 (optional), cordon: true|false (optional), "
@@ -192,7 +195,7 @@ def _background(b: object, where: str) -> Background:
     ):
         raise ScenarioError(f"{where}: expected {expected}, got {b!r}")
     start = b.get("start_s")
-    return Background(
+    return BackgroundFlow(
         b["src"],
         b["dst"],
         float(b["mbps"]),
@@ -274,7 +277,7 @@ def plan(args: argparse.Namespace) -> Plan:
         )
     cordoned = {v for b in background if b.cordon for v in (b.src, b.dst)}
     if scenario.spread:
-        scenario.jobs = spread_jobs(scenario.jobs, topo, cordoned)
+        scenario.jobs = spread_out(scenario.jobs, topo, cordoned)
     cluster = Cluster.from_topology(topo)
     cluster.offline |= cordoned
     for d in scenario.jobs:
@@ -371,7 +374,7 @@ def default_out(scenario: Scenario, topo: Topology) -> Path:
     return REPO / "results" / "runs" / f"{scenario.name}-{topo.name}-{stamp}"
 
 
-def _background_problem(topo: Topology, b: Background) -> str:
+def _background_problem(topo: Topology, b: BackgroundFlow) -> str:
     """Why a background flow cannot run on `topo` ('' if it can)."""
     nodes, switches = {n.name for n in topo.nodes}, {s.name for s in topo.switches}
     missing = [v for v in (b.src, b.dst) if v not in nodes] + [
@@ -398,7 +401,7 @@ def _background_problem(topo: Topology, b: Background) -> str:
 
 
 def tenant_path(
-    topo: Topology, b: Background, flows: list[dict]
+    topo: Topology, b: BackgroundFlow, flows: list[dict]
 ) -> tuple[list[str], tuple[str, str]] | None:
     """The switches `b`'s transfer takes to cross the inter-switch link that the job's `flows`
     (each with `path`, nodes included, and `rate_mbps`) load most, relative to its capacity, and
@@ -462,7 +465,7 @@ def traffic_quota(node) -> tuple[float, int]:
     return min(TRAFFIC_CPU, node.cpu), int(min(TRAFFIC_MEM_MB, node.mem_mb))
 
 
-def spread_jobs(docs: list[JobDocument], topo: Topology, cordoned: set[str]) -> list[JobDocument]:
+def spread_out(docs: list[JobDocument], topo: Topology, cordoned: set[str]) -> list[JobDocument]:
     """The jobs with every task asking at least the least memory with which no node of `topo`
     (but the `cordoned` ones) holds the whole job: ⌊the largest node's memory / the job's
     tasks⌋ + 1 MiB, so that every job spans nodes whatever the topology (a scenario's `spread:

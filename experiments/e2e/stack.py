@@ -28,7 +28,7 @@ from testbed.cleanup import PREFIX_ENV
 from testbed.image import worker_image_tag
 from topologies import Topology, topology_document
 
-from .scenario import REPO, Background, traffic_quota, undelayed
+from .scenario import REPO, BackgroundFlow, traffic_quota, undelayed
 
 log = logging.getLogger("run")
 T = TypeVar("T")
@@ -218,7 +218,7 @@ class StackBase:
         self.procs.clear()
 
     # --- background traffic --------------------------------------------------------------------
-    def prepare_background(self, flows: list[Background]) -> None:
+    def prepare_background(self, flows: list[BackgroundFlow]) -> None:
         """Cordon the endpoints of every background flow that asks for it (another tenant's
         machines) and pin the paths given (the tenant's own route; its meter only guards
         against a runaway sender)."""
@@ -229,7 +229,7 @@ class StackBase:
             if b.path:
                 self.pin_traffic(i, b, list(b.path))
 
-    def pin_traffic(self, i: int, b: Background, path: list[str]) -> None:
+    def pin_traffic(self, i: int, b: BackgroundFlow, path: list[str]) -> None:
         """Background flow `i` along the switches `path` until `unpin_traffic`."""
         self.sdn.put_job_flows(
             f"{self.prefix}-bg{i}", [FlowRequest(b.src, b.dst, path, round(b.mbps * 1.2, 3))]
@@ -238,7 +238,7 @@ class StackBase:
     def unpin_traffic(self, i: int) -> None:
         self.sdn.delete_job_flows(f"{self.prefix}-bg{i}")
 
-    def start_traffic(self, i: int, b: Background, wait: bool = True) -> None:
+    def start_traffic(self, i: int, b: BackgroundFlow, wait: bool = True) -> None:
         """Start background flow `i`: a paced iperf3 TCP transfer, server and client as
         containers in the nodes' namespaces, until `stop_traffic`. With `wait`, return once the
         switches see it flowing."""

@@ -18,6 +18,7 @@ import yaml
 from test_sdn_app import ControllerProcess, wait_for
 
 from master.client import MasterClient
+from master.manager import TERMINAL
 from protocol.http import ApiError, call
 from testbed.standin import LabHosts, new_key
 from topologies import load_topology
@@ -289,7 +290,7 @@ def test_agents_deployed_over_ssh_run_a_job_across_the_hosts(lab, tmp_path, pref
         }
         client.submit(job)
         view = wait_for(
-            lambda: (v := client.job("span"))["state"] in ("finished", "failed", "cancelled") and v,
+            lambda: (v := client.job("span"))["state"] in TERMINAL and v,
             300,
             "the job to end",
         )

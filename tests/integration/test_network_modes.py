@@ -25,7 +25,7 @@ from rich.console import Console
 from topologies import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
-from experiments.e2e.scenario import Background
+from experiments.e2e.scenario import BackgroundFlow
 from experiments.e2e.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ JOB = {
     "target_accuracy": 0.999,
     "workload": {"model": "mlp-small", "eval_every": 50, "max_seconds": 900},
 }
-TENANT = Background("c", "d", 80.0, ("s1", "s2"), start_s=0.0, cordon=True)
+TENANT = BackgroundFlow("c", "d", 80.0, ("s1", "s2"), start_s=0.0, cordon=True)
 REACT_S = 10.0  # link statistics every 1 s, read every 2 s, then the change is installed
 JOB_COOKIE = re.compile(r"cookie=0xce51")
 

@@ -15,12 +15,12 @@ import itertools
 
 from experiments import report
 from experiments.e2e.scenario import (
-    Background,
+    BackgroundFlow,
     ScenarioError,
     loaded,
     plan,
     scaled,
-    spread_jobs,
+    spread_out,
     tenant_path,
 )
 from scheduler.jobs import JobDocument, parse_job
@@ -39,14 +39,14 @@ VIA_CORE = [
 def test_the_tenant_crosses_the_most_loaded_link_that_a_reroute_can_avoid():
     # acc2-agg2 and agg2-core1 both run at 38 of 40 Mbit/s; acc2's only other uplink has 10,
     # agg2's other core link 40: the tenant goes where the job has a detour.
-    path, link = tenant_path(CAMPUS, Background("lab3", "srv3", 20.0, along="light"), VIA_CORE)
+    path, link = tenant_path(CAMPUS, BackgroundFlow("lab3", "srv3", 20.0, along="light"), VIA_CORE)
     assert link == ("agg2", "core1")
     assert path == ["acc1", "agg2", "core1", "agg3"]  # shares no other link with the job
 
 
 def test_the_tenant_path_is_loop_free_and_joins_its_own_ends():
     for src, dst in [("lab3", "srv3"), ("srv3", "lab3"), ("lib2", "dorm1"), ("dorm2", "lib2")]:
-        found = tenant_path(CAMPUS, Background(src, dst, 5.0, along="light"), VIA_CORE)
+        found = tenant_path(CAMPUS, BackgroundFlow(src, dst, 5.0, along="light"), VIA_CORE)
         assert found is not None, (src, dst)
         path, (u, v) = found
         assert len(set(path)) == len(path)
@@ -59,13 +59,15 @@ def test_the_tenant_path_is_loop_free_and_joins_its_own_ends():
 def test_the_tenant_rides_along_the_job_on_as_few_links_as_it_can():
     # From lab3 (acc1) to lib2 (acc2), crossing core1 -> agg2 would follow lab2 -> lib1 over four
     # of its links; acc1-agg2-acc2 meets the job on agg2 -> acc2 only (as loaded: 37.7 of 40).
-    path, link = tenant_path(CAMPUS, Background("lab3", "lib2", 20.0, along="light"), VIA_CORE)
+    path, link = tenant_path(CAMPUS, BackgroundFlow("lab3", "lib2", 20.0, along="light"), VIA_CORE)
     assert link == ("agg2", "acc2") and path == ["acc1", "agg2", "acc2"]
 
 
 def test_a_job_that_crosses_no_switch_to_switch_link_cannot_be_hit():
     one_switch = [{"path": ["srv1", "acc4", "srv2"], "rate_mbps": 130.0}]
-    assert tenant_path(CAMPUS, Background("lab3", "srv3", 20.0, along="heavy"), one_switch) is None
+    assert (
+        tenant_path(CAMPUS, BackgroundFlow("lab3", "srv3", 20.0, along="heavy"), one_switch) is None
+    )
 
 
 def _plan(tmp_path: Path, background: str) -> argparse.Namespace:
@@ -173,12 +175,12 @@ def test_spreading_keeps_larger_asks_and_one_task_jobs_and_needs_a_node(tmp_path
             },
         )
     ]
-    big, one, ps = spread_jobs(jobs, ring, set())
+    big, one, ps = spread_out(jobs, ring, set())
     assert {t.demand.mem_mb for t in big.job.tasks} == {900}  # more than 2048 // 3 + 1
     assert one is jobs[1]
     assert {t.demand.mem_mb for t in ps.job.tasks} == {2048 // 4 + 1}
     with pytest.raises(ScenarioError, match="every compute node is a background endpoint"):
-        spread_jobs(jobs, ring, {n.name for n in ring.nodes})
+        spread_out(jobs, ring, {n.name for n in ring.nodes})
 
 
 def test_jobs_that_cannot_run_together_are_said_to_wait(tmp_path: Path):

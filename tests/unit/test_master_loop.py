@@ -358,7 +358,7 @@ def test_a_job_waiting_for_bandwidth_starts_once_the_traffic_that_filled_the_lin
     try:
         c.sdn.report("a", "s1", 1000.0)
         wait_for(
-            lambda: any(lk["background_mbps"] > 0 for lk in c.client.links()),
+            lambda: any(lk["unscheduled_mbps"] > 0 for lk in c.client.links()),
             what="the traffic in the Master's view",
         )
         c.client.submit(spread_job("j", demand_mbps=50), algorithm="network-aware")

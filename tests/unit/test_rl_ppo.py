@@ -26,7 +26,7 @@ from scheduler.instances import (
     JobDistribution,
     make_instance,
     random_job,
-    spread_jobs,
+    random_spread_jobs,
 )
 from scheduler.jobs import load_jobs
 from scheduler.metrics import predicted_iteration_s
@@ -379,7 +379,7 @@ def test_the_committed_checkpoint_places_feasibly_on_unseen_topologies():
         0.5,
         load_machine_spec(MACHINE_TABLE),
     )
-    for job in spread_jobs(np.random.default_rng(1), gpus, 4, GPU_CLUSTER_JOBS):
+    for job in random_spread_jobs(np.random.default_rng(1), gpus, 4, GPU_CLUSTER_JOBS):
         d = algo.place(gpus, job)
         assert check_decision(gpus, job, d) == [] and len(set(d.placement.values())) > 1
         assert math.isfinite(predicted_iteration_s(gpus, job, d))

@@ -130,7 +130,7 @@ def test_view_reserves_measured_background_and_marks_unschedulable(nc):
         ],
         [],
     )  # not measured yet
-    assert nc.background() == {("s1", "s2"): pytest.approx(35.0)}
+    assert nc.unscheduled() == {("s1", "s2"): pytest.approx(35.0)}
     view = nc.view({"b"})
     assert view.offline == {"b"}
     assert view.residual("s1", "s2") == pytest.approx(100 - 40 - 35)
@@ -138,7 +138,7 @@ def test_view_reserves_measured_background_and_marks_unschedulable(nc):
     assert nc.cluster.residual("s1", "s2") == pytest.approx(60.0)  # the real one is untouched
     report = {(r["src"], r["dst"]): r for r in nc.report()}
     assert report[("s1", "s2")]["granted_mbps"] == 40 and report[("s1", "s2")][
-        "background_mbps"
+        "unscheduled_mbps"
     ] == pytest.approx(35.0)
 
 
@@ -151,13 +151,13 @@ def test_a_pairs_acknowledgements_on_its_way_back_are_not_another_tenant(nc):
     link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)
     counted = [{"src": "a", "dst": "b", "hops": [{"mbps": 40.0}], "return_hops": [{"mbps": 1.5}]}]
     nc.observe([link("s2", "s1", 1.5), link("s1", "s2", 40.0)], counted)
-    assert nc.background() == {}
+    assert nc.unscheduled() == {}
     nc.observe([link("s2", "s1", 3.0), link("s1", "s2", 40.0)], [])  # not counted: a tenant
-    assert nc.background() == {("s2", "s1"): pytest.approx(3.0)}
+    assert nc.unscheduled() == {("s2", "s1"): pytest.approx(3.0)}
     # beyond what acknowledges 40 Mbit/s, what the way back carries is somebody else's
     counted[0]["return_hops"] = [{"mbps": 9.0}]
     nc.observe([link("s2", "s1", 9.0), link("s1", "s2", 40.0)], counted)
-    assert nc.background() == {("s2", "s1"): pytest.approx(9.0 - 40.0 * 66 / 1514)}
+    assert nc.unscheduled() == {("s2", "s1"): pytest.approx(9.0 - 40.0 * 66 / 1514)}
 
 
 def test_a_job_that_just_ended_is_not_taken_for_another_tenant(nc):
@@ -169,14 +169,17 @@ def test_a_job_that_just_ended_is_not_taken_for_another_tenant(nc):
     busy = [link("s1", "s2", 40.0), link("s2", "s1", 40.0)]
     nc.observe(busy, counters({("a", "b"): 40.0, ("b", "a"): 40.0}))
     remove(nc, "j1")
-    assert nc.background() == {}
+    assert nc.unscheduled() == {}
     assert nc.view(set()).residual("s1", "s2") == pytest.approx(100.0)
     asked_before_the_end = time.monotonic() - 1
     nc.observe(busy, [], asked_before_the_end)  # counts for nothing
     nc.observe(busy, [])  # asked for after the end, maybe sampled before it
-    assert nc.background() == {}
+    assert nc.unscheduled() == {}
     nc.observe(busy, [])
-    assert nc.background() == {("s1", "s2"): pytest.approx(40.0), ("s2", "s1"): pytest.approx(40.0)}
+    assert nc.unscheduled() == {
+        ("s1", "s2"): pytest.approx(40.0),
+        ("s2", "s1"): pytest.approx(40.0),
+    }
 
 
 def test_a_pair_scheduled_again_is_counted_once(nc):
@@ -190,9 +193,9 @@ def test_a_pair_scheduled_again_is_counted_once(nc):
     nc.observe(readings, ours)
     remove(nc, "j1")
     install(nc, j2, place(j2, DIRECT, DIRECT[::-1], 40))
-    assert nc.background() == {("s1", "s2"): pytest.approx(30.0)}
+    assert nc.unscheduled() == {("s1", "s2"): pytest.approx(30.0)}
     nc.observe(readings, ours)
-    assert nc.background() == {("s1", "s2"): pytest.approx(30.0)}
+    assert nc.unscheduled() == {("s1", "s2"): pytest.approx(30.0)}
 
 
 def test_contended_links_are_those_whose_grants_no_longer_fit(nc):
@@ -288,7 +291,7 @@ def test_unscheduled_traffic_takes_back_the_spare_but_never_the_grants():
     link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)
     # the entries count 60 of our traffic; 30 more on s1->s2 belongs to another tenant
     assert nc.observe([link("s1", "s2", 90.0)], counters({("a", "b"): 60.0})) is True
-    assert nc.background() == {("s1", "s2"): pytest.approx(30.0)}
+    assert nc.unscheduled() == {("s1", "s2"): pytest.approx(30.0)}
     assert installed(nc)[("a", "b")] == pytest.approx(95 - 30)
     # a move smaller than SPARE_STEP is not worth re-programming a meter
     assert nc.observe([link("s1", "s2", 93.0)], counters({("a", "b"): 60.0})) is False
@@ -300,13 +303,13 @@ def test_unscheduled_traffic_takes_back_the_spare_but_never_the_grants():
 
 
 def test_a_grant_left_unused_does_not_hide_another_tenant():
-    """Background is what the link carries less what our entries count, not less our grant."""
+    """Unscheduled traffic is what the link carries less what our entries count, not our grant."""
     nc = with_c(spare=False)
     j1 = two_task_job("j1")
     install(nc, j1, one_way(j1, "a", 40))
     link = lambda s, d, mbps: SimpleNamespace(src=s, dst=d, mbps=mbps, up=True)
     nc.observe([link("s1", "s2", 65.0)], counters({("a", "b"): 5.0}))  # ours idles at 5
-    assert nc.background() == {("s1", "s2"): pytest.approx(60.0)}
+    assert nc.unscheduled() == {("s1", "s2"): pytest.approx(60.0)}
     assert nc.contended() == {("s1", "s2")}  # 40 granted + 60 > 95
     assert installed(nc)[("a", "b")] == 40.0  # no spare: the grant is the cap
 
