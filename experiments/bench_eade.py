@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 from experiments.bench_ppo import TOPOLOGIES, _pairwise, benchmark_jobs, job_times, latency
+from experiments.common import RESULTS
 from scheduler.baselines import make_algorithm
 from scheduler.eade.ces import CHECKPOINT
 from scheduler.evaluate import evaluate, machine_info, mean_std
 from scheduler.ppo import CHECKPOINT as PPO_CHECKPOINT
 
-ROOT = Path(__file__).resolve().parent.parent
 ALGOS = ["eade-ddpg", "ces-ppo", "network-aware", "k8s-spread"]
 FIGURES = ("iteration_time_s", "balance_std", "placed_fraction", "decision_ms")
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-jobs", type=int, default=10)
     ap.add_argument("--reps", type=int, default=50, help="latency repetitions")
     ap.add_argument("--topos", default=",".join(TOPOLOGIES), help="comma-separated topologies")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "eade" / "ces.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "eade" / "ces.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.reps < 1 or args.random_jobs < 0:
         ap.error("--seeds and --reps must be ≥ 1, --random-jobs ≥ 0")

@@ -20,13 +20,13 @@ if __name__ == "__main__" and not __package__:  # python experiments/X.py
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from experiments.common import RESULTS, require_root
 from experiments.e2e import faults
 from experiments.e2e.scenario import ScenarioError, results_folder
 from experiments.machine import machine
@@ -34,14 +34,13 @@ from testbed import cleanup
 from testbed.image import ImageError, ensure
 from testbed.names import new_prefix
 
-REPO = Path(__file__).resolve().parent.parent
 RERUN = "sudo .venv/bin/python -m pytest tests/integration/test_faults.py -k {fault}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(REPO / "results" / "faults.json"))
+    p.add_argument("--out", default=str(RESULTS / "faults.json"))
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     a = p.parse_args(argv)
     out = Path(a.out)
@@ -51,8 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         results_folder(out.parent, "--out")
     except ScenarioError as e:
         p.error(str(e))
-    if os.geteuid() != 0:
-        p.error("run as root (sudo): the faults need bridges, containers and ovs-vswitchd")
+    require_root("the faults need bridges, containers and ovs-vswitchd")
     try:
         ensure()  # the worker image of the current inputs (built once)
     except ImageError as e:

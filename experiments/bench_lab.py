@@ -32,7 +32,6 @@ if __name__ == "__main__" and not __package__:  # python experiments/X.py
 
 import argparse
 import json
-import os
 import secrets
 import statistics
 import subprocess
@@ -44,6 +43,7 @@ from pathlib import Path
 import docker
 from rich.console import Console
 
+from experiments.common import REPO, RESULTS, require_root
 from experiments.e2e.lab_stack import HostsRefused, LabStack
 from experiments.e2e.scenario import SCENARIOS, ScenarioError, load_scenario, results_folder, scaled
 from experiments.e2e.stack import RunError
@@ -56,7 +56,6 @@ from testbed.names import new_prefix
 from testbed.standin import standin_lab
 from topologies import load_topology, parse_topology
 
-REPO = Path(__file__).resolve().parent.parent
 RUN = [sys.executable, str(REPO / "experiments" / "run.py")]
 
 
@@ -156,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4, help="stand-in hosts of the deploy figure")
     p.add_argument("--seeds", type=int, default=5, help="repetitions / seeds 0..K-1")
-    p.add_argument("--out", default=str(REPO / "results" / "bench_lab.json"))
+    p.add_argument("--out", default=str(RESULTS / "bench_lab.json"))
     a = p.parse_args(argv)
     if a.nodes < 1 or a.seeds < 1:
         p.error("--nodes and --seeds: expected integers >= 1")
@@ -165,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         results_folder(out.parent, "--out")
     except ScenarioError as e:
         p.error(str(e))
-    if os.geteuid() != 0:
-        p.error(
-            "run as root (sudo): the stand-in hosts and the emulation need bridges and containers"
-        )
+    require_root("the stand-in hosts and the emulation need bridges and containers")
     try:
         image = ensure()
     except ImageError as e:

@@ -57,6 +57,7 @@ from pathlib import Path
 import yaml
 
 from edge.simulated import SimulatedAgent
+from experiments.common import REPO, RESULTS, percentile
 from experiments.machine import machine
 from master.client import MasterClient
 from master.manager import TERMINAL
@@ -66,9 +67,6 @@ from topologies import Topology, parse_topology
 RACK = 20  # nodes per top-of-rack switch
 CLIENTS = 16  # submitting threads
 INVALID_SHARE = 0.05
-
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def racks(nodes: int) -> dict:
@@ -144,13 +142,6 @@ def draw_jobs(rng: random.Random, n: int) -> list[tuple[dict, bool]]:
                 job["demand_mbps"] = -5
         out.append((job, valid))
     return out
-
-
-def percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
 
 
 def ms(x: float | None) -> float | None:
@@ -406,8 +397,8 @@ def measure(
             ],
             "burst_s": round(burst_s, 3),
             "latency_ms": {
-                "p50": ms(percentile([a["s"] for a in answers], 0.5)),
-                "p99": ms(percentile([a["s"] for a in answers], 0.99)),
+                "p50": ms(percentile([a["s"] for a in answers], 50)),
+                "p99": ms(percentile([a["s"] for a in answers], 99)),
                 "max": ms(max(a["s"] for a in answers)),
             },
         },
@@ -424,8 +415,8 @@ def measure(
         "lines_held": sum(len(ls) for v in views.values() for ls in v["records"].values()),
         "heartbeats": {
             "count": len(trips),
-            "p50_ms": ms(percentile(trips, 0.5)),
-            "p99_ms": ms(percentile(trips, 0.99)),
+            "p50_ms": ms(percentile(trips, 50)),
+            "p99_ms": ms(percentile(trips, 99)),
             "max_ms": ms(max(trips, default=None)),
         },
         "nodes_offline_max": offline,
@@ -487,9 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "commits every heartbeat's lines before answering)",
     )
     p.add_argument("--max-s", type=float, default=600.0, help="give up draining after this")
-    p.add_argument(
-        "--out", default=str(Path(__file__).resolve().parent.parent / "results" / "bench_load.json")
-    )
+    p.add_argument("--out", default=str(RESULTS / "bench_load.json"))
     a = p.parse_args(argv)
     if (
         a.nodes < 1

@@ -39,9 +39,9 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from experiments.common import REPO, RESULTS
 from experiments.report import per_run, read_results
 
-REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "experiments" / "scenarios" / "loaded.yaml"
 RUN = [sys.executable, str(REPO / "experiments" / "run.py"), "--scenario", str(SCENARIO)]
 TOPOLOGIES = "campus,ring,star,fattree,topozoo/Abilene,sndlib/atlanta,sndlib/polska"
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "--topologies", default=TOPOLOGIES, help=f"comma-separated (default {TOPOLOGIES})"
     )
     ap.add_argument("--draws", type=int, default=5, help="background-load draws per topology")
-    ap.add_argument("--out", default=str(REPO / "results" / "e2e" / "loaded"))
+    ap.add_argument("--out", default=str(RESULTS / "e2e" / "loaded"))
     ap.add_argument(
         "--report", action="store_true", help="only summarize the draws DIR holds; run nothing"
     )

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import yaml
 
+from experiments.common import RESULTS
 from scheduler.arrivals import ArrivalError, parse_arrivals
 from scheduler.evaluate import evaluate_multi, machine_info, multi_table, run_policy
 from scheduler.model import Cluster
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         help="evaluate CES-Multi with this MultiConfig knob changed (repeatable; "
         "VALUE in YAML: 4, 1.2, null, false, align)",
     )
-    ap.add_argument("--out", default="results/multi")
+    ap.add_argument("--out", default=str(RESULTS / "multi"))
     ap.add_argument("--sweep", action="store_true", help="run the sweep of CES-Multi's knobs")
     ap.add_argument("--sweep-topos", default="campus,topozoo/Abilene")
     ap.add_argument(

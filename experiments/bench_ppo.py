@@ -49,24 +49,23 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.common import REPO, RESULTS, RING8, Stopwatch, percentile
 from scheduler.baselines import Algorithm, make_algorithm
 from scheduler.evaluate import evaluate, machine_info, mean_std, run_sequence
 from scheduler.instances import make_instance, random_instance, random_job
-from scheduler.jobs import load_jobs, ring_job
+from scheduler.jobs import load_jobs
 from scheduler.metrics import predicted_iteration_s
-from scheduler.model import CannotPlace, Cluster, Resources
+from scheduler.model import CannotPlace, Cluster
 from scheduler.multi import BalancedChoice
 from scheduler.ppo import CHECKPOINT
 from topologies import load_topology
 
-ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ["campus", "topozoo/Abilene", "sndlib/polska", "gabriel/100/0"]
 BASELINES = ["random", "first-fit", "best-fit", "utilization", "k8s-spread", "network-aware"]
 TRADEOFF = (0.1, 0.25, 0.5, 1.0)  # tolerances τ of the balance trade-off rows
 BALANCED = "ces-ppo balanced τ={:g}"  # their row names
 FIGURES = ("iteration_time_s", "bw_satisfaction", "balance_std", "placed_fraction")
 TABLE = FIGURES + ("iteration_time_s_common_jobs", "ces_ppo_ratio_pairwise")
-RING8 = ring_job("ring8", 8, Resources(0.5, 512), 4e7, 100.0, compute_s=0.05, iterations=100)
 
 
 def variants() -> dict[str, Callable[[int], Algorithm]]:
@@ -237,7 +236,7 @@ def gap_to_exact(n: int, seed: int, budgets: list[int]) -> dict:
             else {
                 "mean": statistics.fmean(r),
                 "median": statistics.median(r),
-                "p90": float(np.percentile(r, 90)),
+                "p90": percentile(r, 90),
                 "max": max(r),
                 "within_1.10": sum(x <= 1.10 + 1e-9 for x in r) / len(r),
             }
@@ -246,38 +245,23 @@ def gap_to_exact(n: int, seed: int, budgets: list[int]) -> dict:
 
 
 def latency(reps: int, seed: int, name: str = "ces-ppo") -> dict:
-    """Decision latency of algorithm `name`. Warm: repeated decisions on one cluster (its
-    candidate routes known). Cold: each on a fresh copy of the cluster's graph, so the k shortest
-    paths are computed inside `place`. Wall time, and the process's CPU time (what the decision
-    costs when the machine is shared: wall time then also counts waiting for a core)."""
+    """Decision latency of algorithm `name` (wall and CPU time: `Stopwatch`). Warm: repeated
+    decisions on one cluster (its candidate routes known). Cold: each on a fresh copy of the
+    cluster's graph, so the k shortest paths are computed inside `place`."""
     topo = "gabriel/100/0"
     cluster = make_instance(Cluster.from_topology(load_topology(topo)), seed, 0.5)
     algo = make_algorithm(name)
     algo.place(cluster, RING8)  # warm-up
-    runs: dict[str, list[tuple[float, float]]] = {"warm": [], "cold": []}
+    warm, cold = Stopwatch(), Stopwatch()
     for _ in range(reps):
-        for kind, c in (("warm", cluster), ("cold", cluster.copy())):
-            w0, c0 = time.perf_counter(), time.process_time()
-            algo.place(c, RING8)
-            runs[kind].append(
-                ((time.perf_counter() - w0) * 1000, (time.process_time() - c0) * 1000)
-            )
-    out: dict = {
-        "topology": topo,
-        "job": "ring, 8 tasks",
-        "reps": reps,
-        "loadavg_1m": os.getloadavg()[0],
-    }
-    for kind, r in runs.items():
-        wall, cpu = [x for x, _ in r], [x for _, x in r]
-        pre = "" if kind == "warm" else "cold_"
-        out |= {
-            f"{pre}p50_ms": float(np.percentile(wall, 50)),
-            f"{pre}p99_ms": float(np.percentile(wall, 99)),
-            f"{pre}cpu_p50_ms": float(np.percentile(cpu, 50)),
-            f"{pre}cpu_p99_ms": float(np.percentile(cpu, 99)),
-        }
-    return out
+        for watch, c in ((warm, cluster), (cold, cluster.copy())):
+            with watch:
+                algo.place(c, RING8)
+    return (
+        {"topology": topo, "job": "ring, 8 tasks", "reps": reps, "loadavg_1m": os.getloadavg()[0]}
+        | warm.latency()
+        | cold.latency("cold_")
+    )
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -411,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated decode "
         "budgets of CES-PPO also measured in the gap to exact (0: plain greedy)",
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "ppo" / "bench.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "ppo" / "bench.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.instances < 1 or args.reps < 1 or args.random_jobs < 0:
         ap.error("--seeds, --instances and --reps must be ≥ 1, --random-jobs ≥ 0")
@@ -455,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 def benchmark_jobs(seed: int, random_jobs: int) -> list:
     """The example jobs of workloads/jobs, then `random_jobs` `instances.random_job` jobs."""
     rng = np.random.default_rng(seed)
-    return load_jobs(ROOT / "workloads" / "jobs") + [
+    return load_jobs(REPO / "workloads" / "jobs") + [
         random_job(rng, f"random{i}") for i in range(random_jobs)
     ]
 

@@ -24,25 +24,19 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
+from experiments.common import RESULTS, RING8, Stopwatch, percentile
 from scheduler.baselines import algorithm_names, make_algorithm
 from scheduler.evaluate import machine_info
 from scheduler.instances import make_instance, random_instance
-from scheduler.jobs import ring_job
 from scheduler.metrics import predicted_iteration_s
-from scheduler.model import CannotPlace, Cluster, Resources
+from scheduler.model import CannotPlace, Cluster
 from topologies import load_topology
 
-RING8 = ring_job("ring8", 8, Resources(0.5, 512), 4e7, 100.0, compute_s=0.05, iterations=100)
 BASELINES = ["random", "first-fit", "best-fit", "utilization", "k8s-spread", "network-aware"]
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q))
 
 
 def buildable(names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -71,20 +65,17 @@ def latency(sizes: list[int], reps: int, seed: int, names: list[str]) -> dict:
                 runs = max(3, reps // 10)
             else:
                 make_algorithm(name, seed=seed).place(cluster, RING8)  # warm-up
-            times, iters = [], []
+            watch, iters = Stopwatch(), []
             for r in range(runs):
                 algo = make_algorithm(name, seed=seed + r, **kw)
-                t0 = time.perf_counter()
-                try:
-                    d = algo.place(cluster, RING8)
-                    iters.append(predicted_iteration_s(cluster, RING8, d))
-                except CannotPlace:
-                    pass
-                times.append((time.perf_counter() - t0) * 1000)
-            row[name] = {
-                "p50_ms": percentile(times, 50),
-                "p99_ms": percentile(times, 99),
-                "mean_ms": statistics.fmean(times),
+                with watch:
+                    try:
+                        d = algo.place(cluster, RING8)
+                        iters.append(predicted_iteration_s(cluster, RING8, d))
+                    except CannotPlace:
+                        pass
+            row[name] = watch.latency() | {
+                "mean_ms": statistics.fmean(watch.wall_ms),
                 "reps": runs,
                 "placed": len(iters) / runs,
                 "iteration_time_s": statistics.fmean(iters) if iters else None,
@@ -137,7 +128,7 @@ def gap(instances: int, seed: int, names: list[str]) -> dict:
             "cannot_place": failed[name],
             "mean_ratio": statistics.fmean(r) if r else None,
             "median_ratio": statistics.median(r) if r else None,
-            "p90_ratio": percentile(r, 90) if r else None,
+            "p90_ratio": percentile(r, 90),
             "max_ratio": max(r) if r else None,
             "optimal_fraction": sum(x <= 1 + 1e-6 for x in r) / len(r) if r else None,
             "ratios": r,
@@ -202,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=50, help="placements per algorithm and size")
     ap.add_argument("--sizes", default="16,100,1000", help="topology sizes (routers)")
     ap.add_argument("--instances", type=int, default=60, help="small instances for the gap")
-    ap.add_argument("--out", default="results/bench_scheduler.json")
+    ap.add_argument("--out", default=str(RESULTS / "bench_scheduler.json"))
     args = ap.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",")]

@@ -26,7 +26,7 @@ Prints a table and writes results/bench_sdn.json with the machine it ran on.
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # python experiments/X.py
-    import _venv
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import itertools
@@ -44,6 +44,7 @@ from pathlib import Path
 import networkx as nx
 
 from edge import tc
+from experiments.common import REPO, RESULTS, require_root
 from experiments.machine import machine
 from protocol.http import free_port
 from sdn_app.client import FlowRequest, SdnClient, SdnError
@@ -79,7 +80,7 @@ class Controller:
                 "--rest",
                 f"127.0.0.1:{rest}",
             ],
-            cwd=_venv.REPO,
+            cwd=REPO,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=os.environ | {"PYTHONUNBUFFERED": "1"},
@@ -360,11 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topo", default="campus")
     parser.add_argument("--seconds", type=float, default=10.0, help="iperf3 duration")
     parser.add_argument("--repeats", type=int, default=2, help="iperf3 runs per rate and method")
-    parser.add_argument("--out", type=Path, default=Path(_venv.REPO) / "results" / "bench_sdn.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_sdn.json")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("error: run as root (sudo)", file=sys.stderr)
-        return 2
+    require_root("the emulation needs bridges, containers and ovs-vswitchd")
     try:
         topo = load_topology(args.topo)
     except TopologyError as e:

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.common import RESULTS
 from scheduler.arrivals import make_scenario, parse_arrivals
 from scheduler.evaluate import machine_info
 from scheduler.model import Cluster
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--load", type=float, default=0.3, help="nominal offered cpu load")
     ap.add_argument("--algos", default="first-fit,network-aware")
-    ap.add_argument("--out", default="results/bench_simulator.json")
+    ap.add_argument("--out", default=str(RESULTS / "bench_simulator.json"))
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.nodes < 2 or args.load <= 0:
         print(

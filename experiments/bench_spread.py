@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from experiments.common import REPO, RESULTS, Stopwatch
 from scheduler.baselines import make_algorithm
 from scheduler.bounds import iteration_lower_bound
 from scheduler.compose import build
@@ -63,8 +64,10 @@ from scheduler.ppo import CHECKPOINT, Agent, CesPPO, Policy, greedy_from, networ
 from scheduler.trace import MACHINE_TABLE, load_machine_spec
 from topologies import load_topology
 
-ROOT = Path(__file__).resolve().parent.parent
-JOBS = ROOT / "experiments" / "jobs" / "spread.yaml"
+JOBS = REPO / "experiments" / "jobs" / "spread.yaml"
+# the 8-task ring timed on 1000 nodes: 1 GB tasks, 1000 Mbit/s per flow (common.RING8's are
+# 512 MB and 100 Mbit/s)
+WIDE_RING8 = ring_job("ring8", 8, Resources(0.5, 1024), 4e7, 1000.0, iterations=100)
 GENERATED = ["gen:internet:100:7", "gen:internet:1000:7"]
 BASELINES = ["network-aware", "k8s-spread", "first-fit", "best-fit", "utilization", "random"]
 OURS = "ces-ppo"
@@ -260,28 +263,20 @@ def latency(reps: int, machines: list, checkpoint: Path) -> dict:
     of CES-PPO's decisions: the 16-GPU ring on gen:internet:100, an 8-task ring on
     gen:internet:1000 (warm, torch on one thread)."""
     torch.set_num_threads(1)
-    ring8 = ring_job("ring8", 8, Resources(0.5, 1024), 4e7, 1000.0, iterations=100)
     cases = {
         "16 tasks, 100 nodes": ("gen:internet:100:7", load_jobs(JOBS)[0]),
-        "8 tasks, 1000 nodes": ("gen:internet:1000:7", ring8),
+        "8 tasks, 1000 nodes": ("gen:internet:1000:7", WIDE_RING8),
     }
     out = {}
     algo = CesPPO(checkpoint=checkpoint)
     for label, (topo, job) in cases.items():
         cluster = make_instance(Cluster.from_topology(load_topology(topo)), 0, 0.5, machines)
         algo.place(cluster, job)  # warm: routes and layout known
-        wall, cpu = [], []
+        watch = Stopwatch()
         for _ in range(reps):
-            t, c = time.perf_counter(), time.process_time()
-            algo.place(cluster, job)
-            wall.append((time.perf_counter() - t) * 1000)
-            cpu.append((time.process_time() - c) * 1000)
-        out[label] = {
-            "p50_ms": float(np.percentile(wall, 50)),
-            "p99_ms": float(np.percentile(wall, 99)),
-            "cpu_p50_ms": float(np.percentile(cpu, 50)),
-            "loadavg_1m": os.getloadavg()[0],
-        }
+            with watch:
+                algo.place(cluster, job)
+        out[label] = watch.latency() | {"loadavg_1m": os.getloadavg()[0]}
     return out
 
 
@@ -302,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         default=CHECKPOINT,
         help="CES-PPO checkpoint (default: the committed one)",
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "ppo" / "spread.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "ppo" / "spread.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.random_jobs < 0 or args.reps < 0:
         ap.error("--seeds must be ≥ 1, --random-jobs and --reps ≥ 0")

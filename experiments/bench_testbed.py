@@ -18,7 +18,7 @@ Prints a table and writes results/bench_testbed.json (with the machine it ran on
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # python experiments/X.py
-    import _venv
+    import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
 import json
@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.common import RESULTS, require_root
 from experiments.machine import machine
 from testbed import Emulation
 from topologies import TopologyError, load_topology
@@ -144,13 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topo", default="campus")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="iperf3 duration")
-    parser.add_argument(
-        "--out", type=Path, default=Path(_venv.REPO) / "results" / "bench_testbed.json"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_testbed.json")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("error: run as root (sudo)", file=sys.stderr)
-        return 2
+    require_root("the emulation needs bridges, containers and ovs-vswitchd")
     try:
         load_topology(args.topo)
     except TopologyError as e:

@@ -27,24 +27,23 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from calibrate_perfmodel import (
+from rich.console import Console
+from rich.table import Table
+
+from experiments.calibrate_perfmodel import (
     bottleneck_topology,
     mbps_list,
     measured_run,
     names_of,
     set_bottleneck,
 )
-from rich.console import Console
-from rich.table import Table
-
+from experiments.common import RESULTS, require_root
 from experiments.machine import machine
 from testbed import Emulation, EmulationError
 from workloads.collectives import COLLECTIVES
 from workloads.data import DATASETS
 from workloads.job import TestbedJobError
 from workloads.models import MODELS
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument("--cpu", type=float, default=d.cpu, help="cores per worker")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--max-seconds", type=float, default=d.max_seconds)
-    p.add_argument("--out", type=Path, default=REPO / "results" / "bench_tta.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "bench_tta.json")
     a = p.parse_args(argv)
     if a.seeds < 1:
         p.error(f"--seeds must be ≥ 1, got {a.seeds}")
@@ -213,12 +212,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     s, out = parse_args(argv)
-    if os.geteuid() != 0:
-        print(
-            "error: run as root (the testbed creates bridges, namespaces, containers)",
-            file=sys.stderr,
-        )
-        return 2
+    require_root("the testbed creates bridges, namespaces, containers")
     console = Console(width=None if sys.stdout.isatty() else 130)
     info = machine()
     runs: list[dict] = []

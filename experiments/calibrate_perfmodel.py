@@ -41,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 from scipy.optimize import least_squares
 
+from experiments.common import RESULTS, require_root
 from experiments.machine import machine
 from scheduler.perfmodel import IterationModel, collective_steps, flow_bytes, ring_lower_bound_s
 from testbed import Emulation, EmulationError
@@ -50,7 +51,6 @@ from workloads.job import TestbedJobError, run_job
 from workloads.models import MODELS, build_model, gradient_bytes
 from workloads.results import JobSummary, read_job
 
-REPO = Path(__file__).resolve().parent.parent
 SWITCH = "s1"
 
 
@@ -378,7 +378,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, dict | None]:
         default=d.repeats,
         help="rounds over all points (interleaved); each point's median is used",
     )
-    p.add_argument("--out", type=Path, default=REPO / "results" / "calibration.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "calibration.json")
     p.add_argument(
         "--refit",
         action="store_true",
@@ -425,12 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     s, out, saved = parse_args(argv)
     if saved is not None:
         return report(s, out, saved["machine"], saved["runs"], saved.get("elapsed_min", 0.0))
-    if os.geteuid() != 0:
-        print(
-            "error: run as root (the testbed creates bridges, namespaces, containers)",
-            file=sys.stderr,
-        )
-        return 2
+    require_root("the testbed creates bridges, namespaces, containers")
     console = Console(width=None if sys.stdout.isatty() else 130)
     info = machine()
     rates = (s.reference_mbps, *s.fit_mbps, *s.check_mbps)
