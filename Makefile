@@ -2,7 +2,7 @@
 # Both set up what is missing first.
 PY := .venv/bin/python
 
-.PHONY: setup run test lint unit cleanup ryu
+.PHONY: setup run test lint unit cleanup ryu figures docs
 setup:
 	bash scripts/setup.sh
 
@@ -27,3 +27,11 @@ unit:
 
 cleanup:
 	$(PY) experiments/run.py --cleanup
+
+# the plots of every committed results file, re-made beside it (git ignores them); nothing is run
+figures:
+	$(PY) experiments/plots.py --all
+
+# the docs' generated tables re-rendered from results/, then every documented figure checked
+docs:
+	$(PY) experiments/doc_figures.py --write

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """The figures of an end-to-end run, each re-made from its results.json.
 
-  python experiments/plots.py results/e2e/default-campus/results.json [--out DIR] [--only tta]
+  python experiments/plots.py results/e2e/contention-campus/results.json [--out DIR] [--only tta]
+  python experiments/plots.py --all     # every committed results file's figures (`make figures`)
+
+--all re-makes, from the committed JSON and CSV under results/ and next to them, every PNG the
+runs and benchmarks drew (git ignores them): each end-to-end folder's four figures below and its
+results.csv (`experiments/report.py`), and the benchmarks' plots (`BENCH_FIGURES`). Nothing is
+run or measured.
 
 tta.png      time-to-accuracy per scheduler and job: every seed as a point (hollow at the
              timeout when the target was not reached), mean ± sd of the reached ones as a bar
@@ -17,6 +23,8 @@ if __name__ == "__main__" and not __package__:  # python experiments/X.py
     import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
+import csv
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +35,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments.report import RATE_BAND, mean_std, read_results, rows
+from experiments.e2e.fidelity import WIRE_BAND
+from experiments.report import mean_std, read_results, rows
 
 
 def _jobs(results: dict) -> list[str]:
@@ -164,10 +173,10 @@ def rates(results: dict, path: Path) -> Path:
     ax.plot(line, line, "k-", lw=0.7)
     ax.fill_between(
         line,
-        RATE_BAND[0] * line,
-        RATE_BAND[1] * line,
+        WIRE_BAND[0] * line,
+        WIRE_BAND[1] * line,
         color="0.9",
-        label=f"{RATE_BAND[0]}…{RATE_BAND[1]} × granted",
+        label=f"{WIRE_BAND[0]}…{WIRE_BAND[1]} × granted",
     )
     ax.set_xlabel("granted rate (Mbit/s)")
     ax.set_ylabel("sent on the wire while the sender was busy (Mbit/s)")
@@ -194,12 +203,125 @@ def make_all(results: dict, out: Path, only: list[str] | None = None) -> list[Pa
     ]
 
 
+# --- every committed figure ---------------------------------------------------------------------
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _bench_scheduler(src: Path) -> list[Path]:
+    from experiments.bench_scheduler import plot
+
+    plot(_json(src), src.with_suffix(".png"))
+    return [src.with_suffix(".png")]
+
+
+def _bench_tta(src: Path) -> list[Path]:
+    from experiments.bench_tta import Settings, plot
+
+    doc = _json(src)
+    s = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["settings"].items()}
+    plot(doc["cells"], Settings(**s), src.with_suffix(".png"))
+    return [src.with_suffix(".png")]
+
+
+def _bench_ppo(src: Path) -> list[Path]:
+    from experiments.bench_ppo import plot, plot_tradeoff
+
+    doc = _json(src)
+    plot(doc, src.with_suffix(".png"))
+    if src.name != "bench.json":  # bench_ppo writes tradeoff.png for its default run
+        return [src.with_suffix(".png")]
+    plot_tradeoff(doc, src.parent / "tradeoff.png")
+    return [src.with_suffix(".png"), src.parent / "tradeoff.png"]
+
+
+def _bench_spread(src: Path) -> list[Path]:
+    from experiments.bench_spread import plot
+
+    plot(_json(src), src.with_suffix(".png"))
+    return [src.with_suffix(".png")]
+
+
+def _learning_curve(src: Path) -> list[Path]:
+    from scheduler.train_ppo import plot
+
+    with src.open(newline="") as fh:
+        rows = [
+            {k: v if k == "phase" else float(v) for k, v in r.items() if v != ""}
+            for r in csv.DictReader(fh)
+        ]
+    minutes = rows[-1]["seconds"] / 60 if rows else 0.0
+    plot(rows, src.with_suffix(".png"), f"CES-PPO: {minutes:.1f} min of training ({src.name})")
+    return [src.with_suffix(".png")]
+
+
+def _eade_curves(src: Path) -> list[Path]:
+    from scheduler.eade.experiment import plot_curves, read_curves
+
+    plot_curves(read_curves(src), src.with_suffix(".png"))
+    return [src.with_suffix(".png")]
+
+
+# results file (glob under results/) → what draws its figures beside it
+BENCH_FIGURES: dict[str, Callable[[Path], list[Path]]] = {
+    "bench_scheduler.json": _bench_scheduler,
+    "bench_tta.json": _bench_tta,
+    "ppo/bench*.json": _bench_ppo,
+    "ppo/spread*.json": _bench_spread,
+    "ppo/learning_curve.csv": _learning_curve,
+    "eade/curves.csv": _eade_curves,
+}
+
+
+def e2e_results(root: Path = RESULTS) -> list[Path]:
+    """Every results.json of experiments/run.py under `root` (a scenario and its runs)."""
+    found = []
+    for path in sorted(root.rglob("results.json")):
+        with path.open() as fh:
+            head = fh.read(4000)
+        if '"scenario"' in head and '"runs"' in head:
+            found.append(path)
+    return found
+
+
+def make_everything(root: Path = RESULTS) -> list[Path]:
+    from experiments.report import write_csv
+
+    made = []
+    for path in e2e_results(root):
+        results = read_results(str(path))
+        if results is None:
+            continue
+        made.append(write_csv(results, path.parent / "results.csv"))
+        made += make_all(results, path.parent)
+        print(f"{path.parent.relative_to(root.parent)}: results.csv and the figures", flush=True)
+    for pattern, draw in BENCH_FIGURES.items():
+        for src in sorted(root.glob(pattern)):
+            made += draw(src)
+            print(f"{src.relative_to(root.parent)}: its figures", flush=True)
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", help="results.json of experiments/run.py")
+    p.add_argument("results", nargs="?", help="results.json of experiments/run.py")
     p.add_argument("--out", help="folder for the PNGs (default: beside the JSON)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES), help="one figure")
+    p.add_argument(
+        "--all", action="store_true", help="every committed results file's figures, beside it"
+    )
     a = p.parse_args(argv)
+    if a.all:
+        if a.results or a.out or a.only:
+            p.error("--all takes no results file, --out or --only")
+        made = make_everything()
+        print(f"{len(made)} files written under {RESULTS}")
+        return 0
+    if not a.results:
+        p.error("a results.json, or --all")
     results = read_results(a.results)
     if results is None:
         return 2

@@ -1,7 +1,7 @@
 """The benchmark harness: compare scheduling algorithms on one topology over several seeds.
 
     python -m scheduler.evaluate --topo campus --jobs workloads/jobs --algos all --seeds 5 \
-        --out results/eval_campus.json [--machines pai_machine_spec.csv] [--background 0.5]
+        --out results/runs/eval_campus.json [--machines pai_machine_spec.csv] [--background 0.5]
     python -m scheduler.evaluate --mode multi --topo campus --arrivals poisson:n=500,load=0.8
 
 Single mode (below); multi mode runs every queue policy of `multi.py` on arrivals of

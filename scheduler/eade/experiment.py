@@ -322,13 +322,7 @@ def write(doc: dict, out: Path) -> None:
 
 
 def write_curves(curves: dict[str, list[list[dict]]], out: Path) -> None:
-    """curves.csv (algorithm, seed, episode, ...) and curves.png (validation N and training
-    return, mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """curves.csv (algorithm, seed, episode, ...) and curves.png (`plot_curves`)."""
     cols = ["algorithm", "seed", "episode", "return", "train_N"] + [f"val_{k}" for k in METRICS]
     with (out / "curves.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
@@ -337,6 +331,29 @@ def write_curves(curves: dict[str, list[list[dict]]], out: Path) -> None:
             for seed, rows in enumerate(per_seed):
                 for r in rows:
                     w.writerow({"algorithm": name, "seed": seed, **r})
+    plot_curves(curves, out / "curves.png")
+
+
+def read_curves(path: Path) -> dict[str, list[list[dict]]]:
+    """curves.csv back into `write_curves`' argument (numbers as floats, empty cells left out)."""
+    curves: dict[str, list[list[dict]]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            per_seed = curves.setdefault(row.pop("algorithm"), [])
+            seed = int(row.pop("seed"))
+            while len(per_seed) <= seed:
+                per_seed.append([])
+            per_seed[seed].append({k: float(v) for k, v in row.items() if v != ""})
+    return curves
+
+
+def plot_curves(curves: dict[str, list[list[dict]]], path: Path) -> None:
+    """Validation N and training return per algorithm, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for name, per_seed in curves.items():
         points = [r for r in per_seed[0] if "val_N" in r]
@@ -357,5 +374,5 @@ def write_curves(curves: dict[str, list[list[dict]]], out: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"learning curves, mean over {len(next(iter(curves.values())))} seeds")
     fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
