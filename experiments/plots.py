@@ -35,8 +35,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments.e2e.fidelity import WIRE_BAND
-from experiments.report import mean_std, read_results, rows
+from experiments.report import RATE_BAND, mean_std, read_results, rows
 
 
 def _jobs(results: dict) -> list[str]:
@@ -173,10 +172,10 @@ def rates(results: dict, path: Path) -> Path:
     ax.plot(line, line, "k-", lw=0.7)
     ax.fill_between(
         line,
-        WIRE_BAND[0] * line,
-        WIRE_BAND[1] * line,
+        RATE_BAND[0] * line,
+        RATE_BAND[1] * line,
         color="0.9",
-        label=f"{WIRE_BAND[0]}…{WIRE_BAND[1]} × granted",
+        label=f"{RATE_BAND[0]}…{RATE_BAND[1]} × granted",
     )
     ax.set_xlabel("granted rate (Mbit/s)")
     ax.set_ylabel("sent on the wire while the sender was busy (Mbit/s)")
