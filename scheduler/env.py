@@ -376,20 +376,31 @@ class PlacementEpisode:
 
 
 # --- random instances ----------------------------------------------------------------------------
-TOPOHUB_SIZES = (10, 200)  # compute nodes of the real networks training draws
-
-
 @dataclass(frozen=True)
 class EnvConfig:
-    """The training instances (`TrainingInstances`): every share in one place."""
+    """The training instances (`TrainingInstances`): every share and size in one place."""
 
     sites: tuple[int, int] = (10, 200)  # compute nodes of the generated networks
     real_share: float = 0.3  # networks from topohub (those not kept out: `instances.held_out`)
+    topohub_sites: tuple[int, int] = (10, 200)  # compute nodes of the real networks drawn
     alibaba_share: float = 0.5  # networks with the Alibaba machine table's capacities
     background: tuple[float, float] = (0.0, 0.6)  # share of nodes and links already in use
+    jobs_share: float = 0.5  # of which by random jobs (`instances.fill_with_jobs`), the others
+    #                          by the benchmarks' background load (`instances.background_load`)
     spread_share: float = 0.5  # jobs no node can hold (`instances.random_spread_jobs`)
-    small_jobs: JobDistribution = JobDistribution(max_workers=8)
-    gpu_jobs: JobDistribution = GPU_CLUSTER_JOBS
+    small_jobs: JobDistribution = JobDistribution(max_workers=8)  # the other jobs
+    gpu_jobs: JobDistribution = GPU_CLUSTER_JOBS  # jobs no node can hold, where there are GPUs
+    cpu_jobs: JobDistribution = JobDistribution(  # jobs no node can hold, where there are none
+        min_workers=2,
+        max_workers=32,
+        log_workers=True,
+        min_params=1e5,
+        max_params=1.1e8,
+        cpu_choices=(0.25, 0.5, 1.0, 2.0),
+        mem_choices=(256.0, 512.0, 1024.0, 2048.0),
+        min_mbps=10.0,
+        max_mbps=5000.0,
+    )
     episodes_per_topology: int = 16  # jobs drawn on one network before the next
     max_nodes: int = 256  # PlacementEnv's action space
 
@@ -441,36 +452,22 @@ class TrainingInstances:
             if key not in _TOPOHUB:
                 _TOPOHUB[key] = load_topology(key)
             topo = _TOPOHUB[key]
-            if not TOPOHUB_SIZES[0] <= len(topo.nodes) <= TOPOHUB_SIZES[1]:
+            if not cfg.topohub_sites[0] <= len(topo.nodes) <= cfg.topohub_sites[1]:
                 topo = None
         cluster = Cluster.from_topology(topo or random_topology(rng, cfg.sites))
         if self.machines and rng.random() < cfg.alibaba_share:
             cluster = apply_machine_spec(cluster, self.machines, rng)
         level = float(rng.uniform(*cfg.background))
-        if rng.random() < 0.5:
+        if rng.random() < cfg.jobs_share:
             fill_with_jobs(rng, cluster, level, cfg.small_jobs)
             return cluster
         return background_load(cluster, rng, level)
 
     def _job(self, cluster: Cluster) -> Job | None:
         rng, cfg = self.rng, self.cfg
-        gpus = any(cluster.capacity(n).gpu > 0 for n in cluster.compute_nodes())
-        dist = (
-            cfg.gpu_jobs
-            if gpus
-            else JobDistribution(
-                min_workers=2,
-                max_workers=32,
-                log_workers=True,
-                min_params=1e5,
-                max_params=1.1e8,
-                cpu_choices=(0.25, 0.5, 1.0, 2.0),
-                mem_choices=(256.0, 512.0, 1024.0, 2048.0),
-                min_mbps=10.0,
-                max_mbps=5000.0,
-            )
-        )
         if rng.random() < cfg.spread_share:
+            gpus = any(cluster.capacity(n).gpu > 0 for n in cluster.compute_nodes())
+            dist = cfg.gpu_jobs if gpus else cfg.cpu_jobs
             try:  # a job that must span nodes, which this network can hold
                 return random_spread_jobs(
                     rng, cluster, 1, dist, prefix=f"job{self.count}-", tries=200

@@ -29,32 +29,25 @@ from .trace import apply_machine_spec
 # --- jobs ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobDistribution:
-    """What `random_job` draws from (all independent):
-    collective  ring 50 %, star 20 %, tree 10 %, all-to-all 10 %, custom 10 % (a ring plus chords
-                w_i -> w_{i+2}: a cyclic graph no DAG model expresses);
-    workers     uniform integer in [min_workers, max_workers] (log-uniform with `log_workers`);
-    per task    cpu uniform from `cpu_choices`, memory from `mem_choices` (MB), GPUs from
-                `gpu_choices` (whole devices; drawn only when there is a choice, so that the
-                draws of a GPU-less distribution stay what they were);
-    model       parameters log-uniform in [min_params, max_params] (float32: 4 bytes each);
-    compute     log-uniform seconds of one reference core per iteration in [min_compute_s,
-                max_compute_s];
-    bandwidth   per-flow demand log-uniform in [min_mbps, max_mbps];
-    iterations  uniform integer in [min_iterations, max_iterations]; priority uniform 0..2."""
+    """What `random_job` draws from, all independently: the collective (ring 50 %, star 20 %,
+    tree 10 %, all-to-all 10 %, custom 10 %: a ring plus chords w_i -> w_{i+2}, a cyclic graph
+    no DAG model expresses), the fields below, and a priority uniform in 0..2."""
 
-    min_workers: int = 2
+    min_workers: int = 2  # workers: a uniform integer from min_workers to max_workers
     max_workers: int = 6
-    log_workers: bool = False
-    cpu_choices: tuple[float, ...] = (0.25, 0.5, 1.0)
-    mem_choices: tuple[float, ...] = (256.0, 512.0, 1024.0)
-    gpu_choices: tuple[float, ...] = (0.0,)
-    min_params: float = 1e5
+    log_workers: bool = False  # workers log-uniform instead
+    cpu_choices: tuple[float, ...] = (0.25, 0.5, 1.0)  # each task's cpu, one of these
+    mem_choices: tuple[float, ...] = (256.0, 512.0, 1024.0)  # its memory (MB), one of these
+    gpu_choices: tuple[float, ...] = (0.0,)  # its GPUs (whole devices), one of these: drawn only
+    #                                          where there is a choice, so that the draws of a
+    #                                          GPU-less distribution stay what they were
+    min_params: float = 1e5  # model parameters (4 bytes each), log-uniform from min to max
     max_params: float = 1e7
-    min_compute_s: float = 0.01
+    min_compute_s: float = 0.01  # seconds of one reference core per iteration, log-uniform
     max_compute_s: float = 1.0
-    min_mbps: float = 10.0
+    min_mbps: float = 10.0  # each flow's demand, log-uniform
     max_mbps: float = 500.0
-    min_iterations: int = 100
+    min_iterations: int = 100  # iterations, a uniform integer
     max_iterations: int = 2000
 
 

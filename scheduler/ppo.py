@@ -24,6 +24,7 @@ from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -50,14 +51,14 @@ from .paths import route_placement
 from .trace import Machine
 
 CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "ces_ppo.pt"
-# logits per unit of the guidance features (env.GUIDE_FEATURES): a blocked flow costs 20, a hop
-# of the demand 5 (the hops feature is hops / 10)
-GUIDE_PRIOR = (-20.0, -50.0)
 
 
 @dataclass
 class PPOConfig:
-    seed: int = 0
+    """The network and its training: every setting, each a flag of `python -m
+    scheduler.train_ppo` (`config.add_options`)."""
+
+    seed: int = 0  # the training instances, initial weights and samples
     imitation: int = 9600  # instances of phase 1: imitation of the teacher
     ppo: int = 800  # instances of phase 2: PPO
     group: int = 4  # sampled rollouts per instance in phase 2 (their mean return: the baseline)
@@ -69,17 +70,22 @@ class PPOConfig:
     first_batch: int = 16  # instances per update in phase 3
     batch: int = 32  # episodes per update
     epochs: int = 2  # passes over each batch
-    lr: float = 1e-3  # phase 1
-    lr_ppo: float = 2e-4  # phase 2
-    lr_first: float = 2e-4  # phase 3
-    clip: float = 0.2
-    ent_coef: float = 0.003
-    max_grad_norm: float = 1.0
-    encoder: str = "gnn"  # "gnn": message passing over G; "mlp": per-vertex MLP only
+    lr: float = 1e-3  # learning rate of phase 1
+    lr_ppo: float = 2e-4  # learning rate of phase 2
+    lr_first: float = 2e-4  # learning rate of phase 3
+    clip: float = 0.2  # PPO's clip of the probability ratio
+    ent_coef: float = 0.003  # PPO's entropy bonus
+    max_grad_norm: float = 1.0  # gradient clipping (L2 norm), every phase
+    encoder: Literal["gnn", "mlp"] = "gnn"  # gnn: message passing over G; mlp: per-vertex only
     layers: int = 3  # message-passing rounds of the gnn encoder
-    hidden: int = 32
+    hidden: int = 32  # units of every hidden layer
     threads: int = 1  # torch and BLAS threads (the machine is shared)
     validate_every: int = 10  # updates between validation figures
+    validation: int = 160  # instances of the validation figure (0: none)
+    # the guidance prior's starting logits per unit of its features (env.GUIDE_FEATURES): a
+    # blocked flow costs 20, a hop of the demand 5 (the hops feature is hops / 10)
+    guide_prior: tuple[float, float] = (-20.0, -50.0)
+    failed_penalty: float = 1.0  # phase 2: a rollout that places nothing, below its group's worst
 
 
 # --- batching -------------------------------------------------------------------------------------
@@ -177,7 +183,7 @@ class Agent(nn.Module):
         # network-aware's measure as a prior on the logits, learned from there: the untrained
         # policy follows the heuristic after the first task, and learning moves it where that
         # is wrong
-        self.prior = nn.Parameter(torch.tensor(GUIDE_PRIOR))
+        self.prior = nn.Parameter(torch.tensor(cfg.guide_prior))
 
     def encode(self, b: GraphBatch) -> tuple[Tensor, Tensor]:
         """Vertex states (V, H) and per-graph context (B, 2H): mean and max over its compute
@@ -436,7 +442,7 @@ def train(
             batch = []
             while len(batch) < cfg.batch and done < end:
                 done += 1
-                batch += sample_group(agent, *instances.next(), cfg.group, rng)
+                batch += sample_group(agent, *instances.next(), cfg, rng)
             if not batch:
                 continue
             adv = torch.tensor([e.advantage for e in batch])
@@ -477,21 +483,18 @@ def train(
     return agent
 
 
-FAILED_PENALTY = 1.0  # a rollout that places nothing: this much below its group's worst return
-
-
 def sample_group(
-    agent: Agent, cluster: Cluster, job: Job, size: int, rng: np.random.Generator
+    agent: Agent, cluster: Cluster, job: Job, cfg: PPOConfig, rng: np.random.Generator
 ) -> list[Episode]:
-    """`size` sampled rollouts of one instance; return = −log(iteration time), advantage = the
-    return minus the group's mean (the instance's own baseline: no critic needed)."""
+    """`cfg.group` sampled rollouts of one instance; return = −log(iteration time), advantage =
+    the return minus the group's mean (the instance's own baseline: no critic needed)."""
     ep0 = PlacementEpisode(cluster, job)
     if ep0.done:
         return []
     graph = ep0.graph_input()
     policy = Policy(agent, graph)
     group = []
-    for _ in range(size):
+    for _ in range(cfg.group):
         ep = ep0.restart()
         record = Episode(graph)
         record.logp = rollout(policy, ep, greedy=False, rng=rng, record=record)
@@ -503,7 +506,7 @@ def sample_group(
         return []
     for e in group:
         if math.isnan(e.ret):
-            e.ret = min(done) - FAILED_PENALTY
+            e.ret = min(done) - cfg.failed_penalty
     mean = float(np.mean([e.ret for e in group]))
     for e in group:
         e.advantage = e.ret - mean

@@ -17,11 +17,12 @@ import csv
 import os
 import platform
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from .config import add_options, from_args
 from .env import EnvConfig, TrainingInstances
 from .model import Cluster, Job
 from .ppo import CHECKPOINT, PPOConfig, save, train
@@ -43,33 +44,13 @@ COLUMNS = (
 VALIDATION_SEED = 10_000  # + the training seed: instances training never draws
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, PPOConfig, EnvConfig]:
+    """The command line: a flag for every field of PPOConfig and EnvConfig (`config`), and where
+    to read and write; bad values exit with code 2."""
     p = argparse.ArgumentParser(
-        prog="python -m scheduler.train_ppo", description=__doc__.split("\n\n")[0]
-    )
-    d = PPOConfig()
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument(
-        "--imitation",
-        type=int,
-        default=d.imitation,
-        help="instances of phase 1, imitation of the teacher",
-    )
-    p.add_argument("--ppo", type=int, default=d.ppo, help="instances of phase 2, PPO")
-    p.add_argument(
-        "--first-nodes",
-        type=int,
-        default=d.first_nodes,
-        help="instances of phase 3, the first node from rollouts begun on many",
-    )
-    p.add_argument("--encoder", choices=("gnn", "mlp"), default=d.encoder)
-    p.add_argument(
-        "--layers", type=int, default=d.layers, help="message-passing rounds of the gnn encoder"
-    )
-    p.add_argument("--hidden", type=int, default=d.hidden)
-    p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument(
-        "--validation", type=int, default=160, help="instances of the validation figure (0: none)"
+        prog="python -m scheduler.train_ppo",
+        usage="%(prog)s [options]",
+        description=__doc__.split("\n\n")[0],
     )
     p.add_argument(
         "--machines",
@@ -80,7 +61,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=CHECKPOINT, help="checkpoint to write")
     p.add_argument("--csv", type=Path, default=RESULTS / "learning_curve.csv")
     p.add_argument("--png", type=Path, default=RESULTS / "learning_curve.png")
+    add_options(p, PPOConfig())
+    add_options(p, EnvConfig())
     args = p.parse_args(argv)
+    cfg, env_cfg = from_args(args, PPOConfig()), from_args(args, EnvConfig())
     problems = []
     for opt, low in (
         ("imitation", 0),
@@ -91,10 +75,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ("threads", 1),
         ("validation", 0),
     ):
-        if getattr(args, opt) < low:
+        if getattr(cfg, opt) < low:
             flag = "--" + opt.replace("_", "-")
-            problems.append(f"{flag} must be ≥ {low}, got {getattr(args, opt)}")
-    if args.imitation + args.ppo + args.first_nodes < 1:
+            problems.append(f"{flag} must be ≥ {low}, got {getattr(cfg, opt)}")
+    if cfg.imitation + cfg.ppo + cfg.first_nodes < 1:
         problems.append("--imitation, --ppo and --first-nodes are all 0: nothing to train")
     if not args.machines.is_file():
         problems.append(f"--machines: {args.machines} is not a file")
@@ -104,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             problems.append(f"--{opt}: {parent} is not a directory")
     if problems:
         p.error("; ".join(problems))  # exit code 2
-    return args
+    return args, cfg, env_cfg
 
 
 def validation_instances(
@@ -162,14 +146,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cfg = replace(
-        PPOConfig(),
-        **{f.name: getattr(args, f.name) for f in fields(PPOConfig) if hasattr(args, f.name)},
-    )
-    env_cfg = EnvConfig()
+    args, cfg, env_cfg = parse_args(argv)
     machines = load_machine_spec(args.machines)
-    validation = validation_instances(env_cfg, cfg.seed, args.validation, machines)
+    validation = validation_instances(env_cfg, cfg.seed, cfg.validation, machines)
     for path in (args.out, args.csv, args.png):
         path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

@@ -1,9 +1,10 @@
 """Re-create TapFinger's checkpoint (scheduler/checkpoints/tapfinger.pt): MAPPO in TapFinger's own
 setting and in CES's simulator (`tapfinger.mappo`), seeded, one thread.
 
-    nice -n 19 python -m scheduler.train_tapfinger [--out PATH] [--smoke]
+    nice -n 19 python -m scheduler.train_tapfinger [--out PATH] [--smoke] [options]
 
---smoke trains a few episodes only (tests, CI). Bad input: one line, exit code 2.
+--smoke trains a few episodes only (tests, CI); every field of `mappo.Hyper` is a flag as well
+(`config.add_options`), over the defaults or --smoke's. Bad input: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from pathlib import Path
 
 import torch
 
+from .config import add_options, from_args
 from .tapfinger import mappo
 from .tapfinger.policy import CHECKPOINT
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m scheduler.train_tapfinger", description=__doc__.split("\n\n")[0]
+        prog="python -m scheduler.train_tapfinger",
+        usage="%(prog)s [options]",
+        description=__doc__.split("\n\n")[0],
     )
     ap.add_argument("--out", default=str(CHECKPOINT), help="where to write the checkpoint")
     ap.add_argument("--smoke", action="store_true", help="a few short episodes (tests, CI)")
+    add_options(ap, mappo.Hyper())
     args = ap.parse_args(argv)
     out = Path(args.out)
     if not out.parent.is_dir():
@@ -45,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             ces_arrivals="poisson:n=6,load=0.8",
             validation_episodes=1,
         )
+    hp = from_args(args, hp)
     start = time.perf_counter()
     saved = mappo.train_all(hp, lambda line: print(line, file=sys.stderr, flush=True))
     saved["wall_s"] = time.perf_counter() - start

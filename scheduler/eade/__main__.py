@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from ..config import add_options, from_args
 from ..jobs import JobError
 from ..trace import MACHINE_TABLE
 from .agents import ALGORITHMS, AgentConfig
@@ -49,23 +49,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("command", choices=("train", "evaluate", "all"))
-    d = ExperimentConfig()
-    ap.add_argument("--seeds", type=int, default=d.seeds, help=f"seeds 0..N-1 (default {d.seeds})")
-    ap.add_argument(
-        "--episodes",
-        type=int,
-        default=d.episodes,
-        help=f"training episodes per RL algorithm and seed (default {d.episodes})",
-    )
-    ap.add_argument(
-        "--eval-episodes",
-        type=int,
-        default=d.eval_episodes,
-        help=f"held-out task streams per seed (default {d.eval_episodes})",
-    )
-    ap.add_argument(
-        "--algos", default="all", help=f"'all' or comma-separated among {', '.join(ALL)}"
-    )
     ap.add_argument(
         "--machines",
         type=Path,
@@ -74,6 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    add_options(ap, ExperimentConfig())
     try:
         return ap.parse_args(argv)
     except SystemExit as e:  # argparse already printed its one-line error (status 2)
@@ -81,32 +65,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def config(args: argparse.Namespace) -> ExperimentConfig:
-    for opt in ("seeds", "episodes", "eval_episodes"):
-        if getattr(args, opt) < 1:
+    cfg = from_args(args, ExperimentConfig())
+    for opt in ("seeds", "episodes", "eval_episodes", "curve_every", "curve_streams"):
+        if getattr(cfg, opt) < 1:
             raise UsageError(
-                f"--{opt.replace('_', '-')}: expected an integer ≥ 1, got {getattr(args, opt)}"
+                f"--{opt.replace('_', '-')}: expected an integer ≥ 1, got {getattr(cfg, opt)}"
             )
-    names = (
-        ALL if args.algos == "all" else tuple(a.strip() for a in args.algos.split(",") if a.strip())
-    )
-    unknown = [a for a in names if a not in ALL]
-    if unknown or not names:
+    unknown = [a for a in cfg.algorithms if a not in ALL]
+    if unknown:
         raise UsageError(
-            f"--algos: unknown algorithm '{unknown[0] if unknown else args.algos}' "
-            f"(known: {', '.join(ALL)}, or all)"
+            f"--algorithms: unknown algorithm '{unknown[0]}' (known: {', '.join(ALL)})"
         )
     if not args.machines.is_file():
         raise UsageError(
             f"--machines: {args.machines}: no such file (the Alibaba machine table, "
             "pai_machine_spec.csv)"
         )
-    return replace(
-        ExperimentConfig(),
-        seeds=args.seeds,
-        episodes=args.episodes,
-        eval_episodes=args.eval_episodes,
-        algorithms=names,
-    )
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:

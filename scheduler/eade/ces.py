@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from ..baselines import NetworkAware, register
+from ..config import add_options, from_args
 from ..env import (
     JOB_FEATURES,
     NODE_FEATURES,
@@ -419,15 +420,14 @@ class EadeDDPG:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m scheduler.eade.ces",
+        usage="%(prog)s [options]",
         description="Train the eade-ddpg placement algorithm of CES.",
     )
-    d = CesEadeConfig()
-    ap.add_argument("--episodes", type=int, default=d.episodes, help="jobs placed while learning")
-    ap.add_argument("--expert-episodes", type=int, default=d.expert_episodes)
-    ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--out", type=Path, default=CHECKPOINT)
+    add_options(ap, CesEadeConfig())
     args = ap.parse_args(argv)
-    if args.episodes < 1 or args.expert_episodes < 0:
+    cfg = from_args(args, CesEadeConfig())
+    if cfg.episodes < 1 or cfg.expert_episodes < 0:
         ap.error("--episodes must be ≥ 1 and --expert-episodes ≥ 0")
     if args.out.parent.exists() and not args.out.parent.is_dir():
         ap.error(f"--out: {args.out.parent} is not a directory")
@@ -441,9 +441,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..evaluate import machine_info
 
-    cfg = CesEadeConfig(
-        seed=args.seed, episodes=args.episodes, expert_episodes=args.expert_episodes
-    )
     rows: list[dict] = []
     wall, cpu = time.perf_counter(), time.process_time()
     with Progress(

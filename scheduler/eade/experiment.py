@@ -57,11 +57,11 @@ PAPER = {
 
 @dataclass
 class ExperimentConfig:
-    seeds: int = 5
+    seeds: int = 5  # seeds 0..N-1
     episodes: int = 100  # training episodes (the paper's 1000 scaled down: docs/eade.md)
     eval_episodes: int = 10  # held-out task streams per seed
     curve_every: int = 10  # training episodes between learning-curve points
-    curve_streams: int = 3
+    curve_streams: int = 3  # validation task streams of a learning-curve point
     algorithms: tuple[str, ...] = ALL
 
 

@@ -33,20 +33,20 @@ from .net import Obs, Step, TapFingerNet, evaluate_actions
 
 @dataclass(frozen=True)
 class Hyper:
-    seed: int = 0
-    hidden: int = 32
-    layers: int = 2
-    lr: float = 3e-4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip: float = 0.2
-    epochs: int = 4
+    seed: int = 0  # the episodes drawn and the initial weights
+    hidden: int = 32  # units of every hidden layer
+    layers: int = 2  # heterogeneous graph attention (HAN) layers
+    lr: float = 3e-4  # Adam's learning rate
+    gamma: float = 0.99  # discount
+    gae_lambda: float = 0.95  # GAE's lambda
+    clip: float = 0.2  # PPO's clip of the probability ratio
+    epochs: int = 4  # passes over each update's steps
     minibatch: int = 64  # steps
-    entropy: float = 0.01
-    value_coef: float = 0.5
-    max_grad: float = 0.5
+    entropy: float = 0.01  # weight of the entropy bonus
+    value_coef: float = 0.5  # weight of the value loss
+    max_grad: float = 0.5  # gradient clipping (L2 norm)
     episodes_per_update: int = 2
-    reward_scale: float = 0.01
+    reward_scale: float = 0.01  # rewards are multiplied by this
     # TapFinger's own setting (episodes of `paper_tasks` tasks, seeds 0, 1, ...)
     paper_episodes: int = 320
     paper_tasks: int = 192

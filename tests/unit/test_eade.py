@@ -326,7 +326,7 @@ def test_smoke_experiment_trains_saves_and_evaluates_every_algorithm(tmp_path, m
 def test_cli_rejects_bad_input_with_one_line_and_status_2(tmp_path, capsys):
     for argv, message in (
         (["train", "--seeds", "0"], "--seeds: expected an integer ≥ 1"),
-        (["train", "--algos", "EADE,Greedy"], "--algos: unknown algorithm"),
+        (["train", "--algorithms", "EADE", "Greedy"], "--algorithms: unknown algorithm"),
         (["all", "--machines", str(tmp_path / "no.csv")], "no such file"),
         (["evaluate", "--checkpoints", str(tmp_path)], "no checkpoint"),
     ):
