@@ -13,7 +13,10 @@ cgroup parent; tc runs in its namespace).
 
 Beyond loopback the agent requires the deployment's shared secret (`--token-file`, default
 $CES_TOKEN_FILE) of every command and sends it to the Master: it runs only what a Master that
-knows the secret sends it.
+knows the secret sends it. It serves and calls over TLS with its host's identity (`--tls DIR`,
+default $CES_TLS_DIR: cert.pem, key.pem, ca.pem of `python -m lab certs`): only the holder of the
+control machine's certificate may command it, and it talks only to a Master whose certificate
+the lab's CA signed for the address it calls. Plain HTTP beyond loopback needs `--insecure`.
 
 SIGTERM/SIGINT: the agent leaves — it stops its workers, removes its tc classes and exits; the
 Master notices the silence and reschedules. A killed agent (SIGKILL) leaves its workers running;
@@ -37,8 +40,9 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from protocol.http import JsonApp, Server, TokenError, default_token_file, listen_token
+from protocol.http import JsonApp, Server, TokenError, default_token_file, listen_tls, listen_token
 from protocol.messages import Registration
+from protocol.tls import TlsError, control_only, default_tls_dir
 
 from . import cgroups, tc
 from .compute import ComputeManager
@@ -63,6 +67,8 @@ class AgentConfig:
     workdir: str = ""
     heartbeat_s: float = 2.0
     token_file: str = ""
+    tls: str = ""  # the host's TLS identity folder (protocol.tls)
+    insecure: bool = False  # plain HTTP beyond loopback
     cpu: float = 0.0  # capacity reported (default: the cgroup parent's limits / the host)
     mem_mb: float = 0.0
 
@@ -117,6 +123,9 @@ def serve(cfg: AgentConfig) -> int:
     host, _, port = cfg.listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     token = listen_token(host, cfg.token_file)  # before anything is made
+    tls = listen_tls(host, cfg.tls, cfg.insecure, f"agent {cfg.node}")
+    if cfg.master.startswith("https:") and tls is None:
+        raise TlsError(f"--master {cfg.master}: an https URL needs --tls DIR")
     client = docker.from_env(max_pool_size=64)  # one streaming log connection per worker
     pid, parent = _node_pid(client, cfg.node_container) if cfg.node_container else (None, "")
     parent = cfg.cgroup_parent or parent
@@ -127,8 +136,8 @@ def serve(cfg: AgentConfig) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     network = NetworkManager(cfg.iface, pid, cfg.line_mbps or None)
     cpu, mem = _capacity(cfg, parent)
-    app = JsonApp(token=token)
-    server = Server(app, host, int(port or 0))
+    app = JsonApp(token=token, peers=control_only)
+    server = Server(app, host, int(port or 0), tls)
     reg = Registration(
         cfg.node,
         cfg.advertise or server.url,
@@ -142,7 +151,15 @@ def serve(cfg: AgentConfig) -> int:
     )
     gone = _node_gone(cfg.node_container, pid)
     messenger = Messenger(
-        reg, cfg.master, compute, network, UsageMeter(network, parent), cfg.heartbeat_s, token, gone
+        reg,
+        cfg.master,
+        compute,
+        network,
+        UsageMeter(network, parent),
+        cfg.heartbeat_s,
+        token,
+        gone,
+        tls=tls,
     )
     messenger.routes(app)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -194,6 +211,16 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         default=default_token_file(),
         help="the deployment's shared secret (default $CES_TOKEN_FILE)",
     )
+    p.add_argument(
+        "--tls",
+        default=default_tls_dir(),
+        help="TLS identity folder: cert.pem, key.pem, ca.pem (default $CES_TLS_DIR)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve plain HTTP beyond loopback (the token and jobs cross the network in clear)",
+    )
     p.add_argument("--cpu", type=float, default=0.0)
     p.add_argument("--mem-mb", type=float, default=0.0)
     a = p.parse_args(argv)
@@ -207,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{cfg.node}] %(message)s")
     try:
         return serve(cfg)
-    except (docker.errors.DockerException, RuntimeError, OSError, TokenError) as e:
+    except (docker.errors.DockerException, RuntimeError, OSError, TokenError, TlsError) as e:
         print(f"agent {cfg.node}: {e}", file=sys.stderr)
         return 2
 

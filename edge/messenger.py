@@ -33,6 +33,7 @@ from protocol.messages import (
     from_json,
     to_json,
 )
+from protocol.tls import Tls
 
 from .network import ShapingError
 
@@ -94,8 +95,10 @@ class Messenger:
         heartbeat_s: float = 2.0,
         token: str | None = None,
         gone: Callable[[], str] = lambda: "",
+        tls: Tls | None = None,
     ):
         self.reg, self.master, self._token = reg, master.rstrip("/"), token
+        self._tls = tls  # the agent's identity, shown to the Master (https)
         self.gone = gone
         self.compute, self.network, self.usage = compute, network, usage
         self.heartbeat_s = heartbeat_s
@@ -178,7 +181,12 @@ class Messenger:
     # --- talking to the Master ------------------------------------------------------------------
     def register(self) -> None:
         reply = call(
-            "POST", f"{self.master}/agents", to_json(self.reg), timeout=10, token=self._token
+            "POST",
+            f"{self.master}/agents",
+            to_json(self.reg),
+            timeout=10,
+            token=self._token,
+            tls=self._tls,
         )
         self.compute.reconcile(reply.get("expected_workers", []), reply.get("lines", {}))
         self.registered = True
@@ -196,6 +204,7 @@ class Messenger:
             to_json(hb),
             timeout=5,
             token=self._token,
+            tls=self._tls,
         )
         self.round_trips.append(time.perf_counter() - t0)
         self._unsent = []
@@ -241,7 +250,9 @@ class Messenger:
         deadline = time.monotonic() + timeout_s
         while not self.stopping.is_set() and time.monotonic() < deadline:
             try:
-                nodes = call("GET", f"{self.master}/nodes", timeout=5, token=self._token)
+                nodes = call(
+                    "GET", f"{self.master}/nodes", timeout=5, token=self._token, tls=self._tls
+                )
             except (ApiError, Unreachable):
                 return
             if not any(n.get("node") == self.node and n.get("online") for n in nodes):

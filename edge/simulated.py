@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from protocol.http import JsonApp, Server
 from protocol.messages import Registration, ShapingRule, Usage, WorkerSpec, WorkerState
+from protocol.tls import Tls, control_only
 
 from .messenger import Messenger
 
@@ -101,13 +102,16 @@ class SimulatedAgent:
         mem_mb: float = 2048.0,
         heartbeat_s: float = 1.0,
         token: str | None = None,
+        tls: Tls | None = None,
     ):
+        """`tls`: the agent's identity (its command channel over mutual TLS, the control
+        machine's certificate required, as the real agent's)."""
         self.compute, self.network = SimulatedCompute(), SimulatedNetwork()
-        app = JsonApp(token=token)
-        self.server = Server(app)
+        app = JsonApp(token=token, peers=control_only)
+        self.server = Server(app, tls=tls)
         reg = Registration(node, self.server.url, ip, "eth0", cpu, mem_mb)
         self.messenger = Messenger(
-            reg, master, self.compute, self.network, _IdleUsage(), heartbeat_s, token
+            reg, master, self.compute, self.network, _IdleUsage(), heartbeat_s, token, tls=tls
         )
         self.messenger.routes(app)
         self._thread: threading.Thread | None = None

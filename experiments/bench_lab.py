@@ -3,11 +3,14 @@
 time-to-accuracy on hosts vs the emulation of the same topology. As root.
 
     sudo python experiments/bench_lab.py [--nodes 4] [--seeds 5] [--out results/bench_lab.json]
+                                         [--deploy-only]
 
 Deploy: `--nodes` stand-in hosts (`testbed.standin`: sshd containers, one OVS switch) and the
 bring-up of `run.py --hosts`'s stack (`LabStack`) on them, `--seeds` times each way; `deploy_s` is
 `lab.deploy.deploy_agents` (install the worker image where needed, start the agents),
-`register_s` until every agent is on the Master.
+`register_s` until every agent is on the Master. The stack runs as a lab does: its certificates
+made by `python -m lab certs`, each agent given its identity, the Master, the agents and the
+switches speaking TLS (`--deploy-only`: this figure alone).
 - cold: the worker image copied to every host, in full (`docker save | ssh | docker load`, as
   `python -m lab install --force-copy`). The stand-in hosts share this machine's Docker engine,
   where the image always is: "absent" cannot be staged without a second engine, so the copy is
@@ -84,7 +87,7 @@ def deploy_times(n: int, reps: int, image: str, work: Path) -> dict:
     }
     with standin_lab(
         work, topo, image, f"bl{secrets.token_hex(2)}", free_port(), free_port(), shape=False
-    ) as (_, inventory, token):
+    ) as (_, inventory, token, pki):
         inv = load_inventory(inventory, topo)
         for rep in range(reps):
             for way in ("cold", "warm"):
@@ -100,6 +103,7 @@ def deploy_times(n: int, reps: int, image: str, work: Path) -> dict:
                     image,
                     accept_new_host_keys=True,
                     force_copy=way == "cold",
+                    pki=pki,
                 )
                 try:
                     with stack:
@@ -156,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=4, help="stand-in hosts of the deploy figure")
     p.add_argument("--seeds", type=int, default=5, help="repetitions / seeds 0..K-1")
     p.add_argument("--out", default=str(RESULTS / "bench_lab.json"))
+    p.add_argument("--deploy-only", action="store_true", help="the deploy figure alone")
     a = p.parse_args(argv)
     if a.nodes < 1 or a.seeds < 1:
         p.error("--nodes and --seeds: expected integers >= 1")
@@ -175,13 +180,28 @@ def main(argv: list[str] | None = None) -> int:
     size_mb = docker.from_env().images.get(image).attrs["Size"] / 2**20
     try:
         deploy = deploy_times(a.nodes, a.seeds, image, work / "deploy")
+        if a.deploy_only:
+            out.write_text(
+                json.dumps(
+                    {
+                        "machine": machine(),
+                        "wall_s": round(time.monotonic() - t0, 1),
+                        "settings": {"nodes": a.nodes, "seeds": a.seeds, "image": image},
+                        "deploy": deploy,
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
+            print(f"wrote {out} (the deploy figure alone; runs in {work})")
+            return 0
         scenario = load_scenario(SCENARIOS / "quick.yaml")
         topo = scaled(load_topology(scenario.topology), scenario.link_scale)
         runs = {"emulation": quick(a.seeds, work / "emulation")}
         print(f"emulation: {runs['emulation']['wall_s']:.0f} s", flush=True)
         with standin_lab(
             work / "hosts", topo, image, f"bl{secrets.token_hex(2)}", free_port(), free_port()
-        ) as (_, inventory, token):
+        ) as (_, inventory, token, pki):
             runs["hosts"] = quick(
                 a.seeds,
                 work / "hosts" / "run",
@@ -190,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--token-file",
                 str(token),
                 "--accept-new-host-keys",
+                "--pki",
+                str(pki),
             )
         print(f"hosts: {runs['hosts']['wall_s']:.0f} s", flush=True)
     except (RunError, HostsRefused) as e:

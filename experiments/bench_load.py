@@ -29,6 +29,10 @@ top-of-rack switch, the racks under one core switch.
    (no job run twice); the refused ones are not listed; the Master holds every metric line
    written, once.
 
+With `--tls` every connection is mutual TLS, as in a lab (`lab.pki`: a CA, the control machine's
+identity for the Master and the submitting clients, one per agent; ECDSA P-256), the Master on
+loopback still.
+
 Figures: submission latency (p50/p99), heartbeat round trip seen by the agents during the burst
 and the drain (p50/p99/max; target p99 ≤ 50 ms), nodes that went offline (target 0), jobs lost or
 run twice (target 0), time to drain. Writes results/bench_load.json with the machine it ran on.
@@ -59,9 +63,11 @@ import yaml
 from edge.simulated import SimulatedAgent
 from experiments.common import REPO, RESULTS, percentile
 from experiments.machine import machine
+from lab import pki as lab_pki
 from master.client import MasterClient
 from master.manager import TERMINAL
 from protocol.http import ApiError, Unreachable
+from protocol.tls import CONTROL, agent_identity, load_tls
 from topologies import Topology, parse_topology
 
 RACK = 20  # nodes per top-of-rack switch
@@ -82,11 +88,26 @@ def racks(nodes: int) -> dict:
     }
 
 
+def make_pki(folder: Path, topo: Topology) -> Path:
+    """A CA, the control machine's identity and one per node, all named for loopback."""
+    ca_key, ca = lab_pki.make_ca()
+    for identity in [CONTROL] + [agent_identity(n.name) for n in topo.nodes]:
+        key, cert = lab_pki.issue(ca_key, ca, identity, ["127.0.0.1", "localhost"])
+        lab_pki.write_identity(folder / identity, key, cert, ca)
+    return folder
+
+
 def start_master(
-    topo_file: Path, log_file: Path, algorithm: str, seed: int, state: Path | None
+    topo_file: Path,
+    log_file: Path,
+    algorithm: str,
+    seed: int,
+    state: Path | None,
+    pki: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """`python -m master serve` on a free loopback port, keeping its jobs in `state` (as
-    experiments/run.py runs it) if given; (the process, its URL)."""
+    experiments/run.py runs it) if given, over TLS with `pki`'s control identity if given; (the
+    process, its URL)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -102,6 +123,7 @@ def start_master(
             "--seed",
             str(seed),
             *(["--state", str(state)] if state else []),
+            *(["--tls", str(pki / CONTROL)] if pki else []),
         ],
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -109,7 +131,7 @@ def start_master(
         text=True,
     )
     line = proc.stdout.readline()
-    found = re.search(r"listening on (http://\S+)", line)
+    found = re.search(r"listening on (https?://\S+)", line)
     if not found:
         proc.kill()
         raise RuntimeError(
@@ -205,10 +227,22 @@ def run_agents(
     measuring,
     done,
     out,
+    pki: Path | None = None,
 ) -> None:
     """One agent process: its share of the agents heartbeat until `done`; their round trips
     since `measuring` and every worker they were asked to start go back through `out`."""
-    agents = [SimulatedAgent(name, url, ip, cpu, mem_mb, 1.0) for name, ip, cpu, mem_mb in nodes]
+    agents = [  # with `pki`, each over TLS with its own identity
+        SimulatedAgent(
+            name,
+            url,
+            ip,
+            cpu,
+            mem_mb,
+            1.0,
+            tls=load_tls(pki / agent_identity(name)) if pki else None,
+        )
+        for name, ip, cpu, mem_mb in nodes
+    ]
     for a in agents:
         a.start()
     gc.freeze()  # the agents' own start-up is not garbage: short collections, as in the Master
@@ -240,8 +274,10 @@ class AgentProcesses:
         procs: int,
         work: tuple[int, float, float],
         lines_per_s: float,
+        pki: Path | None = None,
     ):
-        """`work`: (seed, mean seconds, spread) of the jobs' running times (`work_s`)."""
+        """`work`: (seed, mean seconds, spread) of the jobs' running times (`work_s`); `pki`:
+        the agents' identities (TLS)."""
         ctx = multiprocessing.get_context("spawn")  # no threads or sockets of ours inherited
         self.measuring, self.done = ctx.Event(), ctx.Event()
         self.procs, self.pipes = [], []
@@ -251,7 +287,16 @@ class AgentProcesses:
             p = ctx.Process(
                 target=run_agents,
                 daemon=True,
-                args=(url, nodes[i::procs], work, lines_per_s, self.measuring, self.done, there),
+                args=(
+                    url,
+                    nodes[i::procs],
+                    work,
+                    lines_per_s,
+                    self.measuring,
+                    self.done,
+                    there,
+                    pki,
+                ),
             )
             p.start()
             self.procs.append(p)
@@ -286,12 +331,14 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="ces-bench-load-") as tmp:
         topo_file = Path(tmp) / "racks.yaml"
         topo_file.write_text(yaml.safe_dump(spec))
+        pki = make_pki(Path(tmp) / "pki", topo) if args.tls else None
         proc, url = start_master(
             topo_file,
             Path(tmp) / "master.log",
             args.algorithm,
             args.seed,
             Path(tmp) / "master.sqlite" if args.state else None,
+            pki,
         )
         agents = AgentProcesses(
             url,
@@ -299,9 +346,11 @@ def run(args: argparse.Namespace) -> dict:
             min(args.agent_procs, args.nodes),
             (args.seed, args.work_s, args.work_spread),
             args.lines_per_s,
+            pki,
         )
+        client = MasterClient(url, timeout_s=60.0, tls=load_tls(pki / CONTROL) if pki else None)
         try:
-            return measure(MasterClient(url, timeout_s=60.0), agents, jobs, args)
+            return measure(client, agents, jobs, args)
         finally:
             agents.kill()
             proc.terminate()
@@ -380,6 +429,7 @@ def measure(
         "work_spread": args.work_spread,
         "agent_procs": min(args.agent_procs, args.nodes),
         "state": args.state,
+        "tls": args.tls,
         "lines_per_s": args.lines_per_s,
         "lines": lines,
         "machine": machine(),
@@ -477,6 +527,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the Master keeps its jobs in a state file, as run.py runs it (it "
         "commits every heartbeat's lines before answering)",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="every connection mutual TLS (the Master's, the agents', the clients'), as in a lab",
+    )
     p.add_argument("--max-s", type=float, default=600.0, help="give up draining after this")
     p.add_argument("--out", default=str(RESULTS / "bench_load.json"))
     a = p.parse_args(argv)
@@ -505,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{r['lines']} metric lines, state file {'on' if a.state else 'off'}"
     )
     print(
-        f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s): "
+        f"heartbeats ({a.nodes} agents in {r['agent_procs']} processes, every 1 s"
+        f"{', TLS' if a.tls else ''}): "
         f"{hb['count']}, p50 {hb['p50_ms']} ms, p99 {hb['p99_ms']} ms (target ≤ 50), "
         f"max {hb['max_ms']} ms; nodes offline {r['nodes_offline_max']}"
     )

@@ -6,7 +6,8 @@
     sudo python experiments/run.py --schedulers ces-ppo,k8s-spread --seeds 3 --out results/e2e
     sudo python experiments/run.py --jobs workloads/jobs/ring-cnn.yaml
     sudo python experiments/run.py --cleanup [--prefix cesXXXX]  # remove what a killed run left
-    python experiments/run.py --quick --hosts lab.yaml --topo lab-topo.yaml --token-file F
+    python experiments/run.py --quick --hosts lab.yaml --topo lab-topo.yaml --token-file F \\
+        --pki DIR
     python experiments/run.py --cleanup --hosts lab.yaml --topo lab-topo.yaml --prefix cesXXXX
 
 Once: build the testbed (`testbed.Emulation`, switches connected to the SDN app), start the SDN
@@ -14,8 +15,9 @@ app, the Master and one edge agent per compute node (real processes), and the sc
 background traffic. With `--hosts` (docs/lab.md) there is no emulation: the hosts of the
 inventory are checked over SSH, the SDN app waits for the lab's switches (configured to connect
 to the inventory's `master` address and `openflow_port`), the Master listens there with the
-shared secret (--token-file, default $CES_TOKEN_FILE; required), and one agent per host is
-deployed over SSH (`lab.deploy`); the background traffic runs in containers on the hosts. Then
+shared secret (--token-file, default $CES_TOKEN_FILE; required) and the lab's certificates
+(--pki, default $CES_PKI_DIR; mutual TLS, OpenFlow over TLS; or --insecure), and one agent per
+host is deployed over SSH (`lab.deploy`); the background traffic runs in containers on the hosts. Then
 per scheduler and seed: submit the scenario's jobs to the Master, follow
 them live (jobs, accuracy, link utilisation), collect what the workers measured, and wait until
 the testbed is idle again. Finally tear everything down and write DIR/results.json,
@@ -62,6 +64,7 @@ from experiments.e2e.stack import RunError, Stack, StackBase
 from experiments.machine import cpu_stall_us, machine
 from lab import deploy
 from lab.inventory import Inventory, InventoryError, load_inventory
+from lab.pki import PKI_ENV, check_lab, unusable
 from master.client import MasterClient
 from master.manager import TERMINAL
 from master.scheduling import QUEUES
@@ -248,6 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default $CES_TOKEN_FILE)",
     )
     p.add_argument(
+        "--pki",
+        default=os.environ.get(PKI_ENV, ""),
+        help="with --hosts: the lab's certificates (python -m lab certs; default "
+        f"${PKI_ENV}): mutual TLS between the Master, the agents and run.py, OpenFlow over TLS",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="with --hosts and no --pki: plain HTTP and OpenFlow (the token and jobs in clear)",
+    )
+    p.add_argument(
         "--accept-new-host-keys",
         action="store_true",
         help="with --hosts: add unknown host keys to known_hosts (a changed key is always refused)",
@@ -305,7 +319,17 @@ def hosts_main(args: argparse.Namespace, console: Console) -> int:
                 "--token-file or set $CES_TOKEN_FILE (docs/lab.md)"
             )
         token = read_token(args.token_file)
+        if not args.pki and not args.insecure:
+            raise ValueError(
+                f"--hosts: give --pki DIR (or ${PKI_ENV}; python -m lab certs makes it) or "
+                "--insecure (the token and jobs would cross the network in clear)"
+            )
         p = plan(args)
+        pki = Path(args.pki).expanduser() if args.pki else None
+        if pki is not None:
+            bad = unusable(check_lab(pki, p.inventory, p.topo)[1])
+            if bad:
+                raise ValueError(bad[0])
     except (ScenarioError, TopologyError, JobError, InventoryError, TokenError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -326,6 +350,7 @@ def hosts_main(args: argparse.Namespace, console: Console) -> int:
             token,
             worker_image_tag(),
             args.accept_new_host_keys,
+            pki=pki,
         ),
     )
 

@@ -1,16 +1,19 @@
 """Deploy CES's edge agents to the real hosts of an inventory.
 
-    python -m lab check   --hosts lab.yaml --topo lab-topo.yaml [--accept-new-host-keys]
+    python -m lab certs   --hosts lab.yaml --topo lab-topo.yaml --pki DIR [--days 365]
+    python -m lab check   --hosts lab.yaml --topo lab-topo.yaml [--pki DIR] [--accept-new-host-keys]
     python -m lab install --hosts lab.yaml --topo lab-topo.yaml [--force-copy]
     python -m lab start   --hosts lab.yaml --topo lab-topo.yaml --master URL --token-file F \\
-                          [--prefix cesXXXX]
+                          --pki DIR [--prefix cesXXXX]
     python -m lab stop    --hosts lab.yaml --topo lab-topo.yaml --prefix cesXXXX
     python -m lab cleanup --hosts lab.yaml --topo lab-topo.yaml --prefix cesXXXX
 
-`check` connects to every host and checks its Docker engine, data interface and address, clock
-and capacity against the topology; `install` copies the worker image (which holds the agent) to
-hosts that lack it; `start` checks, installs and starts one agent per host, registering with the
-Master at URL; `stop` stops them (they stop their workers); `cleanup` removes every container of
+`certs` makes the lab's CA and a TLS identity for the control machine, every host's agent and every
+switch (`lab.pki`), keeping those still good; `check` connects to every host and checks its Docker
+engine, data interface and address, clock and capacity against the topology, and with `--pki` the
+certificates' expiry and names; `install` copies the worker image (which holds the agent) to
+hosts that lack it; `start` checks, installs and starts one agent per host with its identity
+(mutual TLS with the Master at URL, an https URL; without `--pki` only with `--insecure`); `stop` stops them (they stop their workers); `cleanup` removes every container of
 the run on every host. `experiments/run.py --hosts` does all of this around a scenario.
 
 A problem with the inventory or a host is one line naming the host and the problem, exit code 2;
@@ -21,19 +24,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
+from pathlib import Path
 
 import docker
 import docker.errors
 
 from protocol.http import TokenError, default_token_file, read_token
+from protocol.tls import CONTROL, agent_identity
 from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import TopologyError, load_topology
 
 from .deploy import check_hosts, cleanup, deploy_agents, each_host, install, stop_agent
 from .inventory import InventoryError, load_inventory
+from .pki import LEAF_DAYS, PKI_ENV, PkiError, check_lab, make_lab, unusable
 from .ssh import HostError
 
 
@@ -45,7 +52,7 @@ def _report(errors: list[HostError]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab", description=__doc__.split("\n")[0])
-    p.add_argument("action", choices=["check", "install", "start", "stop", "cleanup"])
+    p.add_argument("action", choices=["certs", "check", "install", "start", "stop", "cleanup"])
     p.add_argument("--hosts", required=True, help="the inventory (YAML)")
     p.add_argument("--topo", required=True, help="the topology the hosts are nodes of")
     p.add_argument(
@@ -61,6 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         help="start: the deployment's shared secret (default $CES_TOKEN_FILE)",
     )
     p.add_argument("--prefix", default="", help="the run's prefix (start: default a new one)")
+    p.add_argument(
+        "--pki",
+        default=os.environ.get(PKI_ENV, ""),
+        help=f"the lab's certificates (made by `certs`; default ${PKI_ENV})",
+    )
+    p.add_argument("--days", type=int, default=LEAF_DAYS, help="certs: validity of new ones")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="start: agents in plain HTTP (the token and jobs cross the network in clear)",
+    )
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s lab %(message)s")
     try:
@@ -69,22 +87,57 @@ def main(argv: list[str] | None = None) -> int:
         prefix = check_prefix(a.prefix) if a.prefix else ""
         if a.action in ("stop", "cleanup") and not prefix:
             raise ValueError(f"{a.action}: give the run's --prefix")
+        pki = Path(a.pki).expanduser() if a.pki else None
+        if a.action == "certs":
+            if pki is None:
+                raise ValueError(f"certs: give --pki DIR (or ${PKI_ENV}): where they are kept")
+            if a.days < 1:
+                raise ValueError(f"--days: expected at least 1, got {a.days}")
         if a.action == "start":
             if not a.master or not a.token_file:
                 raise ValueError("start: give --master URL and --token-file (or $CES_TOKEN_FILE)")
             token = read_token(a.token_file)
-    except (TopologyError, InventoryError, TokenError, ValueError) as e:
+            if pki is None and not a.insecure:
+                raise ValueError(
+                    f"start: give --pki DIR (or ${PKI_ENV}; python -m lab certs makes it) or "
+                    "--insecure (the token and jobs would cross the network in clear)"
+                )
+            if pki is not None and not a.master.startswith("https://"):
+                raise ValueError(f"start: --master {a.master}: with --pki, an https:// URL")
+            if pki is not None:
+                _, problems = check_lab(pki, inv, topo)
+                bad = unusable(problems)
+                if bad:
+                    raise ValueError(f"start: {bad[0]}")
+    except (TopologyError, InventoryError, TokenError, PkiError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
+    if a.action == "certs":
+        try:
+            done = make_lab(pki, inv, topo, a.days)
+        except (PkiError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for identity, what in done.items():
+            print(f"{pki / identity}: {what}")
+        return 0
     if a.action == "check":
         facts, errors = check_hosts(inv, topo, a.accept_new_host_keys)
+        good, problems = check_lab(pki, inv, topo) if pki else ({}, [])
         for node, f in facts.items():
+            cert = good.get(agent_identity(node))
             print(
                 f"{inv.host(node).label()}: ok (docker {f.docker}, {f.cpu:g} CPUs, "
-                f"{f.mem_mb:.0f} MB, clock {f.clock_offset_s * 1000:+.0f} ms)"
+                f"{f.mem_mb:.0f} MB, clock {f.clock_offset_s * 1000:+.0f} ms"
+                + (f", certificate until {cert}" if cert else "")
+                + ")"
             )
-        return _report(errors)
+        if CONTROL in good:
+            print(f"control ({inv.master}): certificate until {good[CONTROL]}")
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return max(_report(errors), 2 if problems else 0)
     if a.action in ("stop", "cleanup"):
         fn = (
             (lambda r: stop_agent(r, prefix, r.host.node))
@@ -121,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return _report(errors)
     prefix = prefix or new_prefix()
     names, errors = deploy_agents(
-        inv, topo, a.accept_new_host_keys, client, tag, prefix, a.master, token
+        inv, topo, a.accept_new_host_keys, client, tag, prefix, a.master, token, pki=pki
     )
     if errors:
         return _report(errors)

@@ -8,8 +8,9 @@ its socket; its workers join the same namespace, and so do the tools a run start
 (`start_tool`: a scenario's background traffic). Everything a run creates on a host — the agent,
 its workers, its tools — is a container named `<prefix>-...`, which is what `cleanup` removes.
 
-The shared secret reaches the agent as a file copied into its container before it starts (a tar
-stream over SSH to `docker cp -`): it is never on a command line nor on the host's disk.
+The shared secret and the agent's TLS identity (`lab.pki`: its certificate, its private key and
+the lab's CA) reach the agent as files copied into its container before it starts (a tar stream
+over SSH to `docker cp -`, the key 0600): never on a command line nor on the host's disk.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 
+from protocol.tls import agent_identity, identity_files
 from topologies import Topology
 
 from .inventory import Host, Inventory
@@ -31,6 +34,7 @@ from .ssh import HostError, Remote
 
 MAX_CLOCK_OFFSET_S = 0.5  # job timings (JCT, TTA) are taken on several hosts' clocks
 TOKEN_PATH = "/run/ces-token"
+TLS_PATH = "/run/ces-tls"  # the agent's identity folder in its container
 
 
 @dataclass(frozen=True)
@@ -155,8 +159,11 @@ def start_agent(
     tag: str,
     master_url: str,
     token: str,
+    pki: Path | None = None,
 ) -> str:
-    """Start the host's agent (its container name is returned); it registers with the Master."""
+    """Start the host's agent (its container name is returned); it registers with the Master.
+    With `pki` (a folder of `lab.pki`) it serves and calls over TLS with its host's identity;
+    without, in plain HTTP (`--insecure`: its command channel listens beyond loopback)."""
     h = remote.host
     name = agent_name(prefix, h.node)
     agent = [
@@ -179,6 +186,7 @@ def start_agent(
         f"{topo.access_link(h.node).bw_mbps:g}",
         "--token-file",
         TOKEN_PATH,
+        *(["--tls", TLS_PATH] if pki else ["--insecure"]),
         "--workdir",
         "/var/lib/ces-agent",
     ]
@@ -205,21 +213,40 @@ def start_agent(
         tag,
         *agent,
     ]
+    try:
+        secrets = _secrets_tar(token, pki / agent_identity(h.node) if pki else None)
+    except ValueError as e:
+        raise HostError(h, str(e)) from None
     remote.ok(shlex.join(create), f"cannot create the agent container {name}")
-    status, _, err = remote.run(f"docker cp - {name}:/run", stdin=[_token_tar(token)])
+    status, _, err = remote.run(f"docker cp - {name}:/run", stdin=[secrets])
     if status != 0:
-        raise HostError(h, f"cannot give the agent its token ({err.strip()})")
+        raise HostError(h, f"cannot give the agent its token and certificate ({err.strip()})")
     remote.ok(f"docker start {name}", f"cannot start the agent container {name}")
     return name
 
 
-def _token_tar(token: str) -> bytes:
-    data = token.encode() + b"\n"
-    info = tarfile.TarInfo(TOKEN_PATH.rsplit("/", 1)[1])
-    info.size, info.mode = len(data), 0o600
+def _secrets_tar(token: str, identity: Path | None) -> bytes:
+    """A tar of the token file and, if given, the identity folder's three files (as
+    `TLS_PATH`), each readable by its owner only."""
+    files = {TOKEN_PATH: token.encode() + b"\n"}
+    if identity is not None:
+        for path in identity_files(identity):
+            try:
+                files[f"{TLS_PATH}/{path.name}"] = path.read_bytes()
+            except OSError as e:
+                raise ValueError(
+                    f"{path}: cannot read it ({e.strerror}); python -m lab certs"
+                ) from None
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.addfile(info, io.BytesIO(data))
+        if identity is not None:
+            folder = tarfile.TarInfo(TLS_PATH.removeprefix("/run/"))
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+            tar.addfile(folder)
+        for path, data in files.items():
+            info = tarfile.TarInfo(path.removeprefix("/run/"))
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
@@ -339,6 +366,7 @@ def deploy_agents(
     token: str,
     facts: dict[str, Facts] | None = None,
     force_copy: bool = False,
+    pki: Path | None = None,
 ) -> tuple[dict[str, object], list[HostError]]:
     """Check every host (unless its `facts` are given: checked already), then install the image
     and start the agents; on any host's problem, remove what was started everywhere. (agent
@@ -350,7 +378,7 @@ def deploy_agents(
 
     def up(r: Remote) -> str:
         install(r, client, tag, force_copy)
-        return start_agent(r, inv, topo, facts[r.host.node], prefix, tag, master_url, token)
+        return start_agent(r, inv, topo, facts[r.host.node], prefix, tag, master_url, token, pki)
 
     names, errors = each_host(inv, accept_new, up)
     if errors:

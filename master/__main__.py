@@ -10,7 +10,10 @@
 `--master URL` (or $CES_MASTER) points the client commands at a Master (default
 http://127.0.0.1:7070). `--token-file FILE` (or $CES_TOKEN_FILE) holds the deployment's shared
 secret: the Master requires it of its callers and sends it to the agents and the SDN app; it must
-be given when the Master listens beyond loopback. `--state FILE` keeps every job in SQLite: a
+be given when the Master listens beyond loopback. `--tls DIR` (or $CES_TLS_DIR) is the control
+machine's TLS identity (`python -m lab certs`): the Master serves over mutual TLS with it and
+calls the agents and the SDN app with it, and the client commands show it to an https Master.
+Beyond loopback the Master refuses to serve plain HTTP unless told `--insecure`. `--state FILE` keeps every job in SQLite: a
 Master killed and started again on the same file takes its jobs over. Bad input — a malformed job
 file, an unknown topology or scheduler, an unusable state file — is one line on stderr and exit
 code 2.
@@ -33,9 +36,11 @@ from protocol.http import (
     TokenError,
     Unreachable,
     default_token_file,
+    listen_tls,
     listen_token,
     read_token,
 )
+from protocol.tls import TlsError, default_tls_dir, load_tls
 from scheduler.jobs import JobError
 from sdn_app.client import SdnClient
 from topologies import TopologyError, load_topology
@@ -49,7 +54,8 @@ from .store import StateError
 def _serve(a: argparse.Namespace) -> int:
     topo = load_topology(a.topo)
     token = listen_token(a.host, a.token_file)
-    sdn = SdnClient(a.sdn, token=token) if a.sdn else None
+    tls = listen_tls(a.host, a.tls, a.insecure, "the Master")
+    sdn = SdnClient(a.sdn, token=token, tls=tls) if a.sdn else None
     cfg = MasterConfig(
         algorithm=a.algorithm,
         queue=a.queue,
@@ -61,7 +67,7 @@ def _serve(a: argparse.Namespace) -> int:
         spare=a.spare,
     )
     master = Master(
-        topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token, state=a.state or None
+        topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token, state=a.state or None, tls=tls
     ).start(a.host, a.port)
     # What was loaded to start (modules, torch, the topology, the policy: ~190k objects) is
     # never garbage. Kept out of the collector, a full collection scans only what came later:
@@ -78,7 +84,11 @@ def _serve(a: argparse.Namespace) -> int:
 
 
 def _client(a: argparse.Namespace) -> MasterClient:
-    return MasterClient(a.master, token=read_token(a.token_file) if a.token_file else None)
+    return MasterClient(
+        a.master,
+        token=read_token(a.token_file) if a.token_file else None,
+        tls=load_tls(a.tls) if a.tls else None,
+    )
 
 
 def _submit(a: argparse.Namespace) -> int:
@@ -158,8 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=default_token_file(),
         help="the deployment's shared secret (default $CES_TOKEN_FILE)",
     )
+    secret.add_argument(
+        "--tls",
+        default=default_tls_dir(),
+        help="the control machine's TLS identity: cert.pem, key.pem, ca.pem ($CES_TLS_DIR)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the Master", parents=[secret])
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve plain HTTP beyond loopback (the token and jobs cross the network in clear)",
+    )
     s.add_argument("--topo", default="campus", help="topology name or file")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7070)
@@ -221,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(message)s")
     try:
         return args.run(args)
-    except (TopologyError, JobError, UnknownAlgorithm, TokenError, StateError) as e:
+    except (TopologyError, JobError, UnknownAlgorithm, TokenError, TlsError, StateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ApiError as e:

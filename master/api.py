@@ -15,7 +15,8 @@
 
 Handlers validate, read or record under the Master's lock and wake its control loop; they never
 talk to an agent or the SDN app. A refused request is a 4xx with {"error": ...} and changes
-nothing.
+nothing. Over TLS the caller's certificate says what it may do (`peer_may`): the control
+machine's everything, an agent's only its own node's registration and heartbeats (403 else).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from protocol.http import ApiError, JsonApp, Request
 from protocol.messages import Heartbeat, Registration, from_json
+from protocol.tls import CONTROL, agent_node
 from scheduler.jobs import JobError, parse_job
 
 from .compute import NotRegistered
@@ -33,12 +35,26 @@ from .manager import TERMINAL, JobRecord, ManagerError
 from .scheduling import UnknownAlgorithm
 
 
+def peer_may(peer: str | None, method: str, path: str) -> bool:
+    """Over TLS, whether the holder of certificate `peer` may make this request: the control
+    machine (the operator, run.py) anything; an agent what an agent does, as its own node
+    only (`_post_agent` checks the node a registration names)."""
+    if peer == CONTROL:
+        return True
+    node = agent_node(peer)
+    return node is not None and (method, path.rstrip("/")) in {
+        ("POST", "/agents"),
+        ("POST", f"/agents/{node}/heartbeat"),
+        ("GET", "/nodes"),  # a leaving agent waits to be taken offline
+    }
+
+
 class MasterApi:
     """The routes of a `master.Master` (`master`), with `token` required when given."""
 
     def __init__(self, master, token: str | None = None):
         self.m = master
-        app = self.app = JsonApp(token=token)
+        app = self.app = JsonApp(token=token, peers=peer_may)
         app.route("GET", "/health", lambda req: self.health())
         app.route("POST", "/agents", self._post_agent)
         app.route("POST", "/agents/(?P<node>[^/]+)/heartbeat", self._post_heartbeat)
@@ -72,6 +88,10 @@ class MasterApi:
     # --- the agents -----------------------------------------------------------------------------
     def _post_agent(self, req: Request) -> dict:
         reg = _msg(Registration, req)
+        if agent_node(req.peer) not in (None, reg.node):
+            raise ApiError(
+                403, f"the certificate of '{req.peer}' may not register node '{reg.node}'", "node"
+            )
         if not reg.url.startswith(("http://", "https://")):  # the Master will call it
             raise ApiError(
                 400, f"Registration: field 'url' is {reg.url!r}, expected http://HOST:PORT", "url"

@@ -8,17 +8,27 @@ from pathlib import Path
 from typing import Any
 
 from protocol.http import call
+from protocol.tls import Tls
 from scheduler.jobs import load_job_documents
 
 DEFAULT_URL = os.environ.get("CES_MASTER", "http://127.0.0.1:7070")
 
 
 class MasterClient:
-    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 30.0, token: str | None = None):
-        self.url, self.timeout_s, self.token = url.rstrip("/"), timeout_s, token
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+        tls: Tls | None = None,
+    ):
+        """`tls`: the caller's identity, for an https URL (the control machine's)."""
+        self.url, self.timeout_s, self.token, self.tls = url.rstrip("/"), timeout_s, token, tls
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return call(method, self.url + path, body, timeout=self.timeout_s, token=self.token)
+        return call(
+            method, self.url + path, body, timeout=self.timeout_s, token=self.token, tls=self.tls
+        )
 
     def health(self) -> dict:
         return self._call("GET", "/health")

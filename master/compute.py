@@ -25,6 +25,7 @@ from protocol.messages import (
     from_json,
     to_json,
 )
+from protocol.tls import Tls
 from protocol.worker import METRICS_OUT, option_flags
 from scheduler.jobs import WORKLOAD_COLLECTIVE
 from scheduler.model import Job
@@ -41,13 +42,20 @@ class NotRegistered(LookupError):
 class AgentClient:
     """The Master's side of one agent's command channel."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0, token: str | None = None):
-        self.url, self.timeout_s, self.token = url.rstrip("/"), timeout_s, token
+    def __init__(
+        self, url: str, timeout_s: float = 60.0, token: str | None = None, tls: Tls | None = None
+    ):
+        self.url, self.timeout_s, self.token, self.tls = url.rstrip("/"), timeout_s, token, tls
 
     def _call(self, method: str, path: str, body: object = None, timeout_s: float | None = None):
         try:
             return call(
-                method, self.url + path, body, timeout=timeout_s or self.timeout_s, token=self.token
+                method,
+                self.url + path,
+                body,
+                timeout=timeout_s or self.timeout_s,
+                token=self.token,
+                tls=self.tls,
             )
         except (ApiError, Unreachable) as e:
             raise AgentError(f"agent {self.url}: {e}") from None
@@ -79,8 +87,10 @@ class ComputeController:
         missing_grace_s: float = 5.0,
         clock: Callable[[], float] = time.time,
         token: str | None = None,
+        tls: Tls | None = None,
     ):
         self._token = token  # the agents' command channels require it
+        self._tls = tls  # and, over https, the control machine's certificate
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.missing_grace_s = missing_grace_s  # a just-started worker may miss one heartbeat
         self.clock = clock
@@ -88,7 +98,7 @@ class ComputeController:
         self.started: dict[str, float] = {}  # worker -> when its start was acknowledged
 
     def client(self, node: str) -> AgentClient:
-        return AgentClient(self.agents[node].reg.url, token=self._token)
+        return AgentClient(self.agents[node].reg.url, token=self._token, tls=self._tls)
 
     # --- the Messenger's side ------------------------------------------------------------------
     def register(self, reg: Registration) -> bool:

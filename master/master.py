@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from protocol.http import Server
 from protocol.messages import Heartbeat, Registration, WorkerSpec, WorkerState
+from protocol.tls import Tls
 from protocol.worker import RENDEZVOUS_PORT
 from scheduler import compose
 from scheduler.metrics import predicted_iteration_s
@@ -84,15 +85,18 @@ class Master:
         sdn_job_id: str = "ces",
         token: str | None = None,
         state: str | None = None,
+        tls: Tls | None = None,
     ):
         """`token`: the deployment's shared secret, required of the API's callers and sent to
-        the agents (kept out of `config`, which results record). `state`: a file (SQLite) that
+        the agents (kept out of `config`, which results record). `tls`: the control machine's
+        identity: the API serves over mutual TLS with it, and the agents are called with it. `state`: a file (SQLite) that
         keeps every job; a Master started on an existing one takes its jobs over."""
         self.topo, self.cfg, self.sdn, self._token = topo, config, sdn, token
+        self._tls = tls
         self.lock = threading.RLock()
         self.cluster = Cluster.from_topology(topo)
         self.manager = Manager(config.max_attempts)
-        self.compute = ComputeController(config.heartbeat_timeout_s, token=token)
+        self.compute = ComputeController(config.heartbeat_timeout_s, token=token, tls=tls)
         self.network = NetworkController(
             topo, self.cluster, self.compute, sdn, sdn_job_id, spare=config.spare
         )
@@ -248,7 +252,7 @@ class Master:
             with self.lock:  # the SDN app holds the flows still; make sure it holds these
                 state = self._desired()
             self._push_quietly(state)
-        self.server = Server(MasterApi(self, self._token).app, host, port).start()
+        self.server = Server(MasterApi(self, self._token).app, host, port, self._tls).start()
         self._thread = threading.Thread(target=self._loop, name="control", daemon=True)
         self._thread.start()
         log.info("master on %s (scheduler %s)", self.server.url, self.scheduler.default)

@@ -14,36 +14,54 @@ client that sends nothing for `REQUEST_TIMEOUT_S`.
 
 Every CES server that listens beyond loopback requires the deployment's shared secret, read from a
 token file (`--token-file`, default $CES_TOKEN_FILE) by `listen_token`; clients send it with `call`.
+Beyond loopback a server also speaks TLS (`listen_tls`, `protocol.tls`): mutual, each side's
+certificate verified against the lab's CA, and the API's `peers` rule says which certificate may
+call what (403 otherwise). Plain HTTP beyond loopback is refused unless the user says --insecure.
 """
 
 from __future__ import annotations
 
 import hmac
+import http.client
 import ipaddress
 import json
 import logging
 import os
 import queue
 import re
+import select
 import socket
+import ssl
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
+
+from .tls import HANDSHAKE_TIMEOUT_S, Tls, TlsError, load_tls, peer_identity
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024 * 1024
 REQUEST_TIMEOUT_S = 30.0
+# HTTPS connections are kept for the next request (HTTP/1.1 keep-alive; `call` keeps one per
+# thread and server) and closed after this long idle, or at once when another connection waits
+# for a serving thread. A full mutual handshake costs ~2 ms of CPU at each end (OpenSSL 3.0,
+# ECDSA P-256, the development VM; loopback calls 12 ms fresh vs 1.1 ms kept with the machine
+# busy): 200 agents heartbeating every second need it (experiments/bench_load.py --tls,
+# docs/lab.md "Figures").
+KEEPALIVE_IDLE_S = 15.0
+KEEP_ALIVE = True  # `call` keeps HTTPS connections (False: one per request; for measuring)
 _REASONS = {
     200: "OK",
     201: "Created",
     400: "Bad Request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
@@ -112,6 +130,30 @@ def listen_token(host: str, token_file: str = "") -> str | None:
     return None
 
 
+def listen_tls(
+    host: str, folder: str = "", insecure: bool = False, what: str = "server"
+) -> Tls | None:
+    """The TLS a server `what` on `host` serves with: the identity in `folder`; none on loopback
+    without one; beyond loopback without one, a TlsError — unless `insecure`, then a warning at
+    every start: the shared secret and every job would cross the network in clear."""
+    if folder:
+        return load_tls(folder)
+    if is_loopback(host):
+        return None
+    if not insecure:
+        raise TlsError(
+            f"{what} would listen on {host} (beyond loopback) in plain HTTP: give --tls DIR "
+            f"(an identity made by `python -m lab certs`, or $CES_TLS_DIR), or --insecure"
+        )
+    log.warning(
+        "%s listens on %s in PLAIN HTTP (--insecure): the shared secret and every job cross "
+        "the network in clear",
+        what,
+        host,
+    )
+    return None
+
+
 def free_port() -> int:
     """A TCP port free on loopback now, for a server to be started elsewhere (a child process,
     a worker's rendezvous)."""
@@ -135,6 +177,10 @@ class Unreachable(ConnectionError):
     """The peer did not answer (connection refused, timeout, DNS)."""
 
 
+class TlsRefused(Unreachable):
+    """The TLS handshake failed: the peer's certificate (or ours, to the peer) was refused."""
+
+
 @dataclass
 class Request:
     method: str
@@ -142,6 +188,7 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]  # lower-case names
     body: bytes
+    peer: str | None = None  # the identity of the caller's verified certificate (TLS only)
 
     def json(self) -> Any:
         """The body as JSON (an empty body is null); a 400 naming the problem otherwise."""
@@ -156,12 +203,20 @@ class Request:
 Handler = Callable[..., Any]
 
 
-class JsonApp:
-    """WSGI app: routes (method, path regex) to handlers; see the module doc."""
+# Who may call what over TLS: (the caller's identity, method, path) -> allowed.
+Peers = Callable[[str | None, str, str], bool]
 
-    def __init__(self, token: str | None = None, max_body: int = MAX_BODY):
+
+class JsonApp:
+    """WSGI app: routes (method, path regex) to handlers; see the module doc. `peers`: over TLS,
+    which caller identities may make which requests (403 for the others, before anything runs);
+    None lets every certificate of the lab's CA call everything."""
+
+    def __init__(
+        self, token: str | None = None, max_body: int = MAX_BODY, peers: Peers | None = None
+    ):
         self.routes: list[tuple[str, re.Pattern, Handler]] = []
-        self.token, self.max_body = token, max_body
+        self.token, self.max_body, self.peers = token, max_body, peers
 
     def route(self, method: str, pattern: str, handler: Handler) -> None:
         self.routes.append((method, re.compile(f"^{pattern}/?$"), handler))
@@ -186,11 +241,15 @@ class JsonApp:
         return [data]
 
     def _answer(self, environ: dict, method: str, path: str) -> tuple[int, Any]:
+        peer = environ.get(PEER_KEY)
+        tls = environ.get("wsgi.url_scheme") == "https"
+        if tls and self.peers is not None and not self.peers(peer, method, path):
+            raise ApiError(403, f"the certificate of '{peer}' may not {method} {path}")
         if self.token is not None and not _authorised(environ, self.token):
             raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
         handler, groups = self._match(method, path)
         req = Request(
-            method, path, _query(environ), _headers(environ), _body(environ, self.max_body)
+            method, path, _query(environ), _headers(environ), _body(environ, self.max_body), peer
         )
         out = handler(req, **groups)
         return out if isinstance(out, tuple) else (200, out)
@@ -295,7 +354,8 @@ class _PooledServer(WSGIServer):
             if request is None:
                 return
             try:
-                self.finish_request(request, client_address)
+                if _handshake(request, client_address):
+                    self.finish_request(request, client_address)
             except Exception:
                 self.handle_error(request, client_address)
             finally:
@@ -303,14 +363,55 @@ class _PooledServer(WSGIServer):
             with self._count:
                 self._idle += 1
 
+    def waiting(self) -> bool:
+        """Whether a connection waits for a serving thread."""
+        return not self._connections.empty()
+
     def server_close(self) -> None:
         super().server_close()
         for _ in range(self._threads):
             self._connections.put((None, None))
 
 
+def _handshake(conn: Any, client_address: Any) -> bool:
+    """A TLS connection's handshake, in the serving thread (never the accepting one, which one
+    slow or hostile client would stall): whether it succeeded. A refusal — no certificate, one
+    of another CA, an expired one, plain HTTP — is one warning line; the connection is closed
+    before a byte of a request is read."""
+    if not isinstance(conn, ssl.SSLSocket):
+        return True
+    conn.settimeout(HANDSHAKE_TIMEOUT_S)
+    try:
+        conn.do_handshake()
+        return True
+    except (ssl.SSLError, OSError) as e:
+        reason = getattr(e, "verify_message", "") or getattr(e, "reason", "") or e
+        log.warning("refused a TLS connection from %s: %s", client_address[0], reason)
+        return False
+
+
 class _PooledServer6(_PooledServer):
     address_family = socket.AF_INET6
+
+
+class _KeepingHandler(ServerHandler):
+    """wsgiref's handler, answering in HTTP/1.1 and keeping the connection when `may_keep` (a
+    TLS client that asked for it) and the answer is a success: the request's body was read
+    then, so the next request starts where this one ended (an error answer may leave a body
+    unread; its connection is closed)."""
+
+    may_keep = False
+    keep = False
+    status: str | None
+    headers: Any
+    request_handler: Any
+
+    def cleanup_headers(self) -> None:
+        super().cleanup_headers()
+        self.keep = self.may_keep and str(self.status).startswith("2")
+        self.http_version = "1.1" if self.keep else "1.0"
+        if not self.keep:
+            self.headers["Connection"] = "close"
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -319,23 +420,87 @@ class _QuietHandler(WSGIRequestHandler):
     # separately, and an unbuffered write is a send of its own that gives up and re-takes the
     # GIL. One flush, one send.
     wbufsize = 64 * 1024
+    protocol_version = "HTTP/1.1"  # parse_request then honours a client's keep-alive
+
+    def handle(self) -> None:
+        """Requests on this connection, while the client keeps it (TLS only: `_KeepingHandler`)
+        and it does not sit idle (`_next_request`)."""
+        self._handle_one()
+        while not self.close_connection and self._next_request():
+            self._handle_one()
+
+    def _handle_one(self) -> None:
+        self.close_connection = True
+        self.raw_requestline = self.rfile.readline(65537)
+        if not self.raw_requestline:  # the client closed it
+            return
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():
+            return
+        handler = _KeepingHandler(
+            self.rfile,
+            self.wfile,  # type: ignore[arg-type]
+            self.get_stderr(),
+            self.get_environ(),
+            multithread=False,
+        )
+        handler.may_keep = isinstance(self.connection, ssl.SSLSocket) and not self.close_connection
+        handler.request_handler = self
+        handler.run(self.server.get_app())  # type: ignore[attr-defined]
+        self.close_connection = not handler.keep
+
+    def _next_request(self) -> bool:
+        """Wait for the client's next request on this connection: whether it came. Gives up
+        after `KEEPALIVE_IDLE_S`, or at once when another connection waits for a thread (an
+        idle connection must not hold one: the client opens a new one when it needs it)."""
+        conn = self.connection
+        deadline = time.monotonic() + KEEPALIVE_IDLE_S
+        while True:
+            if isinstance(conn, ssl.SSLSocket) and conn.pending():
+                return True
+            readable, _, _ = select.select([conn], [], [], 0.25)
+            if readable:
+                return True
+            if time.monotonic() > deadline or self.server.waiting():  # type: ignore[attr-defined]
+                return False
 
     def log_message(self, fmt: str, *args: Any) -> None:  # heartbeats would flood the log
         log.debug("%s " + fmt, self.address_string(), *args)
 
+    def get_environ(self) -> dict:
+        env = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            env["wsgi.url_scheme"], env["HTTPS"] = "https", "on"
+            env[PEER_KEY] = peer_identity(self.connection)
+        return env
+
+
+PEER_KEY = "ces.peer"  # the WSGI environ's key for the caller's identity
+
 
 class Server:
-    """A threaded HTTP server for a WSGI app on (host, port); port 0 picks a free one."""
+    """A threaded HTTP server for a WSGI app on (host, port); port 0 picks a free one. With
+    `tls`, HTTPS: the caller's certificate is required (mutual TLS)."""
 
-    def __init__(self, app: Callable, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self, app: Callable, host: str = "127.0.0.1", port: int = 0, tls: Tls | None = None
+    ):
         cls = _PooledServer6 if ":" in host else _PooledServer
         self.httpd = make_server(host, port, app, server_class=cls, handler_class=_QuietHandler)
-        self.host, self.port = host, self.httpd.server_address[1]
+        if tls is not None:  # the handshake is done by the serving thread (`_handshake`)
+            self.httpd.socket = tls.server.wrap_socket(
+                self.httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
+        self.host, self.port, self.tls = host, self.httpd.server_address[1], tls
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
 
     def start(self) -> Server:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
@@ -350,28 +515,94 @@ class Server:
 
 
 def call(
-    method: str, url: str, body: Any = None, timeout: float = 5.0, token: str | None = None
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout: float = 5.0,
+    token: str | None = None,
+    tls: Tls | None = None,
 ) -> Any:
-    """One JSON request. Raises `ApiError` for an error answer, `Unreachable` when there is no
+    """One JSON request; an https URL with the identity `tls` (its certificate shown to the
+    server, the server's checked against the lab's CA and the URL's host). Raises `ApiError` for
+    an error answer, `TlsRefused` when the handshake fails, `Unreachable` when there is no
     answer at all."""
+    if url.startswith("https:") and tls is None:
+        raise TlsRefused(f"{method} {url}: an https URL needs a TLS identity (--tls DIR)")
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as e:
-        raw = e.read()
+    if url.startswith("https:") and tls is not None:
         try:
-            doc = json.loads(raw)
-            raise ApiError(e.code, str(doc["error"]), str(doc.get("field", ""))) from None
-        except (ValueError, KeyError, TypeError):
-            raise ApiError(e.code, raw.decode(errors="replace") or str(e.reason)) from None
-    except (urllib.error.URLError, OSError) as e:
-        raise Unreachable(f"{method} {url}: {getattr(e, 'reason', e)}") from None
+            status, reason, raw = _https(method, url, data, headers, timeout, tls)
+        except ssl.SSLError as e:
+            raise TlsRefused(f"{method} {url}: TLS refused ({e})") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise Unreachable(f"{method} {url}: {e or type(e).__name__}") from None
+        if status >= 400:
+            raise _api_error(status, raw, reason)
+    else:
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raise _api_error(e.code, e.read(), str(e.reason)) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise Unreachable(f"{method} {url}: {getattr(e, 'reason', e)}") from None
     try:
         return json.loads(raw) if raw else None
     except ValueError:
         raise ApiError(502, f"{method} {url}: the answer is not JSON") from None
+
+
+def _api_error(status: int, raw: bytes, reason: str) -> ApiError:
+    try:
+        doc = json.loads(raw)
+        return ApiError(status, str(doc["error"]), str(doc.get("field", "")))
+    except (ValueError, KeyError, TypeError):
+        return ApiError(status, raw.decode(errors="replace") or reason)
+
+
+_kept = threading.local()  # this thread's HTTPS connections, by (host, port, identity)
+# What a kept connection the server has closed meanwhile (idle) raises on its next use.
+_STALE = (http.client.RemoteDisconnected, ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+def _https(
+    method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float, tls: Tls
+) -> tuple[int, str, bytes]:
+    """(status, reason, body) of one request over HTTPS, on this thread's kept connection to
+    the server if there is one (`KEEP_ALIVE`). A kept connection the server closed while idle
+    is found so on use: the request goes again on a new one (the server closes only idle
+    connections, never one whose request it has begun to read)."""
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 443
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conns: dict = _kept.__dict__.setdefault("conns", {})
+    key = (host, port, id(tls.client))
+    headers = headers if KEEP_ALIVE else {**headers, "Connection": "close"}
+    while True:
+        conn = conns.pop(key, None) if KEEP_ALIVE else None
+        reused = conn is not None
+        if conn is None:
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=tls.client)
+        elif conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except _STALE:
+            conn.close()
+            if reused:
+                continue
+            raise
+        except BaseException:
+            conn.close()
+            raise
+        if KEEP_ALIVE and not resp.will_close:
+            conns[key] = conn
+        else:
+            conn.close()
+        return resp.status, resp.reason, raw

@@ -11,7 +11,8 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # --- system packages -------------------------------------------------------------------------
 PKGS=(openvswitch-switch openvswitch-testcontroller mininet iproute2 ethtool iperf3 iperf
-      iputils-ping net-tools telnet debootstrap python3-venv python3-dev curl ca-certificates)
+      iputils-ping net-tools telnet debootstrap python3-venv python3-dev curl ca-certificates
+      tcpdump)  # tcpdump: the lab test checks a run's capture holds no secret in clear
 command -v dockerd >/dev/null 2>&1 || PKGS+=(docker.io)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

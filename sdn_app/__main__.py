@@ -3,6 +3,11 @@
 os-ken ships no `osken-manager`, so this starts the app the way `ryu-manager` does: load the apps
 through `AppManager`, instantiate them, serve until SIGINT/SIGTERM. Every input is checked before
 anything starts; a bad one is a one-line error and exit code 2.
+
+With `--tls DIR` (an identity of `python -m lab certs`) the switches connect over TLS (os-ken's
+ctl_privkey / ctl_cert / ca_certs: a switch must show a certificate of the lab's CA) and the REST
+API serves mutual TLS; plain HTTP on a REST address beyond loopback is refused unless
+`--insecure`, plain OpenFlow beyond loopback is warned about at every start.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
-from protocol.http import default_token_file, listen_token
+from protocol.http import default_token_file, is_loopback, listen_tls, listen_token
+from protocol.tls import TlsError, default_tls_dir, identity_files
 from topologies import TopologyError, load_topology
 
 from .flows import MeterPolicy
@@ -71,6 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the shared secret the REST API requires (default $CES_TOKEN_FILE; "
         "needed when --rest is beyond loopback)",
     )
+    p.add_argument(
+        "--tls",
+        default=default_tls_dir(),
+        help="TLS identity folder (cert.pem, key.pem, ca.pem; default $CES_TLS_DIR): OpenFlow "
+        "over TLS, the REST API over mutual TLS",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve the REST API in plain HTTP beyond loopback (the token in clear)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -83,6 +100,8 @@ def check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
     rest = parse_address(args.rest)
     listen_token(rest[0], args.token_file)
+    if args.tls or not args.insecure:  # the identity loads, or plain HTTP stays on loopback
+        listen_tls(rest[0], args.tls, False, "the SDN app's REST API")
     of = parse_address(f"{args.of_host}:{args.of_port}")
     if args.state:
         JobTable(topo).load(Path(args.state))
@@ -108,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         check(args)
-    except (TopologyError, StateError, ValueError, OSError) as e:
+    except (TopologyError, StateError, ValueError, OSError, TlsError) as e:
         print(f"sdn_app: error: {e}", file=sys.stderr)
         return 2
 
@@ -123,6 +142,22 @@ def main(argv: list[str] | None = None) -> int:
     conf(args=[], project="ces-sdn", default_config_files=[])
     conf.set_override("ofp_tcp_listen_port", args.of_port)
     conf.set_override("ofp_listen_host", args.of_host)
+    if args.tls:  # os-ken then listens on the SSL port only, a switch's certificate required
+        cert, key, ca = identity_files(args.tls)
+        for name, value in (
+            ("ofp_ssl_listen_port", args.of_port),
+            ("ctl_privkey", str(key)),
+            ("ctl_cert", str(cert)),
+            ("ca_certs", str(ca)),
+        ):
+            conf.set_override(name, value)
+    elif not is_loopback(args.of_host):
+        logging.getLogger("sdn_app").warning(
+            "OpenFlow listens on %s:%d in PLAIN TCP: anyone on that network can act as a "
+            "switch or read the flows (give --tls DIR)",
+            args.of_host,
+            args.of_port,
+        )
     for name, value in (
         ("topo", args.topo),
         ("rest", args.rest),
@@ -131,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         ("burst_s", args.burst_s),
         ("barrier_timeout", args.barrier_timeout),
         ("token_file", args.token_file),
+        ("tls", args.tls),
+        ("insecure", args.insecure),
     ):
         conf.set_override(name, value, group="ces_sdn")
     if args.lldp:

@@ -82,15 +82,19 @@ class CesSdnApp(BaseApp):
     def start(self) -> Any:
         thread = super().start()
         self.rest = WsgiServer(
-            rest_api(self, self.settings.token), self.settings.rest_host, self.settings.rest_port
+            rest_api(self, self.settings.token),
+            self.settings.rest_host,
+            self.settings.rest_port,
+            self.settings.tls,
         )
         self.logger.info(
             "OpenFlow 1.3 app on %s: topology '%s' (%d switches), %d job(s) from "
-            "state, REST on http://%s:%d",
+            "state, REST on %s://%s:%d",
             FRAMEWORK,
             self.topo.name,
             len(self.topo.switches),
             len(self.table.jobs),
+            "https" if self.settings.tls else "http",
             self.settings.rest_host,
             self.rest.port,
         )

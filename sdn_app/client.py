@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.http import ApiError, Unreachable, call
+from protocol.tls import Tls
 
 
 class SdnError(RuntimeError):
@@ -73,10 +74,15 @@ class LinkUsage:
 
 class SdnClient:
     def __init__(
-        self, url: str = "http://127.0.0.1:8080", timeout_s: float = 10.0, token: str | None = None
+        self,
+        url: str = "http://127.0.0.1:8080",
+        timeout_s: float = 10.0,
+        token: str | None = None,
+        tls: Tls | None = None,
     ):
+        """`tls`: the caller's identity, for an https URL (the control machine's)."""
         self.url = url.rstrip("/")
-        self.timeout_s, self.token = timeout_s, token
+        self.timeout_s, self.token, self.tls = timeout_s, token, tls
 
     def put_job_flows(
         self, job_id: str, flows: Iterable[FlowRequest | dict[str, Any]]
@@ -125,7 +131,14 @@ class SdnClient:
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         try:
-            return call(method, self.url + path, body, timeout=self.timeout_s, token=self.token)
+            return call(
+                method,
+                self.url + path,
+                body,
+                timeout=self.timeout_s,
+                token=self.token,
+                tls=self.tls,
+            )
         except ApiError as e:
             raise SdnError(e.status, e.message, e.field) from None
         except Unreachable as e:

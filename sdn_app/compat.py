@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol.http import Server
+from protocol.tls import Tls
 
 if "ryu.base.app_manager" in sys.modules or importlib.util.find_spec("os_ken") is None:
     FRAMEWORK = "ryu"
@@ -96,15 +97,21 @@ def new_lock() -> Any:
 
 class WsgiServer:
     """A WSGI server in the framework's own threading model, stoppable with `stop()`: Ryu's
-    eventlet server under eventlet, else the project's threaded one (`protocol.http.Server`)."""
+    eventlet server under eventlet, else the project's threaded one (`protocol.http.Server`),
+    which alone serves TLS."""
 
-    def __init__(self, app: Callable, host: str, port: int):
+    def __init__(self, app: Callable, host: str, port: int, tls: Tls | None = None):
+        if GREEN and tls is not None:
+            raise RuntimeError(
+                "the REST API over TLS needs os-ken's native hub (python -m sdn_app); under "
+                "eventlet keep --rest on loopback"
+            )
         if GREEN:
             self._server = hub.WSGIServer((host, port), app)
             self.port = self._server.server.getsockname()[1]
             self._thread = hub.spawn(self._server.serve_forever)
         else:
-            self._server = Server(app, host, port).start()
+            self._server = Server(app, host, port, tls).start()
             self.port = self._server.port
 
     def stop(self) -> None:

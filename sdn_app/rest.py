@@ -10,18 +10,20 @@
     GET    /health             liveness and readiness
 
 Errors are `{"error": "...", "field": "flows[1].path[2]"}` with a 4xx status (5xx when a switch
-fails); a refused request changes nothing.
+fails); a refused request changes nothing. Over TLS only the control machine's certificate may
+call it (403 for any other of the lab's).
 """
 
 from __future__ import annotations
 
 from protocol.http import JsonApp
+from protocol.tls import control_only
 
 
 def rest_api(app, token: str | None = None) -> JsonApp:
     """The routes of a `CesSdnApp` (`app`): handlers call its job changes and views, which raise
     `flows.RequestError` (an `ApiError`) for what they refuse."""
-    api = JsonApp(token=token)
+    api = JsonApp(token=token, peers=control_only)
     job = r"/jobs/(?P<job>[^/]+)/flows"
     api.route("GET", job, lambda req, job: app.job_view(job))
     api.route("PUT", job, lambda req, job: app.put_job(job, req.json()))

@@ -8,7 +8,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocol.http import listen_token
+from protocol.http import listen_tls, listen_token
+from protocol.tls import Tls
 from topologies import Topology, load_topology
 
 from .compat import cfg
@@ -27,6 +28,17 @@ cfg.CONF.register_opts(
             help="meter burst as seconds of traffic at the granted rate",
         ),
         cfg.FloatOpt("barrier_timeout", default=5.0, help="seconds to wait for a switch's barrier"),
+        cfg.StrOpt(
+            "tls",
+            default="",
+            help="TLS identity folder (cert.pem, key.pem, ca.pem of `python -m lab certs`): the "
+            "REST API over mutual TLS, and OpenFlow over TLS when launched by `python -m sdn_app`",
+        ),
+        cfg.BoolOpt(
+            "insecure",
+            default=False,
+            help="serve the REST API in plain HTTP beyond loopback (the token in clear)",
+        ),
         cfg.StrOpt(
             "token_file",
             default="",
@@ -47,6 +59,7 @@ class Settings:
     policy: MeterPolicy
     barrier_timeout_s: float
     token: str | None = field(default=None, repr=False)  # never in a log line
+    tls: Tls | None = None  # the REST API's identity
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -83,4 +96,5 @@ def settings() -> Settings:
         policy=MeterPolicy(burst_s=conf.burst_s),
         barrier_timeout_s=conf.barrier_timeout,
         token=listen_token(host, conf.token_file),
+        tls=listen_tls(host, conf.tls, conf.insecure, "the SDN app's REST API"),
     )

@@ -4,6 +4,12 @@ numbers and the controller's address) and network namespaces as hosts. The SDN a
 as it is; `testbed.standin` puts stand-in lab hosts on it.
 
 Everything is named with the given prefix and removed by `stop()` (also after a partial start).
+
+With `tls` (a switch's identity folder of `python -m lab certs`) the bridges connect to the
+controller over `ssl:`, showing that certificate and checking the controller's against its CA
+(`ovs-vsctl set-ssl`). Open vSwitch keeps one SSL configuration per ovs-vswitchd, so every bridge
+of the machine shows the same one: it is set at start and what was there before is put back at
+`stop()`.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.tls import identity_files
 from topologies import Topology
 
 
@@ -43,6 +50,8 @@ class NetnsNetwork:
     controller: tuple[str, int]
     bridges: dict[str, str] = field(default_factory=dict)  # switch → bridge name
     namespaces: dict[str, str] = field(default_factory=dict)  # node → netns name
+    tls: str = ""  # a switch's TLS identity folder: connect over ssl
+    _ssl_before: list[str] | None = None  # the SSL configuration to put back
 
     def __enter__(self) -> NetnsNetwork:
         try:
@@ -56,6 +65,8 @@ class NetnsNetwork:
         self.stop()
 
     def start(self) -> None:
+        if self.tls:
+            self._set_ssl()
         dp_type = datapath_type()
         for i, sw in enumerate(self.topo.switches):
             br = self.bridges[sw.name] = f"{self.prefix}b{i}"
@@ -98,7 +109,7 @@ class NetnsNetwork:
             "--id=@c",
             "create",
             "Controller",
-            f'target="tcp:{self.controller[0]}:{self.controller[1]}"',
+            f'target="{"ssl" if self.tls else "tcp"}:{self.controller[0]}:{self.controller[1]}"',
             "max_backoff=1000",
             "--",
             "set",
@@ -106,6 +117,36 @@ class NetnsNetwork:
             bridge,
             "controller=@c",
         )
+
+    def use_tls(self, folder: str) -> None:
+        """From now on, connect over ssl with the switch identity in `folder` (the bridges made
+        already are pointed at the controller again)."""
+        self.tls = folder
+        self._set_ssl()
+        for br in self.bridges.values():
+            self.disconnect(br)
+            self.connect(br)
+
+    def _set_ssl(self) -> None:
+        if self._ssl_before is None:
+            shown = dict(
+                line.split(": ", 1)
+                for line in sh("ovs-vsctl", "get-ssl").splitlines()
+                if ": " in line
+            )
+            keys = ("Private key", "Certificate", "CA Certificate")
+            self._ssl_before = [shown[k] for k in keys] if all(k in shown for k in keys) else []
+        cert, key, ca = identity_files(self.tls)
+        sh("ovs-vsctl", "set-ssl", str(key), str(cert), str(ca))
+
+    def _restore_ssl(self) -> None:
+        if self._ssl_before is None:
+            return
+        if self._ssl_before:
+            sh("ovs-vsctl", "set-ssl", *self._ssl_before, check=False)
+        else:
+            sh("ovs-vsctl", "del-ssl", check=False)
+        self._ssl_before = None
 
     def disconnect(self, bridge: str) -> None:
         sh("ovs-vsctl", "del-controller", bridge)
@@ -155,6 +196,7 @@ class NetnsNetwork:
         for name in re.findall(r"^\d+: ([^:@]+)", sh("ip", "-o", "link"), re.M):
             if name.startswith(self.prefix):
                 sh("ip", "link", "del", name, check=False)
+        self._restore_ssl()
 
     # --- using it -------------------------------------------------------------------------------
 

@@ -7,13 +7,17 @@ app controls. Each host has the Docker CLI and this machine's engine socket, as 
 own engine would.
 
 Everything is named with the harness's own prefix (not a run's: a run's cleanup must not remove
-the hosts) and removed by `stop()`.
+the hosts) and removed by `stop()`. `standin_lab` also makes the lab's certificates (`lab.pki`)
+for the hosts it made, and the switches connect to the controller over TLS with the first
+switch's identity (one ovs-vswitchd: one SSL configuration for all its bridges).
 """
 
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,11 +29,12 @@ import paramiko
 import yaml
 
 from edge import tc
+from protocol.tls import switch_identity
 from testbed import ovs_sockets
 from testbed.containernet import allow_congestion_control
 from testbed.emulation import TCP_CONGESTION_CONTROL
 from testbed.netns import NetnsNetwork, datapath_type, sh
-from topologies import Topology
+from topologies import Topology, topology_document
 
 DOCKER_CLI = (
     "/usr/local/bin/docker" if Path("/usr/local/bin/docker").exists() else "/usr/bin/docker"
@@ -173,14 +178,15 @@ def standin_lab(
     openflow_port: int,
     master_port: int,
     shape: bool = True,
-) -> Iterator[tuple[LabHosts, Path, Path]]:
+) -> Iterator[tuple[LabHosts, Path, Path, Path]]:
     """Stand-in hosts of every compute node of `topo`, and its switches connecting to a
-    controller at this machine's management address on `openflow_port`. Yields (the hosts, an
-    inventory of them that puts the Master at `master_port`, a token file); the key, the token
-    and known_hosts are made in `workdir`. The hosts are removed on exit, and so are the key and
-    the token (secrets, of no use without the hosts), while `workdir`'s logs stay."""
+    controller at this machine's management address on `openflow_port` over TLS. Yields (the
+    hosts, an inventory of them that puts the Master at `master_port`, a token file, the lab's
+    certificates); the key, the token, the certificates and known_hosts are made in `workdir`.
+    The hosts are removed on exit, and so are the key, the token and the certificates (secrets,
+    of no use without the hosts), while `workdir`'s logs stay."""
     workdir.mkdir(parents=True, exist_ok=True)
-    key, token = workdir / "id_rsa", workdir / "token"
+    key, token, pki = workdir / "id_rsa", workdir / "token", workdir / "pki"
     try:
         pubkey = new_key(key)
         token.write_text(secrets.token_urlsafe(24) + "\n")
@@ -199,7 +205,21 @@ def standin_lab(
                     )
                 )
             )
-            yield hosts, inventory, token
+            topo_file = workdir / "topology.yaml"
+            topo_file.write_text(yaml.safe_dump(topology_document(topo), sort_keys=False))
+            certs = subprocess.run(  # the user's one command (the lab sits above the testbed)
+                [sys.executable, "-m", "lab", "certs", "--hosts", str(inventory)]
+                + ["--topo", str(topo_file), "--pki", str(pki)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+            if certs.returncode != 0:
+                raise RuntimeError(f"python -m lab certs failed: {certs.stderr.strip()}")
+            hosts.use_tls(str(pki / switch_identity(topo.switches[0].name)))
+            yield hosts, inventory, token, pki
     finally:
         key.unlink(missing_ok=True)
         token.unlink(missing_ok=True)
+        shutil.rmtree(pki, ignore_errors=True)

@@ -3,7 +3,9 @@ lab's OpenFlow switches, the Master beyond loopback with the shared secret, one 
 host deployed over SSH (`lab.deploy`), and the scenario's background traffic on the hosts.
 
 The switches are the user's: configured to connect to the inventory's `master` address on its
-`openflow_port` (docs/lab.md), they are waited for, never created. Everything the run creates on
+`openflow_port` (docs/lab.md), they are waited for, never created. With the lab's certificates
+(`pki`, `lab.pki`) the switches connect over TLS, and the Master, the agents and run.py speak
+mutual TLS, each with its own identity; without, plain HTTP (`--insecure` only). Everything the run creates on
 a host is a container named with the run prefix, removed at teardown or by `run.py --cleanup
 --hosts FILE --prefix P` after a kill -9.
 """
@@ -21,6 +23,7 @@ from rich.console import Console
 from lab import deploy
 from lab.inventory import Inventory
 from lab.ssh import HostError, Remote
+from protocol.tls import CONTROL
 from topologies import Topology
 
 from .stack import RunError, StackBase
@@ -53,8 +56,10 @@ class LabStack(StackBase):
         image: str,
         accept_new_host_keys: bool = False,
         force_copy: bool = False,
+        pki: Path | None = None,
     ):
         super().__init__(topo, prefix, out, console)
+        self.pki = pki
         self.inv, self.token_file, self.token, self.image = inv, token_file, token, image
         self.accept_new, self.force_copy = accept_new_host_keys, force_copy
         self.facts: dict[str, deploy.Facts] = {}
@@ -79,10 +84,18 @@ class LabStack(StackBase):
         if errors:
             raise HostsRefused(errors)
         topo_arg = self._topology_file()
-        self._start_sdn(topo_arg, self.inv.master, self.inv.openflow_port)
+        control = str(self.pki / CONTROL) if self.pki else ""
+        self._start_sdn(topo_arg, self.inv.master, self.inv.openflow_port, control)
         self._wait_switches(60)
         self._start_master(
-            topo_arg, self.image, self.inv.master, self.inv.master_port, self.token_file, self.token
+            topo_arg,
+            self.image,
+            self.inv.master,
+            self.inv.master_port,
+            self.token_file,
+            self.token,
+            tls_dir=control,
+            insecure=not control,
         )
         t1 = time.monotonic()
         self.deployed = True
@@ -97,6 +110,7 @@ class LabStack(StackBase):
             self.token,
             self.facts,
             self.force_copy,
+            self.pki,
         )
         if errors:
             raise HostsRefused(errors)

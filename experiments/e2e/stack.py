@@ -22,6 +22,7 @@ from rich.console import Console
 from edge import tc
 from master.client import MasterClient
 from protocol.http import free_port
+from protocol.tls import load_tls
 from sdn_app.client import FlowRequest, SdnClient, SdnError
 from testbed import Emulation
 from testbed.cleanup import PREFIX_ENV
@@ -134,9 +135,11 @@ class StackBase:
         topo_file.write_text(yaml.safe_dump(topology_document(self.topo), sort_keys=False))
         return str(topo_file)
 
-    def _start_sdn(self, topo_arg: str, of_host: str, of_port: int) -> None:
+    def _start_sdn(self, topo_arg: str, of_host: str, of_port: int, tls_dir: str = "") -> None:
         """The SDN app, its OpenFlow port on `of_host`:`of_port`, its REST API on loopback (only
-        the Master and we call it); until every switch of the topology is connected."""
+        the Master and we call it); until every switch of the topology is connected. With
+        `tls_dir` (the control machine's identity) the switches connect over TLS and the REST
+        API is https."""
         rest_port = free_port()
         self._spawn(
             "sdn_app",
@@ -151,9 +154,11 @@ class StackBase:
                 of_host,
                 "--rest",
                 f"127.0.0.1:{rest_port}",
+                *(["--tls", tls_dir] if tls_dir else []),
             ],
         )
-        self.sdn = SdnClient(f"http://127.0.0.1:{rest_port}")
+        tls = load_tls(tls_dir) if tls_dir else None
+        self.sdn = SdnClient(f"{'https' if tls else 'http'}://127.0.0.1:{rest_port}", tls=tls)
 
     def _wait_switches(self, timeout_s: float) -> None:
         try:
@@ -170,7 +175,11 @@ class StackBase:
         port: int,
         token_file: str = "",
         token: str | None = None,
+        tls_dir: str = "",
+        insecure: bool = False,
     ) -> None:
+        """The Master on `host`:`port`; with `tls_dir` (the control machine's identity) over
+        mutual TLS, else in plain HTTP (beyond loopback only if `insecure`)."""
         self._spawn(
             "master",
             [
@@ -193,9 +202,13 @@ class StackBase:
                 "--state",
                 str(self.logs / f"master-{self.prefix}.sqlite"),
                 *(["--token-file", token_file] if token_file else []),
+                *(["--tls", tls_dir] if tls_dir else ["--insecure"] if insecure else []),
             ],
         )
-        self.master = MasterClient(f"http://{host}:{port}", token=token)
+        tls = load_tls(tls_dir) if tls_dir else None
+        self.master = MasterClient(
+            f"{'https' if tls else 'http'}://{host}:{port}", token=token, tls=tls
+        )
 
     def _wait_agents(self, timeout_s: float) -> None:
         try:

@@ -1,13 +1,15 @@
 """Real-host mode on this machine, for real: `python -m lab` deploys edge agents over SSH to
 stand-in hosts (containers running sshd, `testbed.standin.LabHosts`) whose data interfaces hang
 off a plain OVS bridge; a Master on the management network (beyond loopback, so with the shared
-secret) registers them, and a job spans the two hosts over the bridge the SDN app controls.
-Bad inventories and hosts are refused with one line naming host and problem, leaving nothing."""
+secret and mutual TLS, the certificates made by `python -m lab certs`) registers them, and a job
+spans the two hosts over the bridge the SDN app controls. Bad inventories and hosts are refused
+with one line naming host and problem, leaving nothing."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import ssl
 import subprocess
 import sys
 import time
@@ -19,7 +21,8 @@ from test_sdn_app import ControllerProcess, wait_for
 
 from master.client import MasterClient
 from master.manager import TERMINAL
-from protocol.http import ApiError, call
+from protocol.http import ApiError, TlsRefused, Unreachable, call
+from protocol.tls import CONTROL, Tls, load_tls
 from testbed.standin import LabHosts, new_key
 from topologies import load_topology
 
@@ -161,6 +164,7 @@ def test_a_bad_host_is_one_line_and_nothing_is_left(lab, tmp_path, prefix, case)
         f"http://{lab['hosts'].gateway}:1",
         "--token-file",
         str(lab["token"]),
+        "--insecure",  # the hosts' refusals come first; certificates are another test's
         "--prefix",
         prefix,
         *(["--accept-new-host-keys"] if case == "no Docker" else []),
@@ -197,15 +201,21 @@ def test_bad_inventories_are_one_line(lab, tmp_path):
 
 
 def test_agents_deployed_over_ssh_run_a_job_across_the_hosts(lab, tmp_path, prefix):
-    """Deploy, register with a Master beyond loopback, refuse callers without the secret, run
-    a 2-worker job whose ranks are on the two hosts, stop, clean up."""
+    """Certificates made, deploy with them, register with a Master beyond loopback over mutual
+    TLS, refuse callers without a certificate, in plain HTTP or without the secret, run a
+    2-worker job whose ranks are on the two hosts, stop, clean up."""
     hosts, token_file = lab["hosts"], lab["token"]
     topo = str(lab["dir"] / "topo.yaml")
     inv = inventory(lab, tmp_path / "inv.yaml")
-    assert (
-        deploy("check", "--hosts", str(inv), "--topo", topo, "--accept-new-host-keys").returncode
-        == 0
+    pki = tmp_path / "pki"
+    made = deploy("certs", "--hosts", str(inv), "--topo", topo, "--pki", str(pki))
+    assert made.returncode == 0 and made.stdout.count(": made") == 4, made.stderr  # control,
+    # two agents, one switch
+    checked = deploy(
+        "check", "--hosts", str(inv), "--topo", topo, "--pki", str(pki), "--accept-new-host-keys"
     )
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.count(", certificate until ") == 2 and "control (" in checked.stdout
     env = {**os.environ, "CES_TOKEN_FILE": str(token_file), "PYTHONUNBUFFERED": "1"}
     port = 7000 + secrets.randbelow(1000)
     log = (tmp_path / "master.log").open("w")
@@ -229,15 +239,18 @@ def test_agents_deployed_over_ssh_run_a_job_across_the_hosts(lab, tmp_path, pref
             lab["hosts"].image,
             "--algorithm",
             "first-fit",
+            "--tls",
+            str(pki / CONTROL),
         ],
         cwd=REPO,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    url = f"http://{hosts.gateway}:{port}"
+    url = f"https://{hosts.gateway}:{port}"
     token = token_file.read_text().strip()
-    client = MasterClient(url, token=token)
+    control = load_tls(pki / CONTROL)
+    client = MasterClient(url, token=token, tls=control)
     try:
         t0 = time.monotonic()
         done = deploy(
@@ -250,6 +263,8 @@ def test_agents_deployed_over_ssh_run_a_job_across_the_hosts(lab, tmp_path, pref
             url,
             "--token-file",
             str(token_file),
+            "--pki",
+            str(pki),
             "--prefix",
             prefix,
         )
@@ -271,13 +286,25 @@ def test_agents_deployed_over_ssh_run_a_job_across_the_hosts(lab, tmp_path, pref
                 + (tmp_path / "master.log").read_text()
             ) from None
         deploy_s = time.monotonic() - t0
-        for node in ("lab1", "lab2"):  # the agents' command channels want the secret too
+        bare = ssl.create_default_context(cafile=pki / "ca.pem")  # trusts the CA, shows nothing
+        for node in ("lab1", "lab2"):  # the deployed agents: TLS, a certificate, the secret
+            agent = f"https://{hosts.mgmt[node]}:7071/workers"
+            with pytest.raises(Unreachable) as plain:
+                call("POST", agent.replace("https:", "http:"), {"name": "x"}, token=token)
+            assert not isinstance(plain.value, TlsRefused)  # the server hung up
+            with pytest.raises(TlsRefused):
+                call("POST", agent, {"name": "x"}, token=token, tls=Tls(pki, bare, bare))
+            with pytest.raises(ApiError) as e:  # another agent's certificate
+                call("POST", agent, {"name": "x"}, token=token, tls=load_tls(pki / "agent-lab1"))
+            assert e.value.status == 403
             with pytest.raises(ApiError) as e:
-                call("POST", f"http://{hosts.mgmt[node]}:7071/workers", {"name": "x"})
+                call("POST", agent, {"name": "x"}, tls=control)
             assert e.value.status == 401
         with pytest.raises(ApiError) as e:
-            MasterClient(url).jobs()
+            MasterClient(url, tls=control).jobs()
         assert e.value.status == 401
+        with pytest.raises(TlsRefused):
+            MasterClient(url, token=token, tls=Tls(pki, bare, bare)).jobs()
         job = {
             "name": "span",
             "collective": "ring",

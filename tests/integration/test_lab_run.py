@@ -1,15 +1,18 @@
 """`experiments/run.py --hosts` end to end on stand-in real hosts (`testbed.standin`): sshd
 containers whose `eth1` hangs off plain OVS bridges (OpenFlow 1.3, fail-mode secure) built for the quick
-scenario's topology and connecting to the run's SDN app on the management network. run.py checks
-the hosts over SSH, deploys the agents, runs the scenario and leaves nothing on the hosts;
-SIGTERM tears everything down; after a kill -9 of run.py, `--cleanup --hosts` removes what the
-run left."""
+scenario's topology and connecting to the run's SDN app on the management network over TLS.
+run.py checks the hosts over SSH, deploys the agents with their certificates (`lab certs`), runs
+the scenario over mutual TLS — a capture of the management network holds neither the token nor
+a job in clear — and leaves nothing on the hosts; SIGTERM tears everything down; after a kill -9
+of run.py, `--cleanup --hosts` removes what the run left."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +25,7 @@ from polling import wait_for
 
 from master.client import MasterClient
 from protocol.http import Unreachable, free_port
+from protocol.tls import CONTROL, load_tls
 from testbed import leftovers
 from testbed.standin import standin_lab
 from topologies import load_topology
@@ -42,7 +46,7 @@ def standin(tmp_path_factory, worker_image, testbed_host):
     topo = scaled(load_topology(scenario["topology"]), scenario["link_scale"])
     with standin_lab(
         d, topo, worker_image, f"lr{secrets.token_hex(2)}", free_port(), free_port()
-    ) as (hosts, inventory, token):
+    ) as (hosts, inventory, token, pki):
 
         def args(prefix: str, out: Path) -> list[str]:
             return [
@@ -50,6 +54,8 @@ def standin(tmp_path_factory, worker_image, testbed_host):
                 str(inventory),
                 "--token-file",
                 str(token),
+                "--pki",
+                str(pki),
                 "--prefix",
                 prefix,
                 "--out",
@@ -61,10 +67,12 @@ def standin(tmp_path_factory, worker_image, testbed_host):
             "hosts": hosts,
             "inventory": inventory,
             "token": token,
+            "pki": pki,
             "args": args,
             "scenario": scenario,
         }
     assert not (d / "id_rsa").exists() and not (d / "token").exists()  # secrets go with the hosts
+    assert not (d / "pki").exists()
 
 
 def on_hosts(prefix: str) -> list[str]:
@@ -76,15 +84,35 @@ def on_hosts(prefix: str) -> list[str]:
     ).stdout.split()
 
 
+def management_subnet(hosts) -> str:
+    net = hosts.client.networks.get(f"{hosts.prefix}-mgmt")
+    return net.attrs["IPAM"]["Config"][0]["Subnet"]
+
+
 def test_quick_scenario_on_real_hosts(standin, tmp_path, prefix):
-    out = tmp_path / "quick"
-    t0 = time.monotonic()
-    done = subprocess.run(
-        RUN + ["--quick", *standin["args"](prefix, out)],
-        capture_output=True,
+    """The whole run over TLS, captured on the management network (every interface, the
+    loopback one too: run.py reaches the Master at this machine's address on that network)."""
+    assert shutil.which("tcpdump"), "tcpdump is needed (scripts/setup.sh installs it)"
+    out, pcap = tmp_path / "quick", tmp_path / "run.pcap"
+    subnet = management_subnet(standin["hosts"])
+    capture = subprocess.Popen(
+        ["tcpdump", "-i", "any", "-U", "-s", "0", "-w", str(pcap), "net", subnet],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
     )
+    wait_for(lambda: pcap.exists(), 10, "tcpdump to start")
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(
+            RUN + ["--quick", *standin["args"](prefix, out)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        capture.terminate()
+        capture.wait(20)
     wall = time.monotonic() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert on_hosts(prefix) == []
@@ -109,7 +137,32 @@ def test_quick_scenario_on_real_hosts(standin, tmp_path, prefix):
             max(x or 0 for x in r["links"]["mbps"][f"{bg['src']}>{bg['path'][0]}"])
             >= 0.5 * bg["mbps"]
         )
-    assert standin["token"].read_text().strip() not in (out / "results.json").read_text()
+    token = standin["token"].read_text().strip()
+    assert token not in (out / "results.json").read_text()
+    # Nothing of the run in clear on the network: not the token, not a job's fields, not
+    # a line of HTTP; while the Master's and the switches' ports carried the run.
+    captured = pcap.read_bytes()
+    inv = yaml.safe_load(standin["inventory"].read_text())
+    ports = {
+        port: subprocess.run(
+            ["tcpdump", "-nn", "-r", str(pcap), f"tcp port {port}"],
+            capture_output=True,
+            text=True,
+        ).stdout.count("\n")
+        for port in (inv["master_port"], inv["openflow_port"], inv.get("agent_port", 7071))
+    }
+    clear = [
+        s
+        for s in (token.encode(), b"Bearer", b"HTTP/1.", b'"collective"', b'"model_params"')
+        + tuple(f'"{j["name"]}"'.encode() for j in standin["scenario"]["jobs"])
+        if s in captured
+    ]
+    print(
+        f"capture of {subnet}: {len(captured) / 2**20:.1f} MiB, packets on the Master's, "
+        f"OpenFlow and agents' ports: {ports}; in clear: {clear or 'nothing'}"
+    )
+    assert min(ports.values()) > 100 and not clear
+    assert ipaddress.ip_address(inv["master"]) in ipaddress.ip_network(subnet)
     print(f"run.py --quick --hosts: {wall:.0f} s wall, deploy {res['deploy_s']:.1f} s")
 
 
@@ -151,7 +204,10 @@ def test_cleanup_after_kill_9_removes_the_agents(standin, tmp_path, prefix):
     run.wait()
     assert on_hosts(prefix)  # the agents outlive run.py
     inventory = yaml.safe_load(standin["inventory"].read_text())
-    master = MasterClient(f"http://{inventory['master']}:{inventory['master_port']}")
+    master = MasterClient(
+        f"https://{inventory['master']}:{inventory['master_port']}",
+        tls=load_tls(standin["pki"] / CONTROL),
+    )
     t0 = time.monotonic()
     done = subprocess.run(
         RUN + ["--cleanup", "--hosts", str(standin["inventory"]), "--prefix", prefix],
@@ -168,8 +224,19 @@ def test_cleanup_after_kill_9_removes_the_agents(standin, tmp_path, prefix):
 
 
 def test_bad_input_in_hosts_mode_is_one_line(standin, tmp_path, prefix):
-    """No shared secret, and an unreachable host: one line each, exit 2, nothing left."""
+    """No shared secret, no certificates (and no --insecure), and an unreachable host: one line
+    each, exit 2, nothing left."""
     args = standin["args"](prefix, tmp_path / "out")
+    i = args.index("--pki")
+    done = subprocess.run(
+        RUN + ["--quick", *args[:i], *args[i + 2 :]],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "CES_PKI_DIR"},
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "give --pki DIR" in done.stderr and "--insecure" in done.stderr
     i = args.index("--token-file")
     no_token = args[:i] + args[i + 2 :]
     env = {k: v for k, v in os.environ.items() if k != "CES_TOKEN_FILE"}
