@@ -31,7 +31,8 @@ top-of-rack switch, the racks under one core switch.
 
 With `--tls` every connection is mutual TLS, as in a lab (`lab.pki`: a CA, the control machine's
 identity for the Master and the submitting clients, one per agent; ECDSA P-256), the Master on
-loopback still.
+loopback still; the agents and clients keep their connections (`protocol.http.KEEP_ALIVE`)
+unless `--no-keep-alive`, when every request is a new connection and a full handshake.
 
 Figures: submission latency (p50/p99), heartbeat round trip seen by the agents during the burst
 and the drain (p50/p99/max; target p99 ≤ 50 ms), nodes that went offline (target 0), jobs lost or
@@ -66,6 +67,7 @@ from experiments.machine import machine
 from lab import pki as lab_pki
 from master.client import MasterClient
 from master.manager import TERMINAL
+from protocol import http as protocol_http
 from protocol.http import ApiError, Unreachable
 from protocol.tls import CONTROL, agent_identity, load_tls
 from topologies import Topology, parse_topology
@@ -228,9 +230,11 @@ def run_agents(
     done,
     out,
     pki: Path | None = None,
+    keep_alive: bool = True,
 ) -> None:
     """One agent process: its share of the agents heartbeat until `done`; their round trips
     since `measuring` and every worker they were asked to start go back through `out`."""
+    protocol_http.KEEP_ALIVE = keep_alive
     agents = [  # with `pki`, each over TLS with its own identity
         SimulatedAgent(
             name,
@@ -275,6 +279,7 @@ class AgentProcesses:
         work: tuple[int, float, float],
         lines_per_s: float,
         pki: Path | None = None,
+        keep_alive: bool = True,
     ):
         """`work`: (seed, mean seconds, spread) of the jobs' running times (`work_s`); `pki`:
         the agents' identities (TLS)."""
@@ -296,6 +301,7 @@ class AgentProcesses:
                     self.done,
                     there,
                     pki,
+                    keep_alive,
                 ),
             )
             p.start()
@@ -347,7 +353,9 @@ def run(args: argparse.Namespace) -> dict:
             (args.seed, args.work_s, args.work_spread),
             args.lines_per_s,
             pki,
+            args.keep_alive,
         )
+        protocol_http.KEEP_ALIVE = args.keep_alive
         client = MasterClient(url, timeout_s=60.0, tls=load_tls(pki / CONTROL) if pki else None)
         try:
             return measure(client, agents, jobs, args)
@@ -430,6 +438,7 @@ def measure(
         "agent_procs": min(args.agent_procs, args.nodes),
         "state": args.state,
         "tls": args.tls,
+        "keep_alive": args.keep_alive,
         "lines_per_s": args.lines_per_s,
         "lines": lines,
         "machine": machine(),
@@ -531,6 +540,13 @@ def main(argv: list[str] | None = None) -> int:
         "--tls",
         action="store_true",
         help="every connection mutual TLS (the Master's, the agents', the clients'), as in a lab",
+    )
+    p.add_argument(
+        "--keep-alive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --tls: agents and clients keep their connections (--no-keep-alive: a new "
+        "connection and handshake per request)",
     )
     p.add_argument("--max-s", type=float, default=600.0, help="give up draining after this")
     p.add_argument("--out", default=str(RESULTS / "bench_load.json"))

@@ -224,8 +224,8 @@ def test_cleanup_after_kill_9_removes_the_agents(standin, tmp_path, prefix):
 
 
 def test_bad_input_in_hosts_mode_is_one_line(standin, tmp_path, prefix):
-    """No shared secret, no certificates (and no --insecure), and an unreachable host: one line
-    each, exit 2, nothing left."""
+    """No shared secret, no certificates (and no --insecure), a certificate that does not name
+    its host's address, and an unreachable host: one line each, exit 2, nothing left."""
     args = standin["args"](prefix, tmp_path / "out")
     i = args.index("--pki")
     done = subprocess.run(
@@ -250,11 +250,22 @@ def test_bad_input_in_hosts_mode_is_one_line(standin, tmp_path, prefix):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(inventory))
     args[args.index("--hosts") + 1] = str(bad)
+    node = inventory["hosts"][1]["node"]
+    # its certificate names the host's old address: refused before anything is made
     done = subprocess.run(RUN + ["--quick", *args], capture_output=True, text=True, timeout=300)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert (
-        lines[0].startswith(f"error: {inventory['hosts'][1]['node']} (")
-        and "unreachable over SSH" in lines[0]
+    cert = standin["pki"] / f"agent-{node}" / "cert.pem"
+    assert lines[0].startswith(f"error: {cert}: names ") and "not 127.0.0.1" in lines[0], lines
+    # without certificates (--insecure), the host itself is refused
+    i = args.index("--pki")
+    done = subprocess.run(
+        RUN + ["--quick", *args[:i], *args[i + 2 :], "--insecure"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: {node} (") and "unreachable over SSH" in lines[0]
     assert on_hosts(prefix) == [] and leftovers(prefix)["processes"] == []
