@@ -51,9 +51,9 @@ REQUEST_TIMEOUT_S = 30.0
 # HTTPS connections are kept for the next request (HTTP/1.1 keep-alive; `call` keeps one per
 # thread and server) and closed after this long idle, or at once when another connection waits
 # for a serving thread. A full mutual handshake costs ~2 ms of CPU at each end (OpenSSL 3.0,
-# ECDSA P-256, the development VM; loopback calls 12 ms fresh vs 1.1 ms kept with the machine
-# busy): 200 agents heartbeating every second need it (experiments/bench_load.py --tls,
-# docs/lab.md "Figures").
+# ECDSA P-256, the development VM): 200 agents heartbeating every second over new connections
+# got their replies in p50 77 ms, p99 829 ms (experiments/bench_load.py --tls --no-keep-alive,
+# seed 0); kept, p50 5.1 ms, p99 87 ms, as plain HTTP the same hour (88 ms; docs/lab.md).
 KEEPALIVE_IDLE_S = 15.0
 KEEP_ALIVE = True  # `call` keeps HTTPS connections (False: one per request; for measuring)
 _REASONS = {
@@ -334,14 +334,20 @@ class _PooledServer(WSGIServer):
         self._connections: queue.SimpleQueue = queue.SimpleQueue()
         self._count = threading.Lock()
         self._threads = self._idle = 0
+        # A byte here asks one thread that holds an idle kept connection to give it up: a
+        # connection waits and every thread is taken (`_QuietHandler._next_request`).
+        self.yield_r, self._yield_w = socket.socketpair()
+        self.yield_r.setblocking(False)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self._connections.put((request, client_address))
         with self._count:
-            if self._idle:  # a waiting thread takes it
-                self._idle -= 1
+            # `_idle` counts the threads waiting for a connection, each decrementing it as it
+            # takes one: a thread that took one queued before it was counted is not idle.
+            if self._idle >= self._connections.qsize():  # a waiting thread takes it
                 return
             if self._threads >= self.max_threads:
+                self._yield_w.send(b"y")
                 return
             self._threads += 1
         threading.Thread(
@@ -350,7 +356,11 @@ class _PooledServer(WSGIServer):
 
     def _serve_connections(self) -> None:
         while True:
+            with self._count:
+                self._idle += 1
             request, client_address = self._connections.get()
+            with self._count:
+                self._idle -= 1
             if request is None:
                 return
             try:
@@ -360,15 +370,11 @@ class _PooledServer(WSGIServer):
                 self.handle_error(request, client_address)
             finally:
                 self.shutdown_request(request)
-            with self._count:
-                self._idle += 1
-
-    def waiting(self) -> bool:
-        """Whether a connection waits for a serving thread."""
-        return not self._connections.empty()
 
     def server_close(self) -> None:
         super().server_close()
+        self.yield_r.close()
+        self._yield_w.close()
         for _ in range(self._threads):
             self._connections.put((None, None))
 
@@ -454,18 +460,29 @@ class _QuietHandler(WSGIRequestHandler):
 
     def _next_request(self) -> bool:
         """Wait for the client's next request on this connection: whether it came. Gives up
-        after `KEEPALIVE_IDLE_S`, or at once when another connection waits for a thread (an
-        idle connection must not hold one: the client opens a new one when it needs it)."""
+        after `KEEPALIVE_IDLE_S`, or when asked to yield (`_PooledServer.yield_r`: another
+        connection waits and every thread is taken; an idle connection must not hold one, and
+        its client opens a new one when it needs it). One wait in `select`, no polling: a
+        0.25 s poll woke the Master 800 times a second for 200 kept connections (with it, and
+        `_idle` miscounted, the heartbeat p99 of bench_load --tls was 181 ms; without, 87)."""
         conn = self.connection
+        if isinstance(conn, ssl.SSLSocket) and conn.pending():
+            return True
+        wake = self.server.yield_r  # type: ignore[attr-defined]
         deadline = time.monotonic() + KEEPALIVE_IDLE_S
-        while True:
-            if isinstance(conn, ssl.SSLSocket) and conn.pending():
-                return True
-            readable, _, _ = select.select([conn], [], [], 0.25)
-            if readable:
-                return True
-            if time.monotonic() > deadline or self.server.waiting():  # type: ignore[attr-defined]
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                readable, _, _ = select.select([conn, wake], [], [], left)
+                if conn in readable:
+                    return True
+                if wake in readable:
+                    wake.recv(1)
+                    return False  # this one yields
+            except BlockingIOError:
+                continue  # another idle thread took the request to yield
+            except OSError:  # the server is closing
                 return False
+        return False
 
     def log_message(self, fmt: str, *args: Any) -> None:  # heartbeats would flood the log
         log.debug("%s " + fmt, self.address_string(), *args)

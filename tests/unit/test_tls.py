@@ -10,6 +10,7 @@ import os
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from master import Master, MasterConfig
 from master.compute import AgentError
 from protocol.http import (
     ApiError,
+    JsonApp,
     Server,
     TlsRefused,
     Unreachable,
@@ -402,3 +404,40 @@ def test_the_master_and_the_agents_hold_each_other_to_the_labs_ca(ids):
         for a in (lab1, impostor, misnamed):
             a.stop()
         master.stop()
+
+
+def test_kept_connections_yield_their_threads_to_a_waiting_one(ids):
+    """Two client threads keep their HTTPS connections to a server of two serving threads; a
+    third client is served at once (an idle kept connection gives its thread up), and the two
+    are served again (on new connections)."""
+    app = JsonApp(token=TOKEN)
+    app.route("GET", "/x", lambda req: {"ok": True})
+    server = Server(app, tls=ids[CONTROL]).start()
+    server.httpd.max_threads = 2
+    again, done = threading.Event(), threading.Event()
+    answers = []
+
+    def keeper() -> None:  # a thread's connection lives as long as the thread
+        answers.append(call("GET", server.url + "/x", token=TOKEN, tls=ids[CONTROL]))
+        again.wait(10)
+        answers.append(call("GET", server.url + "/x", token=TOKEN, tls=ids[CONTROL]))
+        done.wait(10)
+
+    keepers = [threading.Thread(target=keeper) for _ in range(2)]
+    try:
+        for t in keepers:
+            t.start()
+        wait_for(lambda: len(answers) == 2)
+        assert server.httpd._threads == 2 and server.httpd._idle == 0  # both held
+        t0 = time.monotonic()
+        assert call("GET", server.url + "/x", token=TOKEN, tls=ids[CONTROL]) == {"ok": True}
+        assert time.monotonic() - t0 < 2.0  # not after the idle timeout (15 s)
+        again.set()
+        wait_for(lambda: len(answers) == 4)
+        assert answers == [{"ok": True}] * 4
+    finally:
+        again.set()
+        done.set()
+        for t in keepers:
+            t.join()
+        server.stop()
