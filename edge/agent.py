@@ -40,6 +40,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from protocol.dilation import Dilation
 from protocol.http import JsonApp, Server, TokenError, default_token_file, listen_tls, listen_token
 from protocol.messages import Registration
 from protocol.tls import TlsError, control_only, default_tls_dir
@@ -71,6 +72,7 @@ class AgentConfig:
     insecure: bool = False  # plain HTTP beyond loopback
     cpu: float = 0.0  # capacity reported (default: the cgroup parent's limits / the host)
     mem_mb: float = 0.0
+    dilation: str = ""  # emulation: the run's time dilation, "K@ORIGIN" (protocol.dilation)
 
 
 def _node_pid(client: docker.DockerClient, name: str) -> tuple[int, str]:
@@ -107,12 +109,15 @@ def _iface_ip(iface: str, pid: int | None) -> str:
     return out[out.index("inet") + 1].split("/")[0]
 
 
-def _capacity(cfg: AgentConfig, parent: str) -> tuple[float, float]:
+def _capacity(cfg: AgentConfig, parent: str, dilation: Dilation) -> tuple[float, float]:
+    """(emulated cores, MiB) the node offers: as configured, else its cgroup parent's limits (the
+    host's share of the emulated node under dilation), else the host's."""
     if cfg.cpu and cfg.mem_mb:
         return cfg.cpu, cfg.mem_mb
     mem: float  # MiB: the cgroup's limit in whole MiB, or the host's memory
     if parent:
         cpu, mem = cgroups.limits(parent)
+        cpu = dilation.emulated_cores(cpu)
     else:
         cpu = float(os.cpu_count() or 1)
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
@@ -134,8 +139,9 @@ def serve(cfg: AgentConfig) -> int:
     )
     workdir = Path(cfg.workdir or f"/tmp/ces-agent-{cfg.node}")
     workdir.mkdir(parents=True, exist_ok=True)
-    network = NetworkManager(cfg.iface, pid, cfg.line_mbps or None)
-    cpu, mem = _capacity(cfg, parent)
+    dilation = Dilation.parse(cfg.dilation)
+    network = NetworkManager(cfg.iface, pid, cfg.line_mbps or None, dilation)
+    cpu, mem = _capacity(cfg, parent, dilation)
     app = JsonApp(token=token, peers=control_only)
     server = Server(app, host, int(port or 0), tls)
     reg = Registration(
@@ -147,7 +153,13 @@ def serve(cfg: AgentConfig) -> int:
         mem,
     )
     compute = ComputeManager(
-        client, cfg.node, prefix, workdir, cfg.node_container or None, parent or None
+        client,
+        cfg.node,
+        prefix,
+        workdir,
+        cfg.node_container or None,
+        parent or None,
+        dilation=dilation,
     )
     gone = _node_gone(cfg.node_container, pid)
     messenger = Messenger(
@@ -159,6 +171,7 @@ def serve(cfg: AgentConfig) -> int:
         cfg.heartbeat_s,
         token,
         gone,
+        clock=dilation,
         tls=tls,
     )
     messenger.routes(app)
@@ -205,7 +218,19 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--cgroup-parent", default="")
     p.add_argument("--name-prefix", default="", help="prefix of worker container names")
     p.add_argument("--workdir", default="", help="where the workers' metric lines are kept")
-    p.add_argument("--heartbeat", dest="heartbeat_s", type=float, default=2.0)
+    p.add_argument(
+        "--heartbeat",
+        dest="heartbeat_s",
+        type=float,
+        default=2.0,
+        help="seconds between heartbeats (emulated seconds under --dilation)",
+    )
+    p.add_argument(
+        "--dilation",
+        default="",
+        help="emulation: the run's time dilation K@ORIGIN (rates and CPU quotas ÷ K, its clock "
+        "K times slower; docs/testbed.md)",
+    )
     p.add_argument(
         "--token-file",
         default=default_token_file(),
@@ -226,6 +251,10 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     a = p.parse_args(argv)
     if a.heartbeat_s <= 0:
         p.error("--heartbeat: expected a positive number of seconds")
+    try:
+        Dilation.parse(a.dilation)
+    except ValueError as e:
+        p.error(f"--dilation: {e}")
     return AgentConfig(**dict(vars(a).items()))
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +23,11 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
+from protocol.dilation import NONE, Dilation
 from protocol.messages import WorkerSpec, WorkerState
-from protocol.worker import START_ENV
+from protocol.worker import DILATION_ENV, START_ENV
 
-from . import workers
+from . import cgroups, workers
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,10 @@ class ComputeManager:
         node_container: str | None = None,
         cgroup_parent: str | None = None,
         on_change: Callable[[], None] = lambda: None,
+        dilation: Dilation = NONE,
     ):
         self.client, self.node, self.name_prefix = client, node, name_prefix
+        self.dilation = dilation
         self.workdir = workdir
         self.node_container, self.cgroup_parent = node_container, cgroup_parent
         self.on_change = on_change
@@ -77,18 +79,22 @@ class ComputeManager:
         with self.lock:
             if spec.name in self.workers:
                 return self.workers[spec.name].status()  # idempotent: a retried request
-        env = {**spec.env, START_ENV: f"{time.time():.3f}"}
+        # The worker's clock: when its container started, and how fast emulated time runs.
+        env = {**spec.env, START_ENV: f"{self.dilation.time():.3f}"}
+        if self.dilation.on:
+            env[DILATION_ENV] = self.dilation.spec()
         container = workers.start_worker(
             self.client,
             spec.image,
             self.container_name(spec.name),
             spec.command,
-            spec.cpu,
+            self.dilation.host_cores(spec.cpu),
             int(spec.mem_mb),
             env=env,
             node_container=self.node_container,
             cgroup_parent=self.cgroup_parent,
             labels={LABEL_NODE: self.node, LABEL_WORKER: spec.name, "ces.job": spec.job},
+            period_us=cgroups.period_us(self.dilation.factor),
         )
         worker = Worker(spec, container)
         with self.lock:

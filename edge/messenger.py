@@ -22,6 +22,7 @@ from typing import Protocol
 
 import docker.errors
 
+from protocol.dilation import NONE, Dilation
 from protocol.http import ApiError, JsonApp, Unreachable, call
 from protocol.messages import (
     Heartbeat,
@@ -95,13 +96,15 @@ class Messenger:
         heartbeat_s: float = 2.0,
         token: str | None = None,
         gone: Callable[[], str] = lambda: "",
+        clock: Dilation = NONE,
         tls: Tls | None = None,
     ):
         self.reg, self.master, self._token = reg, master.rstrip("/"), token
         self._tls = tls  # the agent's identity, shown to the Master (https)
         self.gone = gone
         self.compute, self.network, self.usage = compute, network, usage
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s = heartbeat_s  # emulated seconds (`clock`: protocol.dilation)
+        self.clock = clock
         self.wake = threading.Event()  # a worker ended: heartbeat at once
         compute.on_change = self.wake.set
         self.stopping = threading.Event()
@@ -196,7 +199,9 @@ class Messenger:
         states = self.compute.states()  # before the records: an exit comes with its last lines
         self._unsent += self.compute.take_records()
         self.seq += 1
-        hb = Heartbeat(self.node, self.seq, time.time(), self.usage.sample(), states, self._unsent)
+        hb = Heartbeat(
+            self.node, self.seq, self.clock.time(), self.usage.sample(), states, self._unsent
+        )
         t0 = time.perf_counter()
         reply = call(
             "POST",
@@ -233,11 +238,11 @@ class Messenger:
             except Unreachable as e:
                 if silent_since is None:
                     log.warning("master unreachable (%s); retrying", e)
-                    silent_since = time.time()
+                    silent_since = self.clock.time()
             except Exception:  # e.g. the Docker engine refused a stop: keep heartbeating
                 if not self.gone():  # else said once, above
                     log.exception("heartbeat round failed")
-            self.wake.wait(timeout=self.next_wait_s())
+            self.wake.wait(timeout=self.clock.host_seconds(self.next_wait_s()))
             self.wake.clear()
 
     def next_wait_s(self) -> float:
@@ -247,8 +252,8 @@ class Messenger:
 
     def _wait_offline(self, timeout_s: float = 60.0) -> None:
         """Until the Master no longer counts this node online (or does not answer)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.stopping.is_set() and time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + timeout_s
+        while not self.stopping.is_set() and self.clock.monotonic() < deadline:
             try:
                 nodes = call(
                     "GET", f"{self.master}/nodes", timeout=5, token=self._token, tls=self._tls
@@ -257,7 +262,7 @@ class Messenger:
                 return
             if not any(n.get("node") == self.node and n.get("online") for n in nodes):
                 return
-            self.stopping.wait(self.heartbeat_s / 2)
+            self.stopping.wait(self.clock.host_seconds(self.heartbeat_s / 2))
 
     def leave(self) -> None:
         """Stop the loop (signal handlers call this): `run` returns at once."""

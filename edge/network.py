@@ -8,15 +8,19 @@ emulation puts it there; on a real host the agent does it once with `--line-mbps
 Usage: CPU and memory of the node's cgroup parent (all its workers together, cgroup v1 or v2), or
 of the whole host when there is none; bytes on the data interface from /proc/PID/net/dev of a
 process inside the node's network namespace (PID 1 of the node container, or the agent's own).
+
+Both speak emulated units under time dilation (`protocol.dilation`): a grant's class runs at the
+host's share of it, and usage is taken over emulated seconds (a host core busy for K host
+seconds is one emulated core for one emulated second).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
+from protocol.dilation import NONE, Dilation
 from protocol.messages import ShapingRule, Usage
 
 from . import cgroups, tc
@@ -29,16 +33,22 @@ class ShapingError(RuntimeError):
 
 
 class NetworkManager:
-    def __init__(self, iface: str, pid: int | None, line_mbps: float | None = None):
-        self.iface, self.pid = iface, pid
+    def __init__(
+        self,
+        iface: str,
+        pid: int | None,
+        line_mbps: float | None = None,
+        dilation: Dilation = NONE,
+    ):
+        self.iface, self.pid, self.dilation = iface, pid, dilation
         self.lock = threading.Lock()
-        if tc.link_rate(iface, pid) is None:
+        if tc.link_rate(iface, pid, dilation) is None:
             if not line_mbps:
                 raise RuntimeError(
                     f"{iface} has no HTB root: give the line rate (--line-mbps) "
                     "so the agent can shape it"
                 )
-            tc.shape(iface, line_mbps, pid=pid)
+            tc.shape(iface, line_mbps, pid=pid, dilation=dilation)
 
     def apply(self, rules: list[ShapingRule]) -> dict:
         """Make the per-destination classes exactly `rules` (add, change, remove)."""
@@ -58,7 +68,7 @@ class NetworkManager:
             wanted[minor] = r
         errors = []
         with self.lock:
-            current = tc.destinations(self.iface, self.pid)
+            current = tc.destinations(self.iface, self.pid, self.dilation)
             # Each destination on its own: one that tc refuses does not hold up the others.
             for minor in set(current) - set(wanted):
                 try:
@@ -68,7 +78,9 @@ class NetworkManager:
             for minor, r in wanted.items():
                 if abs(current.get(minor, -1.0) - r.rate_mbps) > 1e-3:
                     try:
-                        tc.set_destination(self.iface, r.dst_ip, r.rate_mbps, self.pid)
+                        tc.set_destination(
+                            self.iface, r.dst_ip, r.rate_mbps, self.pid, self.dilation
+                        )
                     except tc.TcError as e:
                         errors.append(str(e))
         if errors:
@@ -101,6 +113,7 @@ class UsageMeter:
 
     def __init__(self, network: NetworkManager, cgroup_parent: str | None):
         self.network, self.parent = network, (cgroup_parent or "").strip("/")
+        self.clock = network.dilation
         self._last = self._sample()
 
     def _cpu_ns(self) -> int | None:
@@ -108,16 +121,7 @@ class UsageMeter:
             fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
             busy = sum(map(int, fields)) - int(fields[3]) - int(fields[4])  # minus idle, iowait
             return busy * 10**9 // os.sysconf("SC_CLK_TCK")
-        if cgroups.version() == 2:
-            for line in (CG / self.parent / "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec"):
-                    return int(line.split()[1]) * 1000
-            return None
-        for hier in ("cpuacct", "cpu,cpuacct", "cpu"):
-            ns = _read_int(CG / hier / self.parent / "cpuacct.usage")
-            if ns is not None:
-                return ns
-        return None
+        return cgroups.usage_ns(self.parent)
 
     def _mem_mb(self) -> float:
         if not self.parent:
@@ -134,7 +138,7 @@ class UsageMeter:
         return (_read_int(path) or 0) / 2**20
 
     def _sample(self) -> tuple[float, int | None, tuple[int, int]]:
-        return time.monotonic(), self._cpu_ns(), self.network.counters()
+        return self.clock.monotonic(), self._cpu_ns(), self.network.counters()
 
     def sample(self) -> Usage:
         now = self._sample()

@@ -11,6 +11,11 @@ One layout serves both link emulation and the per-destination grants of a node's
 Every leaf gets a short pfifo queue, ~5 ms of traffic (`queue_pkts`), or netem with the same
 limit when the link has a delay and the kernel has sch_netem: a long queue makes OVS's userspace
 datapath drop inside the switch (ENVIRONMENT.md "Queues matter").
+
+Rates are emulated Mbit/s. Under time dilation (`protocol.dilation`) a class's rate is the host's
+share of it (÷ K) and a delay lasts K times longer, while what is counted in bytes or packets —
+bursts, quanta, queue lengths — stays what the emulated rate gives: the queue holds the same
+emulated milliseconds of traffic at any K.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import subprocess
+
+from protocol.dilation import NONE, Dilation
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +75,14 @@ def _rate(mbps: float) -> str:
     return f"{max(mbps, 0.001) * 1000:.0f}kbit"
 
 
-def _htb_args(mbps: float) -> str:
+def _htb_args(mbps: float, dilation: Dilation) -> str:
     # burst: ≥ 4 ms of traffic so the userspace datapath's batches pass; quantum: explicit, so
     # HTB does not warn about r2q at high rates.
     nbytes = mbps * 1e6 / 8
     burst = max(15_000, int(nbytes * 0.004))
     quantum = min(max(1514, int(nbytes / 1000)), 200_000)
-    return f"rate {_rate(mbps)} ceil {_rate(mbps)} burst {burst} cburst {burst} quantum {quantum}"
+    rate = _rate(dilation.host_mbps(mbps))
+    return f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {quantum}"
 
 
 def probe_netem() -> bool:
@@ -91,7 +99,13 @@ def probe_netem() -> bool:
 
 
 def _leaf(
-    pid: int | None, dev: str, minor: int, rate_mbps: float, delay_ms: float, verb: str
+    pid: int | None,
+    dev: str,
+    minor: int,
+    rate_mbps: float,
+    delay_ms: float,
+    verb: str,
+    dilation: Dilation = NONE,
 ) -> None:
     global _netem
     # No explicit handle: the kernel picks a free one (a handle derived from the minor would
@@ -108,7 +122,7 @@ def _leaf(
                 *parent.split(),
                 "netem",
                 "delay",
-                f"{delay_ms}ms",
+                f"{dilation.host_seconds(delay_ms)}ms",
                 "limit",
                 str(queue_pkts(rate_mbps)),
             )
@@ -135,38 +149,50 @@ def _leaf(
     )
 
 
-def shape(dev: str, rate_mbps: float, delay_ms: float = 0.0, pid: int | None = None) -> None:
+def shape(
+    dev: str,
+    rate_mbps: float,
+    delay_ms: float = 0.0,
+    pid: int | None = None,
+    dilation: Dilation = NONE,
+) -> None:
     """Shape `dev` to `rate_mbps` (+ `delay_ms` where netem exists); replaces any old setup."""
     tc(pid, "qdisc", "del", "dev", dev, "root", check=False)  # `replace` fails on an HTB root
     _batch(
         pid,
         [
             f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
-            f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
+            f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb "
+            f"{_htb_args(rate_mbps, dilation)}",
             f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
-            f"{_htb_args(rate_mbps)}",
+            f"{_htb_args(rate_mbps, dilation)}",
         ],
     )
-    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add")
+    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add", dilation)
 
 
 def change(
-    dev: str, rate_mbps: float, delay_ms: float | None = None, pid: int | None = None
+    dev: str,
+    rate_mbps: float,
+    delay_ms: float | None = None,
+    pid: int | None = None,
+    dilation: Dilation = NONE,
 ) -> None:
     """Change the capacity (and delay) of a shaped `dev`, keeping its per-destination classes."""
     _batch(
         pid,
         [
-            f"class change dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb {_htb_args(rate_mbps)}",
+            f"class change dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb "
+            f"{_htb_args(rate_mbps, dilation)}",
             f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
-            f"{_htb_args(rate_mbps)}",
+            f"{_htb_args(rate_mbps, dilation)}",
         ],
     )
     # The leaf's queue length follows the rate; its delay stays unless a new one is given.
     if delay_ms is None:
-        delay_ms = _leaf_delay_ms(pid, dev, DEFAULT_CLASS)
+        delay_ms = dilation.emulated_seconds(_leaf_delay_ms(pid, dev, DEFAULT_CLASS))
     tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{DEFAULT_CLASS:x}", check=False)
-    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add")
+    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add", dilation)
 
 
 def _leaf_delay_ms(pid: int | None, dev: str, minor: int) -> float:
@@ -194,7 +220,9 @@ def class_minor(dst_ip: str) -> int:
     return host
 
 
-def set_destination(dev: str, dst_ip: str, rate_mbps: float, pid: int | None = None) -> None:
+def set_destination(
+    dev: str, dst_ip: str, rate_mbps: float, pid: int | None = None, dilation: Dilation = NONE
+) -> None:
     """Grant `rate_mbps` to traffic from `dev` to `dst_ip` (add or change the class)."""
     minor = class_minor(dst_ip)
     classes = tc(pid, "class", "show", "dev", dev)
@@ -205,11 +233,11 @@ def set_destination(dev: str, dst_ip: str, rate_mbps: float, pid: int | None = N
         pid,
         [
             f"class {'change' if exists else 'add'} dev {dev} parent 1:{LINK_CLASS:x} "
-            f"classid 1:{minor:x} htb {_htb_args(rate_mbps)}"
+            f"classid 1:{minor:x} htb {_htb_args(rate_mbps, dilation)}"
         ],
     )
     if not exists:
-        _leaf(pid, dev, minor, rate_mbps, 0.0, "add")
+        _leaf(pid, dev, minor, rate_mbps, 0.0, "add", dilation)
         tc(
             pid,
             "filter",
@@ -261,7 +289,7 @@ def remove_class(dev: str, minor: int, pid: int | None = None) -> None:
     tc(pid, "class", "del", "dev", dev, "classid", f"1:{minor:x}", check=False)
 
 
-def destinations(dev: str, pid: int | None = None) -> dict[int, float]:
+def destinations(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> dict[int, float]:
     """{class minor (= host part of the destination): rate in Mbit/s} of the granted classes."""
     out = {}
     for line in tc(pid, "class", "show", "dev", dev).splitlines():
@@ -269,16 +297,16 @@ def destinations(dev: str, pid: int | None = None) -> dict[int, float]:
         if len(words) > 2 and words[1] == "htb":
             minor = int(words[2].split(":")[1], 16)
             if minor not in (LINK_CLASS, DEFAULT_CLASS):
-                out[minor] = _parse_rate(words[words.index("rate") + 1])
+                out[minor] = dilation.emulated_mbps(_parse_rate(words[words.index("rate") + 1]))
     return out
 
 
-def link_rate(dev: str, pid: int | None = None) -> float | None:
+def link_rate(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> float | None:
     """The shaped capacity of `dev` in Mbit/s, None when not shaped."""
     for line in tc(pid, "class", "show", "dev", dev).splitlines():
         words = line.split()
         if len(words) > 2 and words[2] == f"1:{LINK_CLASS:x}":
-            return _parse_rate(words[words.index("rate") + 1])
+            return dilation.emulated_mbps(_parse_rate(words[words.index("rate") + 1]))
     return None
 
 

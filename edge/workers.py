@@ -26,6 +26,7 @@ def start_worker(
     node_container: str | None = None,
     cgroup_parent: str | None = None,
     labels: dict[str, str] | None = None,
+    period_us: int = cgroups.PERIOD_US,
 ) -> Container:
     """Start a detached worker container.
 
@@ -43,8 +44,8 @@ def start_worker(
         network_mode=f"container:{node_container}" if node_container else "host",
         cgroup_parent=cgroup_parent,
         labels=labels or {},
-        cpu_period=cgroups.PERIOD_US,
-        cpu_quota=cgroups.quota_us(cpu),
+        cpu_period=period_us,
+        cpu_quota=cgroups.quota_us(cpu, period_us),
         mem_limit=f"{mem_mb}m",
         memswap_limit=f"{mem_mb}m",
     )

@@ -8,21 +8,24 @@ networks other tenants have loaded (experiments/scenarios/loaded.yaml).
 
 Per topology and draw S of the background load (`--background-seed S`, S = 0..draws-1): one
 `run.py --scenario loaded.yaml` — a fresh emulation of the topology with its nodes' and links'
-capacities as the draw leaves them, CES-PPO and network-aware (its placement with CES's paths and
-rates) each running the three contention jobs, CES-PPO first in even draws and second in odd
-ones (the first run after bring-up tends to be the slower: on campus's draw 2 both took the same
-placements and the first ran 13 % longer) — into DIR/<topology>-<S>/. Nothing is chosen:
+capacities as the draw leaves them, CES-PPO, network-aware's placement with CES's paths and rates
+(`network-aware/ces`: the strongest pipeline that decides placement first and the network after)
+and plain network-aware (its own constrained paths and byte-weighted rate split) each running the
+three contention jobs, CES-PPO first in even draws and last in odd ones (the first run after
+bring-up tends to be the slower: on campus's draw 2 both took the same placements and the first
+ran 13 % longer) — into DIR/<topology>-<S>/. Nothing is chosen:
 every draw of every topology named is run and reported. A draw whose scenario cannot run (exit
 2: e.g. a job no loaded node set holds) is reported as such. A folder that already holds
 results.json is not run again (re-running the command resumes).
 
 Figures (DIR/summary.json, DIR/summary.md): per draw, CES-PPO's mean TTA and mean JCT over the
 jobs (unreached targets and unfinished jobs at the scenario's timeout, as experiments/report.py)
-over network-aware's, and what the iteration-time model predicted (the geometric mean over the
+over network-aware/ces's (and plain network-aware's), of the runs judged faithful, and what the iteration-time model predicted (the geometric mean over the
 jobs of CES-PPO's predicted iteration time over network-aware's, as the Master decided them);
 over all draws, the geometric means of those ratios, how many draws each wins, how many take
 the same placements, the rank correlation of predicted and measured ratios, and each
-scheduler's measured median iteration time over the Master's prediction.
+scheduler's measured median iteration time over the Master's prediction; and the ratios paired by
+draw with their 95 % interval and a verdict against report.TARGET_PARTS (`stats.paired_ratio`).
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ from pathlib import Path
 from scipy.stats import spearmanr
 
 from experiments.common import REPO, RESULTS
-from experiments.report import per_run, read_results
+from experiments.report import TARGET_PARTS, per_run, read_results
+from experiments.stats import paired_ratio
 
 SCENARIO = REPO / "experiments" / "scenarios" / "loaded.yaml"
 RUN = [sys.executable, str(REPO / "experiments" / "run.py"), "--scenario", str(SCENARIO)]
 TOPOLOGIES = "campus,ring,star,fattree,topozoo/Abilene,sndlib/atlanta,sndlib/polska"
-OURS, APART = "ces-ppo", "network-aware"
+# CES-PPO against the strongest "decide apart" pipeline — network-aware's placement with CES's
+# paths and rates — and, beside it, network-aware with its own constrained paths and rate split.
+OURS, APART, PLAIN = "ces-ppo", "network-aware/ces", "network-aware"
 
 
 def folder(out: Path, topo: str, draw: int) -> Path:
@@ -60,7 +66,7 @@ def run_draw(out: Path, topo: str, draw: int, run: bool = True) -> dict:
         if not run:
             return record | {"status": "not run", "reason": "no results.json"}
         print(f"== {topo}, draw {draw}", file=sys.stderr, flush=True)
-        order = [OURS, APART] if draw % 2 == 0 else [APART, OURS]
+        order = [OURS, APART, PLAIN] if draw % 2 == 0 else [APART, PLAIN, OURS]
         done = subprocess.run(
             RUN
             + [
@@ -109,15 +115,21 @@ def compare(results: dict) -> dict:
                     "placement",
                 )
             }
-            for s, row in ((OURS, ours), (APART, apart))
+            for s, row in ((OURS, ours), (APART, apart), (PLAIN, jobs.get((PLAIN, name))))
             if row
         }
     for key in ("mean_tta", "mean_jct"):
-        a, b = (
+        a, b, c = (
             statistics.fmean(r[key] for r in runs.get(s, [])) if runs.get(s) else None
-            for s in (OURS, APART)
+            for s in (OURS, APART, PLAIN)
         )
-        out[key] = {OURS: a, APART: b, "ratio": a / b if a and b else None}
+        out[key] = {
+            OURS: a,
+            APART: b,
+            PLAIN: c,
+            "ratio": a / b if a and b else None,
+            "ratio_plain": a / c if a and c else None,
+        }
     predicted = [
         jobs[OURS, n]["predicted_iter_s"] / jobs[APART, n]["predicted_iter_s"]
         for n in names
@@ -133,7 +145,7 @@ def compare(results: dict) -> dict:
                 if who == s and r.get("median_iter_s") and r.get("predicted_iter_s")
             ]
         )
-        for s in (OURS, APART)
+        for s in (OURS, APART, PLAIN)
     }
     out["same_placements"] = all(
         (OURS, n) in jobs
@@ -179,6 +191,17 @@ def summarize(records: list[dict]) -> dict:
             "wins": sum(v < 1 for v in y),
         }
     out["same_placements_tta"] = [r["mean_tta"]["ratio"] for r in ran if r["same_placements"]]
+    # paired by draw (each draw a network both ran on): the ratio, its 95 % interval, a verdict
+    for key in ("mean_tta", "mean_jct"):
+        for other, ratio in ((APART, "ratio"), (PLAIN, "ratio_plain")):
+            pairs = [(r[key][OURS], r[key][other]) for r in ran if r[key].get(ratio)]
+            if pairs:
+                paired = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+                out.setdefault("paired", {})[f"{key} vs {other}"] = {
+                    **paired.to_json(),
+                    "text": paired.text(),
+                    "verdict": paired.judge(TARGET_PARTS),
+                }
     out["by_topology"] = {}
     for topo in dict.fromkeys(r["topology"] for r in ran):
         mine = [r for r in ran if r["topology"] == topo]
@@ -193,7 +216,7 @@ def summarize(records: list[dict]) -> dict:
         s: geomean(
             [r["measured_over_predicted"][s] for r in ran if r["measured_over_predicted"].get(s)]
         )
-        for s in (OURS, APART)
+        for s in (OURS, APART, PLAIN)
     }
     pairs = [(r["predicted_ratio"], r["mean_jct"]["ratio"]) for r in differ if r["predicted_ratio"]]
     out["predicted_ratio"] = geomean([p for p, _ in pairs])
@@ -206,7 +229,7 @@ def markdown(records: list[dict], s: dict) -> str:
         return "—" if x is None else f"{x:.{d}f}"
 
     lines = [
-        "# CES-PPO against network-aware (with CES's network) on loaded networks",
+        "# CES-PPO against network-aware with CES's network (and with its own) on loaded networks",
         "",
         "| topology | draw | same placements | predicted (iteration) | mean TTA s: CES-PPO / "
         "network-aware | ratio | mean JCT s: CES-PPO / network-aware | ratio |",
@@ -249,6 +272,11 @@ def markdown(records: list[dict], s: dict) -> str:
             f"{f(a['worst'])}); where the placements differ {f(d['geomean'], 3)} "
             f"({d['wins']} of {d['draws']})."
         )
+    for name, p in s.get("paired", {}).items():
+        lines.append(
+            f"- Paired by draw, CES-PPO / {name.split(' vs ')[1]}, {name.split(' vs ')[0]}: "
+            f"{p['text']} (target < {TARGET_PARTS:g}: **{p['verdict']}**)."
+        )
     lines.append(
         f"- Where they differ, the model predicted {f(s['predicted_ratio'], 3)} "
         f"(iteration time); rank correlation of predicted and measured (JCT) "
@@ -257,7 +285,8 @@ def markdown(records: list[dict], s: dict) -> str:
     m = s["measured_over_predicted"]
     lines.append(
         f"- Measured median iteration over the Master's prediction (geometric mean over "
-        f"jobs and draws): CES-PPO {f(m[OURS])}, network-aware {f(m[APART])} (the model "
+        f"jobs and draws): CES-PPO {f(m[OURS])}, network-aware/ces {f(m[APART])}, "
+        f"network-aware {f(m[PLAIN])} (the model "
         "counts a flow at its grant; the network gives it a share of the spare too)."
     )
     return "\n".join(lines) + "\n"

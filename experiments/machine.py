@@ -3,13 +3,16 @@ load) plus the testbed's side (host, kernel, memory, OVS datapath and versions, 
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 from scheduler.evaluate import machine_info
 from testbed import detect_datapath
+from testbed.hostcost import busy_seconds
 
 
 def machine() -> dict:
@@ -51,3 +54,43 @@ def cpu_stall_us() -> int | None:
     except (OSError, IndexError):
         return None
     return int(some.rsplit("total=", 1)[1]) if "total=" in some else None
+
+
+class HostBusy:
+    """The host's busy share (all cores' non-idle time / cores) in every `window_s` of a run,
+    sampled by a thread of its own: how close the host came to running out of CPU, second by
+    second (the budget's averages hide the bursts: a ring's iterations start together)."""
+
+    def __init__(self, window_s: float = 1.0):
+        self.window_s, self.shares = window_s, []
+        self.cores = len(os.sched_getaffinity(0))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="host-busy", daemon=True)
+
+    def __enter__(self) -> HostBusy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        t0, b0 = time.monotonic(), busy_seconds()
+        while not self._stop.wait(self.window_s):
+            t1, b1 = time.monotonic(), busy_seconds()
+            self.shares.append((b1 - b0) / (t1 - t0) / self.cores)
+            t0, b0 = t1, b1
+
+    def summary(self, saturated: float) -> dict:
+        """{mean, max, saturated_share: the share of windows with at least `saturated` of the
+        cores busy}; {} before a window ended."""
+        if not self.shares:
+            return {}
+        return {
+            "mean": round(sum(self.shares) / len(self.shares), 3),
+            "max": round(max(self.shares), 3),
+            "saturated_share": round(
+                sum(s >= saturated for s in self.shares) / len(self.shares), 4
+            ),
+        }

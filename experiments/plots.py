@@ -35,7 +35,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments.report import RATE_BAND, mean_std, read_results, rows
+from experiments.e2e.fidelity import WIRE_BAND
+from experiments.report import mean_std, read_results, rows
 
 
 def _jobs(results: dict) -> list[str]:
@@ -172,10 +173,10 @@ def rates(results: dict, path: Path) -> Path:
     ax.plot(line, line, "k-", lw=0.7)
     ax.fill_between(
         line,
-        RATE_BAND[0] * line,
-        RATE_BAND[1] * line,
+        WIRE_BAND[0] * line,
+        WIRE_BAND[1] * line,
         color="0.9",
-        label=f"{RATE_BAND[0]}…{RATE_BAND[1]} × granted",
+        label=f"{WIRE_BAND[0]}…{WIRE_BAND[1]} × granted",
     )
     ax.set_xlabel("granted rate (Mbit/s)")
     ax.set_ylabel("sent on the wire while the sender was busy (Mbit/s)")
@@ -197,6 +198,9 @@ FIGURES: dict[str, Callable[[dict, Path], Path]] = {
 
 
 def make_all(results: dict, out: Path, only: list[str] | None = None) -> list[Path]:
+    """The run's figures, of its faithful runs (`report.rows`): none when no run was faithful."""
+    if not rows(results):
+        return []
     return [
         fn(results, out / f"{name}.png") for name, fn in FIGURES.items() if not only or name in only
     ]

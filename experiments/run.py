@@ -48,7 +48,9 @@ from docker.errors import DockerException
 from rich.console import Console
 
 from experiments import plots, report
+from experiments.e2e.budget import budget
 from experiments.e2e.display import Display, fmt
+from experiments.e2e.fidelity import HOST_SATURATED, verdict
 from experiments.e2e.lab_stack import HostsRefused, LabStack
 from experiments.e2e.rows import job_row, mark_shared_pairs
 from experiments.e2e.scenario import (
@@ -59,25 +61,28 @@ from experiments.e2e.scenario import (
     plan,
     scenario_path,
     tenant_path,
+    traffic_quota,
 )
-from experiments.e2e.stack import RunError, Stack, StackBase
-from experiments.machine import cpu_stall_us, machine
+from experiments.e2e.stack import RunError, Stack, StackBase, usage
+from experiments.machine import HostBusy, cpu_stall_us, machine
 from lab import deploy
 from lab.inventory import Inventory, InventoryError, load_inventory
 from lab.pki import PKI_ENV, check_lab, unusable
 from master.client import MasterClient
 from master.manager import TERMINAL
 from master.scheduling import QUEUES
+from protocol.dilation import Dilation
 from protocol.http import ApiError, TokenError, Unreachable, default_token_file, read_token
 from scheduler.jobs import JobError
 from scheduler.multi import default_algorithm
 from sdn_app.client import SdnError
-from testbed import EmulationError, cleanup
+from testbed import EmulationError, cleanup, hostcost
 from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import TopologyError, load_topology
 
 log = logging.getLogger("run")
+RERUNS = 2  # an unfaithful run is run again at most this many times
 
 
 def run_once(
@@ -89,8 +94,9 @@ def run_once(
     title: str,
     display: Display,
 ) -> dict:
-    """Submit the scenario's jobs under `scheduler`/`seed`, follow them, collect the results."""
-    master = stack.master
+    """Submit the scenario's jobs under `scheduler`/`seed`, follow them, collect the results.
+    Every time is on the run's emulated clock (`stack.dilation`); `wall_s` is the host's."""
+    master, clock = stack.master, stack.dilation
     if scheduler in QUEUES:  # a queue policy (CES-Multi, ...) over its default single-job one
         master.set_scheduler(default_algorithm(), seed, queue=scheduler)
     else:
@@ -101,12 +107,15 @@ def run_once(
     pinned: dict[str, dict] = {}  # background flow along a job -> the path and link it took
     names: dict[str, str] = {}  # submitted name -> base name
     samples: dict[str, Any] = {"t": [], "links": {}}
-    t0, started_at, stall0 = time.monotonic(), time.time(), cpu_stall_us()
+    before = stack.counters()
+    host_busy = HostBusy().__enter__()
+    t0, started_at, stall0 = clock.monotonic(), clock.time(), cpu_stall_us()
+    host_t0 = time.monotonic()
     deadline = t0 + scenario.timeout_s
     next_links = 0.0
     views: list[dict] = []
     while True:
-        now = time.monotonic()
+        now = clock.monotonic()
         for i, b in list(traffic.items()):  # another tenant's transfer starts mid-run
             if b.start_s > now - t0:
                 continue
@@ -133,7 +142,7 @@ def run_once(
                 stack.pin_traffic(i, b, crossing[0])
                 pinned[b.label()] = {"path": crossing[0], "link": list(crossing[1])}
             stack.start_traffic(i, b, wait=False)
-            started[b.label()] = time.time()
+            started[b.label()] = clock.time()
             del traffic[i]
         while pending and pending[0].job.submit_time <= now - t0:
             doc = pending.pop(0)
@@ -155,7 +164,7 @@ def run_once(
         if now > deadline:
             break
         stack._check_alive()
-        time.sleep(1.0)
+        clock.sleep(1.0)
     timed_out = set()
     for v in views:
         if v["state"] not in TERMINAL:
@@ -169,14 +178,16 @@ def run_once(
         for n in names
     ]
     mark_shared_pairs(rows)
-    wall = time.monotonic() - t0
+    wall, emulated = time.monotonic() - host_t0, clock.monotonic() - t0
     stall1 = cpu_stall_us()
+    after = stack.counters()
+    host_busy.__exit__()
     for i, b in enumerate(scenario.background):
         if b.start_s is not None:
             stack.stop_traffic(i)
         if b.label() in pinned:
             stack.unpin_traffic(i)
-    _wait_idle(master)
+    _wait_idle(master, clock.host_seconds(120.0))
     capacity = {f"{lk['src']}>{lk['dst']}": lk["capacity_mbps"] for lk in master.links()}
     busy = {k: v for k, v in samples["links"].items() if max((x or 0) for x in v) >= 1.0}
     stalled = None if stall0 is None or stall1 is None else round((stall1 - stall0) / 1e6 / wall, 3)
@@ -184,8 +195,11 @@ def run_once(
         "scheduler": scheduler,
         "seed": seed,
         "wall_s": round(wall, 2),
+        "emulated_s": round(emulated, 2),
         "jobs": rows,
         "cpu_stalled_share": stalled,
+        **usage(before, after),
+        "host_busy": host_busy.summary(HOST_SATURATED),
         "started_at": started_at,
         "background_started_at": started,
         "background_paths": pinned,
@@ -239,6 +253,25 @@ def build_parser() -> argparse.ArgumentParser:
         "the run --prefix on every host)",
     )
     p.add_argument("--prefix", help="run prefix: 'ces' + 4 hex digits")
+    p.add_argument(
+        "--dilation",
+        default="auto",
+        type=_dilation_arg,
+        help="time dilation K >= 1 of the emulation, or 'auto' (default): the least K at which "
+        'the scenario\'s CPU budget fits this host (docs/testbed.md, "Time dilation")',
+    )
+    p.add_argument(
+        "--over-budget",
+        action="store_true",
+        help="run at a --dilation below what the budget needs (its runs will say they were "
+        "not faithful) instead of refusing",
+    )
+    p.add_argument(
+        "--reruns",
+        type=int,
+        default=RERUNS,
+        help=f"times an unfaithful run is run again (default {RERUNS})",
+    )
     p.add_argument(
         "--hosts",
         help="an inventory (docs/lab.md): run on its real hosts and "
@@ -297,8 +330,77 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for w in p.warnings:
         console.print(f"[yellow]warning:[/] {w}")
+    try:
+        dilation, chosen = choose_dilation(p, args.dilation, args.over_budget, console)
+    except ScenarioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EmulationError as e:
+        print(f"error: measuring this host's forwarding cost: {e}", file=sys.stderr)
+        return 1
     prefix = args.prefix or new_prefix()
-    return execute(p, prefix, console, lambda: Stack(p.topo, prefix, p.out, console))
+    return execute(
+        p,
+        prefix,
+        console,
+        lambda: Stack(p.topo, prefix, p.out, console, dilation),
+        chosen,
+        max(args.reruns, 0),
+    )
+
+
+def choose_dilation(
+    p: Plan, asked: float | None, over_budget: bool, console: Console
+) -> tuple[Dilation, dict]:
+    """The run's time dilation: `asked` (a number), or the least K at which the scenario's CPU
+    budget (`budget.budget`) fits this host when None ("auto"); and what results.json records of
+    the choice. A ScenarioError (one line) when no K fits, or when `asked` is below what the
+    budget needs and not `over_budget`."""
+    cost = hostcost.ensure(worker_image_tag(), log=lambda m: console.print(f"[bold]budget[/] {m}"))
+    jobs = [d.job for d in p.scenario.jobs]
+    cordoned = {v for b in p.scenario.background if b.cordon for v in (b.src, b.dst)}
+    need = budget(
+        p.topo,
+        [t.demand.cpu for job in jobs for t in job.tasks],
+        [traffic_quota(p.topo.node(v))[0] for b in p.scenario.background for v in (b.src, b.dst)],
+        [f.demand_mbps for job in jobs for f in job.flows]
+        + [b.mbps for b in p.scenario.background],
+        {n.name for n in p.topo.nodes} - cordoned,
+        cost,
+    )
+    least = need.dilation()
+    if asked is None and least is None:
+        raise ScenarioError(
+            f"{p.scenario.source}: does not fit this host even at dilation K_MAX: {need.line(8.0)}"
+        )
+    k = least if asked is None else asked
+    if asked is not None and not need.fits(k) and not over_budget:
+        raise ScenarioError(
+            f"--dilation {asked:g}: the scenario does not fit this host ({need.line(k)}); it "
+            f"needs K >= {least:g}" + ("" if least is None else " (or give --over-budget)")
+        )
+    console.print(
+        f"[bold]budget[/] {need.line(k)}: dilation K = {k:g} "
+        f"({'auto' if asked is None else 'given'})"
+    )
+    return Dilation(k, time.time()), {
+        "factor": k,
+        "chosen": "auto" if asked is None else "given",
+        "budget": need.to_json(k),
+        "host_cost": asdict(cost),
+    }
+
+
+def _dilation_arg(text: str) -> float | None:
+    """`--dilation`: 'auto' (None) or a number >= 1."""
+    if text == "auto":
+        return None
+    try:
+        return Dilation(float(text)).factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a number >= 1, got {text!r}"
+        ) from None
 
 
 def hosts_main(args: argparse.Namespace, console: Console) -> int:
@@ -368,7 +470,17 @@ def cleanup_hosts(inv: Inventory, prefix: str, accept_new: bool) -> int:
     return 2 if errors else 0
 
 
-def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], StackBase]) -> int:
+def execute(
+    p: Plan,
+    prefix: str,
+    console: Console,
+    make_stack: Callable[[], StackBase],
+    dilation: dict | None = None,
+    reruns: int = 0,
+) -> int:
+    """Bring the stack up, run every scheduler and seed (an unfaithful run again, up to `reruns`
+    times: `fidelity.verdict`), tear down, write the results. `dilation`: the choice
+    `choose_dilation` made, recorded."""
     p.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "version": 1,
@@ -387,6 +499,7 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
         "mode": "hosts" if p.inventory else "emulation",
         **({"inventory": str(p.inventory.path)} if p.inventory else {}),
         "machine": machine(),
+        **({"dilation": dilation} if dilation else {}),
         "started_at": time.time(),
         "runs": [],
     }
@@ -408,19 +521,31 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
                 for i, (scheduler, seed) in enumerate(
                     (s, seed) for s in p.schedulers for seed in range(p.seeds)
                 ):
-                    title = f"run {i + 1}/{total}: {scheduler}, seed {seed}"
-                    console.print(f"[bold]{title}[/]")
-                    run = run_once(stack, p.scenario, scheduler, seed, i, title, display)
-                    results["runs"].append(run)
-                    for row in run["jobs"]:
-                        console.print(
-                            f"  {row['job']}: {row['state']}, tta "
-                            f"{fmt(row['tta_s'])} s, accuracy "
-                            f"{fmt(row['final_accuracy'])}, on "
-                            f"{' '.join(sorted(row['placement'].values()))} "
-                            f"({row['network']})"
+                    for attempt in range(1, reruns + 2):
+                        title = f"run {i + 1}/{total}: {scheduler}, seed {seed}" + (
+                            f" (attempt {attempt})" if attempt > 1 else ""
                         )
-                    _write(p.out, results, t0)
+                        console.print(f"[bold]{title}[/]")
+                        index = len(results["runs"])  # names the run's jobs: unique per run
+                        run = run_once(stack, p.scenario, scheduler, seed, index, title, display)
+                        run["attempt"], run["fidelity"] = attempt, verdict(run)
+                        results["runs"].append(run)
+                        for row in run["jobs"]:
+                            console.print(
+                                f"  {row['job']}: {row['state']}, tta "
+                                f"{fmt(row['tta_s'])} s, accuracy "
+                                f"{fmt(row['final_accuracy'])}, on "
+                                f"{' '.join(sorted(row['placement'].values()))} "
+                                f"({row['network']})"
+                            )
+                        _write(p.out, results, t0)
+                        if run["fidelity"]["faithful"]:
+                            break
+                        console.print(
+                            "  [yellow]not faithful:[/] "
+                            + "; ".join(run["fidelity"]["reasons"])
+                            + ("; running it again" if attempt <= reruns else "")
+                        )
                     display.run_done(i + 1)
         results["teardown_s"] = round(stack.timings["down_s"], 2)
     except HostsRefused as e:
@@ -435,6 +560,10 @@ def execute(p: Plan, prefix: str, console: Console, make_stack: Callable[[], Sta
         print("interrupted: torn down", file=sys.stderr)
         _write(p.out, results, t0)
         return 130
+    results["comparisons"] = [
+        {**c, "tta": c["tta"].to_json(), "jct": c["jct"] and c["jct"].to_json()}
+        for c in report.comparisons(results, p.scenario.timeout_s)
+    ]
     _write(p.out, results, t0)
     figures = plots.make_all(results, p.out)
     report.write(results, p.out)

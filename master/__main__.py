@@ -31,6 +31,7 @@ import threading
 from rich.console import Console
 from rich.table import Table
 
+from protocol.dilation import Dilation
 from protocol.http import (
     ApiError,
     TokenError,
@@ -51,6 +52,14 @@ from .scheduling import UnknownAlgorithm
 from .store import StateError
 
 
+def _dilation(text: str) -> str:
+    try:
+        Dilation.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _serve(a: argparse.Namespace) -> int:
     topo = load_topology(a.topo)
     token = listen_token(a.host, a.token_file)
@@ -65,6 +74,7 @@ def _serve(a: argparse.Namespace) -> int:
         max_attempts=a.max_attempts,
         adjust=a.adjust,
         spare=a.spare,
+        dilation=Dilation.parse(a.dilation),
     )
     master = Master(
         topo, cfg, sdn, sdn_job_id=a.sdn_job_id, token=token, state=a.state or None, tls=tls
@@ -217,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="rates capped at the grants: the capacity nobody is granted stays idle "
         "(default: enforced pairs share it, weighted by their grants)",
+    )
+    s.add_argument(
+        "--dilation",
+        default="",
+        type=_dilation,
+        help="the emulation's time dilation K@ORIGIN: the Master's clock runs K times slower, its "
+        "periods and --heartbeat-timeout are emulated seconds (docs/testbed.md)",
     )
     s.set_defaults(run=_serve)
     for name, fn, helptext in (

@@ -21,7 +21,6 @@ machine's everything, an agent's only its own node's registration and heartbeats
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -139,7 +138,7 @@ class MasterApi:
 
     def job_view(self, rec: JobRecord, records: bool = False) -> dict:
         job = rec.job
-        end = rec.finished_at if rec.finished_at is not None else time.time()
+        end = rec.finished_at if rec.finished_at is not None else self.m.clock()
         out: dict[str, Any] = {
             "name": rec.name,
             "state": rec.state.value,

@@ -41,6 +41,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from protocol.dilation import NONE, Dilation
 from protocol.http import Server
 from protocol.messages import Heartbeat, Registration, WorkerSpec, WorkerState
 from protocol.tls import Tls
@@ -74,6 +75,10 @@ class MasterConfig:
     first_port: int = RENDEZVOUS_PORT  # rendezvous ports: one per attempt, counting up
     adjust: bool = True  # re-route enforced jobs whose grants no longer fit (runtime adjustment)
     spare: bool = True  # work-conserving rates: enforced pairs share the capacity nobody is granted
+    # The emulation's time dilation (protocol.dilation): the Master's clock runs K times slower
+    # than the host's, so its periods and timeouts above are emulated seconds and every time it
+    # records (submission, start, end, events) is on the emulated clock the workers report on.
+    dilation: Dilation = NONE
 
 
 class Master:
@@ -95,8 +100,11 @@ class Master:
         self._tls = tls
         self.lock = threading.RLock()
         self.cluster = Cluster.from_topology(topo)
-        self.manager = Manager(config.max_attempts)
-        self.compute = ComputeController(config.heartbeat_timeout_s, token=token, tls=tls)
+        self.clock = config.dilation.time
+        self.manager = Manager(config.max_attempts, clock=self.clock)
+        self.compute = ComputeController(
+            config.heartbeat_timeout_s, clock=self.clock, token=token, tls=tls
+        )
         self.network = NetworkController(
             topo, self.cluster, self.compute, sdn, sdn_job_id, spare=config.spare
         )
@@ -133,7 +141,7 @@ class Master:
         register (the registration reply names them); a node of theirs that does not come back
         within the heartbeat timeout ends the attempt (`_check_heartbeats`). The operator's
         settings (`keep_settings`) apply again."""
-        now, last_port = time.time(), self.cfg.first_port - 1
+        now, last_port = self.clock(), self.cfg.first_port - 1
         settings = self.store.settings()
         try:
             if "scheduler" in settings:
@@ -288,7 +296,9 @@ class Master:
         while not self._stop.is_set():
             events = []
             try:
-                events.append(self._events.get(timeout=self.cfg.tick_s))
+                events.append(
+                    self._events.get(timeout=self.cfg.dilation.host_seconds(self.cfg.tick_s))
+                )
                 while True:
                     events.append(self._events.get_nowait())
             except queue.Empty:
@@ -296,8 +306,8 @@ class Master:
             for ev in events:
                 self._guarded(self._handle, ev)
             self._guarded(self._check_heartbeats)
-            if self.sdn is not None and time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + self.cfg.links_poll_s
+            if self.sdn is not None and self.cfg.dilation.monotonic() >= next_poll:
+                next_poll = self.cfg.dilation.monotonic() + self.cfg.links_poll_s
                 self._guarded(self._poll_links)
                 if self.cfg.adjust:
                     self._guarded(self._adjust)
@@ -331,7 +341,7 @@ class Master:
             for node, _ in stale:
                 self.compute.mark_offline(node)
                 self.cluster.offline.add(node)
-            now = time.time()
+            now = self.clock()
             if self._adopting is not None and now - self._adopting > self.cfg.heartbeat_timeout_s:
                 placed = {
                     n for r in self.manager.active() for n in r.current.decision.placement.values()
@@ -355,7 +365,7 @@ class Master:
     def _poll_links(self) -> None:
         """Read the link statistics and the scheduled pairs' counters; push again when the spare
         capacity's shares moved (`NetworkController.observe`)."""
-        read_at = time.monotonic()
+        read_at = time.monotonic()  # the host's: only its order against a pair's end matters
         links, flows = self.network.read_usage()
         with self.lock:
             # Jobs waiting for bandwidth were judged on the last reading; the traffic that filled
@@ -379,7 +389,7 @@ class Master:
         between the readings of the link statistics at `since` and `t` — the seconds in which
         another tenant's traffic or a link's loss left its grants more than the link holds: what
         judging a flow's rate against its grant leaves out (docs/e2e.md, "Results")."""
-        now = time.time()
+        now = self.clock()
         since, self._last_poll = self._last_poll or now, now
         hot = self.network.contended_flows()
         for rec in self.manager.active():
@@ -395,7 +405,7 @@ class Master:
         """What the network should hold (under the lock), each enforced attempt's installed
         rates noted when they change: {"installed": [[t, {"src>dst": Mbit/s}], ...]}."""
         state = self.network.desired()
-        now = time.time()
+        now = self.clock()
         installed = self.network.installed()
         for rec in self.manager.active():
             if rec.current.info.get("network") != ENFORCED:
@@ -433,7 +443,7 @@ class Master:
                 ]
             try:
                 placed, reasons = self.scheduler.round(
-                    view, algorithm, list(recs), running, time.time()
+                    view, algorithm, list(recs), running, self.clock()
                 )
             except Exception as e:  # the algorithm itself broke: say so, do not retry forever
                 log.exception("scheduler %s failed", algorithm)
@@ -577,7 +587,7 @@ class Master:
                 self._release(rec.name)
             # Recorded with the change, before the push: nobody sees the network moved and the
             # job's record not saying so.
-            now = time.time()
+            now = self.clock()
             for rec, decision in moved:
                 self.cluster.allocate(rec.job, decision)
                 self.network.add(rec.job, decision)

@@ -5,6 +5,9 @@ the training program (`workloads.train`, or a job's own command).
   "type"; the agent follows the container's log.
 - `START_ENV` holds the epoch second at which the worker's container was started, so the worker
   can measure its own start-up (container start -> first iteration).
+- `DILATION_ENV`, when set, is the time dilation the worker runs under (`protocol.dilation`,
+  "K@ORIGIN"): its quota is the host's share of its task's CPU, and it reports every time and
+  rate in emulated units on the emulated clock (START_ENV is on that clock too).
 - Rank 0 listens for the rendezvous on `RENDEZVOUS_PORT` unless told otherwise (the Master gives
   every attempt a port of its own, counting up from here).
 - Options travel as command-line flags built by `option_flags`.
@@ -17,6 +20,7 @@ from typing import Any
 
 METRICS_OUT = "-"
 START_ENV = "CES_CONTAINER_START"
+DILATION_ENV = "CES_TIME_DILATION"
 RENDEZVOUS_PORT = 29500
 
 

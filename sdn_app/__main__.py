@@ -22,6 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
+from protocol.dilation import Dilation
 from protocol.http import default_token_file, is_loopback, listen_tls, listen_token
 from protocol.tls import TlsError, default_tls_dir, identity_files
 from topologies import TopologyError, load_topology
@@ -67,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for a switch to confirm a change (5)",
     )
     p.add_argument(
+        "--dilation",
+        default="",
+        help="the emulation's time dilation K@ORIGIN: meters at rate ÷ K, statistics and "
+        '--stats-interval in emulated seconds (docs/testbed.md, "Time dilation")',
+    )
+    p.add_argument(
         "--lldp",
         action="store_true",
         help="discover links with LLDP and check them against the topology (GET /switches → lldp)",
@@ -98,6 +105,7 @@ def check(args: argparse.Namespace) -> None:
     for name in ("stats_interval", "burst_s", "barrier_timeout"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    Dilation.parse(args.dilation)
     rest = parse_address(args.rest)
     listen_token(rest[0], args.token_file)
     if args.tls or not args.insecure:  # the identity loads, or plain HTTP stays on loopback
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         ("token_file", args.token_file),
         ("tls", args.tls),
         ("insecure", args.insecure),
+        ("dilation", args.dilation),
     ):
         conf.set_override(name, value, group="ces_sdn")
     if args.lldp:

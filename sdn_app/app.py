@@ -450,6 +450,11 @@ class CesSdnApp(BaseApp):
                 "connected_at": mon.connected_at.get(s.dpid),
                 "address": _address(mon.datapaths.get(s.dpid)),
                 "max_meters": mon.meter_limit.get(s.dpid),
+                "ports": {
+                    port: counters
+                    for (dpid, port), counters in mon.port_counters.items()
+                    if dpid == s.dpid
+                },
             }
             for s in self.topo.switches
         ]

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.dilation import NONE, Dilation
 from protocol.http import ApiError
 from topologies import Topology
 from topologies.routes import paths_to
@@ -143,11 +144,15 @@ class MeterPolicy:
 
     burst_s: float = 0.5
     min_burst_kbit: int = 64
+    dilation: Dilation = NONE  # the emulation's (protocol.dilation): the meter runs at rate ÷ K
 
     def params(self, rate_mbps: float) -> tuple[int, int]:
-        """(rate in kbit/s, burst in kbit) for a flow granted `rate_mbps`."""
-        rate_kbps = max(1, round(rate_mbps * 1000))
-        return rate_kbps, max(self.min_burst_kbit, math.ceil(rate_kbps * self.burst_s))
+        """(rate in kbit/s, burst in kbit) of the meter for a flow granted `rate_mbps`. Under
+        dilation the burst is the same bits (burst_s emulated seconds at the granted rate, K times
+        as many host seconds at the meter's rate), as an HTB class keeps its bytes (edge.tc)."""
+        rate_kbps = max(1, round(self.dilation.host_mbps(rate_mbps) * 1000))
+        burst_kbit = math.ceil(max(1, round(rate_mbps * 1000)) * self.burst_s)
+        return rate_kbps, max(self.min_burst_kbit, burst_kbit)
 
 
 # --- parsing -------------------------------------------------------------------------------------

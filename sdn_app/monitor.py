@@ -2,7 +2,11 @@
 
 Every `stats_interval` seconds each connected switch is asked for its port, flow (job entries
 only) and meter counters; the replies become rates (Mbit/s). Port counters are mapped onto the
-topology's links, one rate per direction.
+topology's links, one rate per direction. Each port's packet and drop counters are kept as they
+are (`port_counters`): a port that drops what it receives means the switch fell behind.
+
+Under time dilation (`Settings.dilation`) the interval is emulated seconds, and a counter's
+samples are timed on the emulated clock: the rates are emulated Mbit/s.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from .flows import COOKIE_COUNTED_MASK, COOKIE_JOB
 from .settings import settings
 from .stats import Rates, Sample, link_ends, sample_time
 
+# What a port's statistics say of packets it passed and dropped (OpenFlow 1.3 ofp_port_stats):
+# rx_dropped counts what the switch could not take in — on OVS's userspace datapath, packets its
+# forwarding thread did not read from the port in time.
+PORT_COUNTERS = ("rx_packets", "tx_packets", "rx_dropped", "tx_dropped")
+
 
 class NetworkMonitor(BaseApp):
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
@@ -34,6 +43,7 @@ class NetworkMonitor(BaseApp):
         s = settings()
         self.topo = s.topo
         self.interval = s.stats_interval
+        self.clock = s.dilation
         self.known = {sw.dpid: sw.name for sw in self.topo.switches}
         # Replaced, never mutated (copy-on-write): REST threads iterate them without a lock.
         self.datapaths: dict[int, Any] = {}
@@ -46,6 +56,8 @@ class NetworkMonitor(BaseApp):
         self.meters_in = Rates()  # (dpid, meter_id): bytes entering the meter
         self.meters_dropped = Rates()  # (dpid, meter_id): bytes its drop band dropped
         self.down: frozenset[tuple[int, int]] = frozenset()  # (dpid, port) without link
+        # (dpid, port) -> the port's counters as last reported (PORT_COUNTERS)
+        self.port_counters: dict[tuple[int, int], dict[str, int]] = {}
         self._parts: dict[tuple[int, str], set[int]] = {}  # ids seen so far in a multi-part reply
         self.ends = link_ends(self.topo)
         self._stopping = new_event()
@@ -69,7 +81,7 @@ class NetworkMonitor(BaseApp):
             return  # the connection died before the handshake finished
         if ev.state == MAIN_DISPATCHER:
             self.datapaths = {**self.datapaths, dp.id: dp}
-            self.connected_at = {**self.connected_at, dp.id: time.time()}
+            self.connected_at = {**self.connected_at, dp.id: self.clock.time()}
             self._event("connect", dp.id, address=f"{dp.address[0]}:{dp.address[1]}")
             if dp.id not in self.known:
                 self.logger.warning(
@@ -116,7 +128,7 @@ class NetworkMonitor(BaseApp):
     def _event(self, kind: str, dpid: int, **extra: Any) -> None:
         self.switch_events.append(
             {
-                "time": time.time(),
+                "time": self.clock.time(),
                 "event": kind,
                 "dpid": dpid,
                 "switch": self.known.get(dpid),
@@ -128,7 +140,7 @@ class NetworkMonitor(BaseApp):
     # --- polling --------------------------------------------------------------------------------
 
     def _poll_loop(self) -> None:
-        while not self._stopping.wait(self.interval):
+        while not self._stopping.wait(self.clock.host_seconds(self.interval)):
             for dp in list(self.datapaths.values()):
                 self.request_stats(dp)
 
@@ -145,16 +157,23 @@ class NetworkMonitor(BaseApp):
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
     def port_stats_reply_handler(self, ev: Any) -> None:
         now, dpid = time.monotonic(), ev.msg.datapath.id
+        counters = dict(self.port_counters)
         for st in ev.msg.body:
-            t = sample_time(st.duration_sec, st.duration_nsec, now)
+            t = self._sample_time(st, now)
             self.ports.update((dpid, st.port_no, "rx"), Sample(st.rx_bytes, t))
             self.ports.update((dpid, st.port_no, "tx"), Sample(st.tx_bytes, t))
+            counters[(dpid, st.port_no)] = {k: getattr(st, k) for k in PORT_COUNTERS}
+        self.port_counters = counters
+
+    def _sample_time(self, st: Any, received: float) -> float:
+        """A reply's sample time (`stats.sample_time`) on the emulated clock."""
+        return self.clock.emulated_seconds(sample_time(st.duration_sec, st.duration_nsec, received))
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
     def flow_stats_reply_handler(self, ev: Any) -> None:
         now, dpid = time.monotonic(), ev.msg.datapath.id
         for st in ev.msg.body:
-            t = sample_time(st.duration_sec, st.duration_nsec, now)
+            t = self._sample_time(st, now)
             self.flows.update((dpid, st.cookie), Sample(st.byte_count, t))
             self.flow_packets[(dpid, st.cookie)] = st.packet_count
         cookies = self._complete(ev.msg, "flows", {st.cookie for st in ev.msg.body})
@@ -168,7 +187,7 @@ class NetworkMonitor(BaseApp):
     def meter_stats_reply_handler(self, ev: Any) -> None:
         now, dpid = time.monotonic(), ev.msg.datapath.id
         for st in ev.msg.body:
-            t = sample_time(st.duration_sec, st.duration_nsec, now)
+            t = self._sample_time(st, now)
             self.meters_in.update((dpid, st.meter_id), Sample(st.byte_in_count, t))
             dropped = sum(b.byte_band_count for b in st.band_stats)
             self.meters_dropped.update((dpid, st.meter_id), Sample(dropped, t))

@@ -8,6 +8,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.dilation import NONE, Dilation
 from protocol.http import listen_tls, listen_token
 from protocol.tls import Tls
 from topologies import Topology, load_topology
@@ -28,6 +29,12 @@ cfg.CONF.register_opts(
             help="meter burst as seconds of traffic at the granted rate",
         ),
         cfg.FloatOpt("barrier_timeout", default=5.0, help="seconds to wait for a switch's barrier"),
+        cfg.StrOpt(
+            "dilation",
+            default="",
+            help="the emulation's time dilation K@ORIGIN (protocol.dilation): meters at the "
+            "host's share of a rate, statistics on the emulated clock",
+        ),
         cfg.StrOpt(
             "tls",
             default="",
@@ -58,6 +65,7 @@ class Settings:
     state: Path | None
     policy: MeterPolicy
     barrier_timeout_s: float
+    dilation: Dilation = NONE
     token: str | None = field(default=None, repr=False)  # never in a log line
     tls: Tls | None = None  # the REST API's identity
 
@@ -87,14 +95,16 @@ def settings() -> Settings:
     host, port = parse_address(conf.rest)
     if conf.stats_interval <= 0 or conf.burst_s <= 0 or conf.barrier_timeout <= 0:
         raise ValueError("stats_interval, burst_s and barrier_timeout must be > 0")
+    dilation = Dilation.parse(conf.dilation)
     return Settings(
         topo=load_topology(conf.topo),
         rest_host=host,
         rest_port=port,
         stats_interval=conf.stats_interval,
         state=Path(conf.state) if conf.state else None,
-        policy=MeterPolicy(burst_s=conf.burst_s),
+        policy=MeterPolicy(burst_s=conf.burst_s, dilation=dilation),
         barrier_timeout_s=conf.barrier_timeout,
+        dilation=dilation,
         token=listen_token(host, conf.token_file),
         tls=listen_tls(host, conf.tls, conf.insecure, "the SDN app's REST API"),
     )

@@ -6,6 +6,11 @@
 Names follow the topology exactly where the rest of the project relies on them: every bridge has
 the switch's dpid, every port its OpenFlow number, every node's `eth0` its ip/mac. Everything
 created carries the run prefix and is removed on exit, on exceptions, on Ctrl-C and SIGTERM.
+
+`dilation` (protocol.dilation) runs the emulated network K times slower than real time: every
+link's rate and every node's and worker's CPU quota is the host's share (÷ K) of what the
+topology and the caller say, a link's delay lasts K times longer; the API takes and returns the
+topology's units.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from mininet.link import Intf
 from mininet.node import RemoteController
 
 from edge import cgroups, tc, workers
+from protocol.dilation import NONE, Dilation
 from topologies import ComputeNode, Link, Topology
 
 from . import ovs_sockets
@@ -68,8 +74,11 @@ class Emulation:
         client: docker.DockerClient | None = None,
         converge_timeout_s: float = 30.0,
         tcp_cc: str = TCP_CONGESTION_CONTROL,
+        dilation: Dilation = NONE,
     ) -> None:
         self.topo = topo
+        self.dilation = dilation
+        self.cpu_period = cgroups.period_us(dilation.factor)
         self.names = Names(prefix or new_prefix())
         self.prefix = self.names.prefix
         self.controller = controller
@@ -218,8 +227,8 @@ class Emulation:
             network_mode="none",
             cgroup_parent=parent,
             labels=self._labels(node=node.name),
-            cpu_period=cgroups.PERIOD_US,
-            cpu_quota=cgroups.quota_us(node.cpu),
+            cpu_period=self.cpu_period,
+            cpu_quota=cgroups.quota_us(self.dilation.host_cores(node.cpu), self.cpu_period),
             mem_limit=f"{node.mem_mb}m",
             memswap_limit=f"{node.mem_mb}m",
             sysctls={"net.ipv4.tcp_congestion_control": self.tcp_cc},
@@ -227,7 +236,7 @@ class Emulation:
             mac=node.mac,
         )
         # The parent caps the node container and every worker started under it together.
-        cgroups.set_limits(parent, node.cpu, node.mem_mb)
+        cgroups.set_limits(parent, self.dilation.host_cores(node.cpu), node.mem_mb, self.cpu_period)
         self.nodes[node.name] = docker_node
         return docker_node
 
@@ -274,7 +283,7 @@ class Emulation:
                 frozenset((self._topo_name(mlink.intf1.node), self._topo_name(mlink.intf2.node)))
             ]
             for intf in (mlink.intf1, mlink.intf2):
-                tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, self._pid(intf))
+                tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, self._pid(intf), self.dilation)
 
     def _enlarge_port_buffers(self, ports: list[str] | None = None) -> None:
         """Room for the userspace datapath to fall behind without dropping (ovs_sockets), on
@@ -364,7 +373,8 @@ class Emulation:
         self, src: str, dst: str, seconds: float = 5.0, port: int = 5201, omit_s: int = 0
     ) -> float:
         """TCP goodput from `src` to `dst` in Mbit/s, measured by iperf3 at the receiver
-        (the first `omit_s` seconds, TCP's slow start, not counted)."""
+        (the first `omit_s` seconds, TCP's slow start, not counted); emulated seconds and
+        Mbit/s under dilation."""
         dst_node = self._node(dst)
         code, out = dst_node.exec(f"iperf3 -s -1 -D -p {port}")
         if code != 0:
@@ -375,11 +385,14 @@ class Emulation:
                 raise EmulationError(f"iperf3 server on {dst} did not start listening")
             time.sleep(0.05)
         code, out = self._node(src).exec(
-            f"iperf3 -c {dst_node.ip} -p {port} -t {seconds} -O {omit_s} -J"
+            f"iperf3 -c {dst_node.ip} -p {port} -t {self.dilation.host_seconds(seconds):g} "
+            f"-O {round(self.dilation.host_seconds(omit_s))} -J"
         )
         try:
             result = json.loads(out)
-            return result["end"]["sum_received"]["bits_per_second"] / 1e6
+            return self.dilation.emulated_mbps(
+                result["end"]["sum_received"]["bits_per_second"] / 1e6
+            )
         except (json.JSONDecodeError, KeyError):
             raise EmulationError(f"iperf3 {src} → {dst} failed: {out.strip()[-500:]}") from None
 
@@ -451,9 +464,14 @@ class Emulation:
             raise EmulationError(f"set_link: no link between '{a}' and '{b}'")
         for end in (a, b):
             if end in self.nodes:
-                tc.change("eth0", bw_mbps, delay_ms, self.nodes[end].container_pid)
+                tc.change("eth0", bw_mbps, delay_ms, self.nodes[end].container_pid, self.dilation)
             else:
-                tc.change(self.interface_name(end, lk.port_of(end)), bw_mbps, delay_ms)
+                tc.change(
+                    self.interface_name(end, lk.port_of(end)),
+                    bw_mbps,
+                    delay_ms,
+                    dilation=self.dilation,
+                )
         new = dataclasses.replace(
             lk, bw_mbps=bw_mbps, delay_ms=lk.delay_ms if delay_ms is None else delay_ms
         )
@@ -519,19 +537,19 @@ class Emulation:
         """Change a node's CPU/memory capacity (node container and the cgroup of its workers)."""
         docker_node = self._node(name)
         parent = docker_node.cgroup_parent
-        old_cpu, old_mem = cgroups.limits(parent)
-        cpu = old_cpu if cpu is None else cpu
+        old_cpu, old_mem = cgroups.limits(parent)  # the host's share
+        cpu = old_cpu if cpu is None else self.dilation.host_cores(cpu)
         mem_mb = old_mem if mem_mb is None else mem_mb
         try:
             # cgroup v1 refuses a child CPU quota above its parent's: widen the parent first,
             # narrow it last.
             if cpu >= old_cpu:
-                cgroups.set_limits(parent, cpu, max(mem_mb, old_mem))
+                cgroups.set_limits(parent, cpu, max(mem_mb, old_mem), self.cpu_period)
             docker_node.updateCpuLimit(
-                cpu_period=cgroups.PERIOD_US, cpu_quota=cgroups.quota_us(cpu)
+                cpu_period=self.cpu_period, cpu_quota=cgroups.quota_us(cpu, self.cpu_period)
             )
             docker_node.updateMemoryLimit(mem_limit=f"{mem_mb}m", memswap_limit=f"{mem_mb}m")
-            cgroups.set_limits(parent, cpu, mem_mb)
+            cgroups.set_limits(parent, cpu, mem_mb, self.cpu_period)
         except (OSError, docker.errors.APIError) as e:
             raise EmulationError(
                 f"update_node {name} (cpu={cpu}, mem_mb={mem_mb}): {e} — the "
@@ -547,7 +565,8 @@ class Emulation:
         mem_mb: int,
         env: dict[str, str] | None = None,
     ) -> Container:
-        """Start a worker container in `node`'s network namespace and cgroup."""
+        """Start a worker container in `node`'s network namespace and cgroup, with `cpu` emulated
+        cores (the host's share under dilation)."""
         docker_node = self._node(node)
         # gloo picks the address of the hostname; with --network none that is loopback.
         env = {"GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
@@ -556,12 +575,13 @@ class Emulation:
             self.image,
             self.names.worker(node, name),
             command,
-            cpu,
+            self.dilation.host_cores(cpu),
             mem_mb,
             env,
             node_container=docker_node.container.name,
             cgroup_parent=docker_node.cgroup_parent,
             labels=self._labels(node=node, worker=name),
+            period_us=self.cpu_period,
         )
 
     def ping_all(self, timeout_s: float = 1.0) -> float:

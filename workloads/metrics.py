@@ -12,7 +12,14 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from protocol.worker import START_ENV
+from protocol.dilation import NONE, Dilation
+from protocol.worker import DILATION_ENV, START_ENV
+
+
+def dilation() -> Dilation:
+    """The time dilation this worker runs under (`protocol.worker` DILATION_ENV; none when it is
+    not set): it reports every time and rate in emulated units, on the emulated clock."""
+    return Dilation.parse(os.environ.get(DILATION_ENV))
 
 
 def process_start_time() -> float:
@@ -76,11 +83,58 @@ def cpu_quota() -> float | None:
         return None
 
 
-def default_threads() -> int:
-    """One intra-op thread per granted core (rounded up): more only fight over the quota."""
+def default_threads(clock: Dilation = NONE) -> int:
+    """One intra-op thread per granted core (rounded up): more only fight over the quota. Under
+    time dilation, per core of the emulated node's quota (the host's share × K), so that a task
+    computes the same way at any K."""
     cores = os.cpu_count() or 1
     quota = cpu_quota()
-    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+    if quota is None:
+        return cores
+    return max(1, min(cores, math.ceil(clock.emulated_cores(quota) - 1e-9)))
+
+
+def cpu_counters() -> dict:
+    """What this process got of the host's CPU, cumulative since it started, in host seconds —
+    the fidelity check's view of "did the worker run whenever it was entitled to"
+    (`experiments.e2e.fidelity`): `used_s` (user + system time of all its threads), `main_used_s`
+    and `main_wait_s` (its main thread's time on a core and runnable but not on one: the thread
+    that computes, with one intra-op thread per granted core, `default_threads`), `throttled_s`
+    (time its cgroup's CFS quota held it back: cpu.stat), `wall_s` (since it started) and `quota`
+    (cores, None if unlimited). main_wait_s − throttled_s is the time the training thread waited
+    for a core while its quota allowed it to run: what an oversubscribed host costs it. Summed
+    over threads, waits overlap (gloo's threads wait together: 161 s of wait in 138 s) and say
+    nothing. (Measured on this host: a busy loop at --cpus 0.2 on an idle machine waited 5.10 s
+    in 6.5 s, its cgroup throttled 5.15 s; three at 0.8 on 2 cores waited 7.5 s in 10 s, throttled
+    0.)"""
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    on_core_ns, waited_ns = (int(x) for x in Path("/proc/self/schedstat").read_text().split()[:2])
+    return {
+        "used_s": round((int(stat[11]) + int(stat[12])) / tick, 3),
+        "main_used_s": round(on_core_ns / 1e9, 3),
+        "main_wait_s": round(waited_ns / 1e9, 3),
+        "throttled_s": _throttled_s(),
+        "wall_s": round(time.time() - process_start_time(), 3),
+        "quota": cpu_quota(),
+    }
+
+
+def _throttled_s() -> float | None:
+    """Seconds this cgroup's CFS quota has throttled it (cgroup v2 or v1), None if unknown."""
+    for path, key, scale in (
+        ("/sys/fs/cgroup/cpu.stat", "throttled_usec", 1e-6),
+        ("/sys/fs/cgroup/cpu/cpu.stat", "throttled_time", 1e-9),
+        ("/sys/fs/cgroup/cpu,cpuacct/cpu.stat", "throttled_time", 1e-9),
+    ):
+        try:
+            for line in Path(path).read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return round(int(value) * scale, 3)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 # Fields of the kernel's struct tcp_info (linux/tcp.h; append-only, so the offsets are stable):
@@ -97,17 +151,19 @@ _TCP_INFO_FIELDS = {
     208: ("bytes_retrans", "Q"),
 }
 _TCP_INFO_LEN = 232
+_TCP_INFO_TIMES = ("busy_us", "rwnd_limited_us", "sndbuf_limited_us")
 _TCPI_OPT_TIMESTAMPS = 1
 
 
-def tcp_send_counters() -> dict:
+def tcp_send_counters(clock: Dilation = NONE) -> dict:
     """What the kernel measured of this process's TCP connections, for the network's view of its
     flows: {"address": this end's IP, "peers": {peer IP: counters}} with, per peer, the
     connection that sent it the most (bytes_acked, bytes_sent (retransmissions included),
     segs_out, options, busy_us: time with data queued or in flight, rwnd_limited_us,
     sndbuf_limited_us, bytes_retrans). bytes_acked / busy_us is the rate the network carried
     while the sender had something to send, whatever the application did in between
-    (computing, waiting for a slower ring member); `wire_rate_mbps` adds the frames' headers."""
+    (computing, waiting for a slower ring member); `wire_rate_mbps` adds the frames' headers.
+    The times are emulated microseconds under time dilation (`clock`), so the rates are too."""
     address, peers = None, {}
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -132,6 +188,9 @@ def tcp_send_counters() -> dict:
             for off, (name, fmt) in _TCP_INFO_FIELDS.items()
             if off + struct.calcsize(fmt) <= len(raw)
         }
+        for name in _TCP_INFO_TIMES:
+            if name in info:
+                info[name] = round(clock.emulated_seconds(info[name]))
         address = local
         if info.get("bytes_acked", 0) >= peers.get(peer, {}).get("bytes_acked", -1):
             peers[peer] = info

@@ -12,16 +12,18 @@ cadence inside the clock; the clock stops at the first evaluation that reaches t
 that hits --max-iters / --max-seconds first reports `reached_target: false` and no time.
 
 JSON lines written to --out (one file per task), each with a "type":
-  start  configuration, model size, threads, clocks
+  start  configuration, model size, threads, clocks, dilation (K: 1 unless the worker runs under
+         time dilation, `protocol.worker` DILATION_ENV; then every time below is emulated)
   data   dataset, sizes of the splits and of this rank's evaluation shard, clock_start (the
          wall clock when the clock started: evaluations are at clock_start + elapsed_s)
   iter   iter, loss, iter_s, compute_s, comm_s, tx_bytes, rx_bytes (interface counters),
          payload_tx_bytes, payload_rx_bytes (what the collective sent)
-  eval   iter, elapsed_s, eval_s, accuracy (over the whole held-out split), tcp (as in end:
-         so far, for a task that is stopped before it ends)
+  eval   iter, elapsed_s, eval_s, accuracy (over the whole held-out split), tcp and cpu (as in
+         end: so far, for a task that is stopped before it ends)
   end    reached_target, tta_s, tta_iter, stop_reason, iters, train_s, init_s, startup_s,
          container_startup_s, jct_s, param_sum, tcp (the kernel's counters of this task's
-         connections per peer address, `metrics.tcp_send_counters`)
+         connections per peer address, `metrics.tcp_send_counters`), cpu (what the host's
+         scheduler gave this process, in host seconds: `metrics.cpu_counters`)
 Exit codes: 0 done (converged or not), 1 runtime failure, 2 bad parameters, 130 interrupted.
 """
 
@@ -58,8 +60,10 @@ from .metrics import (
     InterfaceCounters,
     JsonLines,
     container_start_time,
+    cpu_counters,
     cpu_quota,
     default_threads,
+    dilation,
     process_start_time,
     tcp_send_counters,
 )
@@ -188,9 +192,13 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
 
 # --- the training run -------------------------------------------------------------------------
 def run(cfg: TrainConfig, log: JsonLines) -> dict:
-    started = process_start_time()
+    # Under time dilation every time and instant reported is emulated (`metrics.dilation`): the
+    # loop measures host seconds and `em` converts them; --max-seconds is emulated too.
+    clock = dilation()
+    em = clock.emulated_seconds
+    started = clock.emulated_instant(process_start_time())
     container_started = container_start_time()
-    threads = cfg.threads or default_threads()
+    threads = cfg.threads or default_threads(clock)
     torch.set_num_threads(threads)
     os.environ["GLOO_SOCKET_IFNAME"] = cfg.iface  # else gloo may bind Docker's or loopback
     try:
@@ -221,12 +229,13 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         gradient_bytes=gradient_bytes(model),
         process_start=started,
         container_start=container_started,
+        dilation=clock.factor,
     )
     dist.barrier()
 
     # ---- the clock starts: from here on everything counts toward time-to-accuracy ----
     t0 = time.perf_counter()
-    clock_start = time.time()
+    clock_start = clock.time()
     data = load_dataset(cfg.dataset, cfg.data_dir)
     x_eval, y_eval = (
         data.x_test[cfg.rank :: cfg.world_size],
@@ -252,7 +261,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         it += 1
         t_start = time.perf_counter()
         if first_iter_wall is None:
-            first_iter_wall = time.time()
+            first_iter_wall = clock.time()
         x, y = next(batches)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(net(x), y)
@@ -270,9 +279,9 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
             "iter",
             iter=it,
             loss=round(loss.item(), 5),
-            iter_s=t_end - t_start,
-            compute_s=compute_s,
-            comm_s=window.seconds,
+            iter_s=em(t_end - t_start),
+            compute_s=em(compute_s),
+            comm_s=em(window.seconds),
             tx_bytes=tx,
             rx_bytes=rx,
             payload_tx_bytes=window.payload_tx,
@@ -282,16 +291,17 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         if it % cfg.eval_every == 0 or it == cfg.max_iters:
             t_eval = time.perf_counter()
             accuracy, over_time = _evaluate(
-                model, collective, x_eval, y_eval, t_eval - t0 > cfg.max_seconds
+                model, collective, x_eval, y_eval, em(t_eval - t0) > cfg.max_seconds
             )
-            elapsed = time.perf_counter() - t0
+            elapsed = em(time.perf_counter() - t0)
             log.write(
                 "eval",
                 iter=it,
                 elapsed_s=elapsed,
-                eval_s=time.perf_counter() - t_eval,
+                eval_s=em(time.perf_counter() - t_eval),
                 accuracy=accuracy,
-                tcp=tcp_send_counters(),
+                tcp=tcp_send_counters(clock),
+                cpu=cpu_counters(),
             )
             counters.delta()  # evaluation traffic is not the next iteration's
             if accuracy >= cfg.target_acc:
@@ -302,7 +312,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
                 break
 
     t_finish = time.perf_counter()
-    end_wall = time.time()
+    end_wall = clock.time()
     result = {
         "reached_target": tta_s is not None,
         "tta_s": tta_s,
@@ -310,7 +320,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         "target_acc": cfg.target_acc,
         "stop_reason": stop_reason,
         "iters": it,
-        "train_s": t_finish - t0,
+        "train_s": em(t_finish - t0),
         "clock_start": clock_start,
         "init_s": clock_start - started,
         "startup_s": first_iter_wall - started if first_iter_wall else None,
@@ -320,7 +330,8 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         "jct_s": end_wall - (container_started or started),
         # Equal on every rank when the replicas stayed in sync (a check, not a metric).
         "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
-        "tcp": tcp_send_counters(),
+        "tcp": tcp_send_counters(clock),
+        "cpu": cpu_counters(),
     }
     log.write("end", **result)
     return result

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 from workloads.metrics import busy_rate_mbps, wire_rate_mbps
 
+from .fidelity import RING_PACE, starved_share
+
 
 # --- one run: one scheduler, one seed ----------------------------------------------------------
 def measured_mbps(records: list[dict], outgoing: int) -> float | None:
@@ -86,11 +88,6 @@ def contended_periods(notes: list, flow: str, end: float | None) -> list[tuple[f
     if start is not None:
         spans.append((start, end if end is not None else float("inf")))
     return spans
-
-
-# A ring's flow installed above this × the least of its ring's other flows waits for data at that
-# flow's pace rather than being held back by its own rate (report.binds, `wire_ratio`).
-RING_PACE = 1.01
 
 
 def wire_ratio(
@@ -177,6 +174,25 @@ def mark_shared_pairs(rows: list[dict]) -> None:
             )
 
 
+def workers_cpu(attempt: dict, records: dict[str, list[dict]]) -> list[dict]:
+    """What the host's scheduler gave each worker of the attempt, from its last `cpu` counters
+    (`workloads.metrics.cpu_counters`, host seconds: its end, or its last evaluation when it was
+    stopped) and the share of its runnable time it waited for a core (`fidelity.starved_share`)."""
+    out = []
+    for task, worker in attempt["workers"].items():
+        cpu = next((r["cpu"] for r in reversed(records.get(worker, [])) if "cpu" in r), None)
+        if cpu:
+            out.append(
+                {
+                    "task": task,
+                    "node": attempt["placement"].get(task),
+                    **cpu,
+                    "starved_share": starved_share(cpu),
+                }
+            )
+    return out
+
+
 def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -> dict:
     """One results row (see docs/e2e.md "results.json") from the Master's view of a job."""
     att = view["attempts"][-1] if view["attempts"] else None
@@ -254,6 +270,7 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
         "network": network,
         "adjustments": att.get("adjustments", []) if att else [],
         "flows": flows,
+        "workers": workers_cpu(att, records) if att else [],
         "curve": [[round(e["elapsed_s"], 3), e["accuracy"]] for e in evals],
         "events": view["events"],
     }

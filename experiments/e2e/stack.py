@@ -4,6 +4,7 @@ exception, Ctrl-C or SIGTERM: the SDN app, the network (emulated here; real host
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -13,19 +14,21 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from docker.errors import DockerException
 from rich.console import Console
 
-from edge import tc
+from edge import cgroups, tc
 from master.client import MasterClient
+from protocol.dilation import NONE, Dilation
 from protocol.http import free_port
 from protocol.tls import load_tls
 from sdn_app.client import FlowRequest, SdnClient, SdnError
-from testbed import Emulation
+from testbed import Emulation, ovs_sockets
 from testbed.cleanup import PREFIX_ENV
+from testbed.hostcost import busy_seconds, main_thread_wait_s, process_cpu_s
 from testbed.image import worker_image_tag
 from topologies import Topology, topology_document
 
@@ -46,8 +49,16 @@ class StackBase:
     Ctrl-C or SIGTERM. `Stack` adds the emulated network and local agents; `lab_stack.LabStack`
     real hosts' agents over SSH."""
 
-    def __init__(self, topo: Topology, prefix: str, out: Path, console: Console):
+    def __init__(
+        self,
+        topo: Topology,
+        prefix: str,
+        out: Path,
+        console: Console,
+        dilation: Dilation = NONE,
+    ):
         self.topo, self.prefix, self.out, self.console = topo, prefix, out, console
+        self.dilation = dilation  # the emulation's (protocol.dilation); none on real hosts
         self.logs = out / "logs"
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.commands: dict[str, list[str]] = {}  # process -> its arguments (`restart`)
@@ -155,10 +166,15 @@ class StackBase:
                 "--rest",
                 f"127.0.0.1:{rest_port}",
                 *(["--tls", tls_dir] if tls_dir else []),
+                *self._dilation_args(),
             ],
         )
         tls = load_tls(tls_dir) if tls_dir else None
         self.sdn = SdnClient(f"{'https' if tls else 'http'}://127.0.0.1:{rest_port}", tls=tls)
+
+    def _dilation_args(self) -> list[str]:
+        """The run's time dilation for a process of the stack (every one runs on its clock)."""
+        return ["--dilation", self.dilation.spec()] if self.dilation.on else []
 
     def _wait_switches(self, timeout_s: float) -> None:
         try:
@@ -198,6 +214,7 @@ class StackBase:
                 f"{self.prefix}-jobs",
                 "--image",
                 image,
+                *self._dilation_args(),
                 # a Master restarted in this run (not the next) takes its jobs over
                 "--state",
                 str(self.logs / f"master-{self.prefix}.sqlite"),
@@ -229,6 +246,39 @@ class StackBase:
                 p.kill()
                 p.wait()
         self.procs.clear()
+
+    # --- what the run costs the host -------------------------------------------------------------
+    def counters(self) -> dict[str, Any]:
+        """Cumulative counters a run's fidelity is judged on, taken at its start and its end
+        (`usage`): host CPU seconds by part — the control plane (this process and the stack's),
+        the switches (ovs-vswitchd), the emulated nodes (their cgroups: workers and tenants),
+        the whole host —, how long ovs-vswitchd's forwarding thread waited for a core, and the
+        switches' packets received and dropped on receive."""
+        control = sum(process_cpu_s(p.pid) for _, p in self.procs) + sum(os.times()[:2])
+        cpu = {"control": control, "host": busy_seconds(), **self._node_cpu_s()}
+        waited = None
+        with contextlib.suppress(ovs_sockets.SocketBufferError):
+            pid = ovs_sockets.vswitchd_pid()
+            cpu["switch"], waited = process_cpu_s(pid), main_thread_wait_s(pid)
+        rx = {"rx_packets": 0, "rx_dropped": 0}
+        ours = {s.name for s in self.topo.switches}
+        try:
+            for s in self.sdn.switches()["switches"]:
+                for port, c in (s.get("ports") or {}).items() if s["name"] in ours else ():
+                    if int(port) < LOCAL_PORTS:  # not the bridge's own port
+                        for k in rx:
+                            rx[k] += c.get(k, 0)
+        except SdnError as e:
+            log.warning("switch counters: %s", e.message)
+        return {
+            "t": time.monotonic(),
+            "cpu_s": cpu,
+            "switch": rx,
+            "switch_wait_s": waited,
+        }
+
+    def _node_cpu_s(self) -> dict[str, float]:
+        return {}
 
     # --- background traffic --------------------------------------------------------------------
     def prepare_background(self, flows: list[BackgroundFlow]) -> None:
@@ -271,7 +321,18 @@ class StackBase:
             self._start_end(
                 b.src,
                 f"bg{i}-client",
-                ["iperf3", "-c", dst.ip, "-p", str(port), "-t", "86400", "-b", f"{b.mbps:g}M"],
+                # paced at the host's share of its rate: a tenant is dilated like everything else
+                [
+                    "iperf3",
+                    "-c",
+                    dst.ip,
+                    "-p",
+                    str(port),
+                    "-t",
+                    "86400",
+                    "-b",
+                    f"{self.dilation.host_mbps(b.mbps):g}M",
+                ],
                 *traffic_quota(self.topo.node(b.src)),
             )
         )
@@ -309,7 +370,14 @@ class Stack(StackBase):
     """SDN app + emulated network + Master + one agent per node + background traffic, brought up
     in that order and torn down in reverse on exit, exception, Ctrl-C or SIGTERM."""
 
-    def __init__(self, topo: Topology, prefix: str, out: Path, console: Console):
+    def __init__(
+        self,
+        topo: Topology,
+        prefix: str,
+        out: Path,
+        console: Console,
+        dilation: Dilation = NONE,
+    ):
         if any(lk.delay_ms > 0 for lk in topo.links) and not tc.probe_netem():
             # The Master and the SDN app decide on the network as it runs: a scheduler given
             # delays the links do not have chooses paths for them (on sndlib/atlanta, 9-93 ms,
@@ -320,7 +388,7 @@ class Stack(StackBase):
                 "given the topology without them"
             )
             topo = undelayed(topo)
-        super().__init__(topo, prefix, out, console)
+        super().__init__(topo, prefix, out, console, dilation)
         self.net: Emulation | None = None
 
     def _up(self) -> None:
@@ -331,7 +399,11 @@ class Stack(StackBase):
         self.console.print(f"[bold]bring-up[/] {self.topo.name} (prefix {self.prefix})")
         self._start_sdn(topo_arg, "127.0.0.1", of_port)
         self.net = Emulation(
-            self.topo, prefix=self.prefix, controller=("127.0.0.1", of_port), image=image
+            self.topo,
+            prefix=self.prefix,
+            controller=("127.0.0.1", of_port),
+            image=image,
+            dilation=self.dilation,
         )
         self.net.__enter__()
         self._wait_switches(60)
@@ -353,6 +425,7 @@ class Stack(StackBase):
                     self.net.node_container_name(n.name),
                     "--workdir",
                     str(self.out / "agents" / n.name),
+                    *self._dilation_args(),
                 ],
             )
         self._wait_agents(60)
@@ -361,6 +434,11 @@ class Stack(StackBase):
             f"  up in {self.timings['up_s']:.1f} s: {len(self.topo.switches)} "
             f"switches on the SDN app, {len(self.topo.nodes)} agents on the Master"
         )
+
+    def _node_cpu_s(self) -> dict[str, float]:
+        """CPU seconds of the emulated nodes' cgroups (their workers and tenants)."""
+        ns = [cgroups.usage_ns(n.cgroup_parent) for n in self.net.nodes.values()]
+        return {"nodes": sum(x or 0 for x in ns) / 1e9}
 
     def _start_end(self, node: str, name: str, argv: list[str], cpu: float, mem_mb: int):
         return self.net.start_worker(node, name, argv, cpu, mem_mb)
@@ -380,6 +458,27 @@ class Stack(StackBase):
         if self.net is not None:
             self.net.__exit__(None, None, None)
             self.net = None
+
+
+LOCAL_PORTS = 0xFFFFFF00  # OpenFlow's reserved port numbers start here (OFPP_MAX)
+
+
+def usage(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the host gave a run between two `StackBase.counters`: mean host cores by part (and
+    `other`: what the host used beyond them — the Docker engine, the kernel's softirqs, any
+    other tenant of the machine), the share of the run ovs-vswitchd's forwarding thread waited for
+    a core (`switch_wait_share`; None on a real switch) and the switches' receive counters."""
+    wall = max(after["t"] - before["t"], 1e-6)
+    cores = {
+        k: round((after["cpu_s"][k] - before["cpu_s"].get(k, 0.0)) / wall, 3)
+        for k in after["cpu_s"]
+    }
+    parts = sum(v for k, v in cores.items() if k != "host")
+    cores["other"] = round(max(cores["host"] - parts, 0.0), 3)
+    drops = {k: after["switch"][k] - before["switch"][k] for k in after["switch"]}
+    waits = before.get("switch_wait_s"), after.get("switch_wait_s")
+    wait = None if None in waits else round((waits[1] - waits[0]) / wall, 4)
+    return {"cpu_cores": cores, "switch_wait_share": wait, "switch_drops": drops}
 
 
 def poll(ok: Callable[[], T], timeout_s: float, error: str) -> T:

@@ -1,5 +1,5 @@
-"""experiments/bench_loaded.py's comparison of CES-PPO and network-aware in one draw's results
-and over draws (pure logic; the runs themselves are run.py's)."""
+"""experiments/bench_loaded.py's comparison of CES-PPO and network-aware with CES's network in one
+draw's results and over draws (pure logic; the runs themselves are run.py's)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _results(ours: list[dict], apart: list[dict]) -> dict:
         "scenario": {"timeout_s": 100.0},
         "runs": [
             {"scheduler": "ces-ppo", "seed": 0, "jobs": ours},
-            {"scheduler": "network-aware", "seed": 0, "jobs": apart},
+            {"scheduler": "network-aware/ces", "seed": 0, "jobs": apart},
         ],
     }
 
@@ -51,8 +51,8 @@ def test_a_draw_compares_mean_tta_and_jct_with_unfinished_jobs_at_the_timeout():
                 _job("ces-ppo", "light", 4.0, 10.0, 0.5, ["c", "d", "d"]),
             ],
             [
-                _job("network-aware", "heavy", 30.0, 40.0, 2.0, ["a", "b", "b"]),
-                _job("network-aware", "light", None, None, 0.5, ["d", "c", "d"]),
+                _job("network-aware/ces", "heavy", 30.0, 40.0, 2.0, ["a", "b", "b"]),
+                _job("network-aware/ces", "light", None, None, 0.5, ["d", "c", "d"]),
             ],
         )
     )
@@ -64,7 +64,7 @@ def test_a_draw_compares_mean_tta_and_jct_with_unfinished_jobs_at_the_timeout():
     same = bench_loaded.compare(
         _results(
             [_job("ces-ppo", "light", 4.0, 10.0, 0.5, ["c", "d", "d"])],
-            [_job("network-aware", "light", 5.0, 11.0, 0.5, ["d", "d", "c"])],
+            [_job("network-aware/ces", "light", 5.0, 11.0, 0.5, ["d", "d", "c"])],
         )
     )
     assert same["same_placements"]  # the same nodes, whichever worker is where
@@ -77,9 +77,9 @@ def test_the_summary_counts_wins_and_keeps_draws_that_did_not_run_apart():
             "status": "ran",
             "same_placements": same,
             "predicted_ratio": predicted,
-            "mean_tta": {"ratio": tta},
-            "mean_jct": {"ratio": jct},
-            "measured_over_predicted": {"ces-ppo": 0.5, "network-aware": 0.8},
+            "mean_tta": {"ratio": tta, "ces-ppo": 10 * tta, "network-aware/ces": 10.0},
+            "mean_jct": {"ratio": jct, "ces-ppo": 10 * jct, "network-aware/ces": 10.0},
+            "measured_over_predicted": {"ces-ppo": 0.5, "network-aware/ces": 0.8},
         }
 
     records = [
@@ -102,8 +102,13 @@ def test_the_summary_counts_wins_and_keeps_draws_that_did_not_run_apart():
     assert s["by_topology"]["star"]["mean_tta"] == pytest.approx(0.8)
     assert s["measured_over_predicted"] == {
         "ces-ppo": pytest.approx(0.5),
-        "network-aware": pytest.approx(0.8),
+        "network-aware/ces": pytest.approx(0.8),
+        "network-aware": None,  # not run beside them here
     }
+    # paired by draw: the geometric mean of 0.5, 1.0, 1.2, 0.8 with a t interval over 4 draws
+    tta = s["paired"]["mean_tta vs network-aware/ces"]
+    assert tta["ratio"] == pytest.approx((0.5 * 1.0 * 1.2 * 0.8) ** 0.25, abs=1e-3)
+    assert tta["low"] < tta["ratio"] < tta["high"] and tta["verdict"] == "inconclusive"
 
 
 def test_report_summarizes_what_is_there_and_runs_nothing(tmp_path: Path, monkeypatch):

@@ -256,10 +256,10 @@ def test_network_manager_changes_only_what_differs(monkeypatch):
     a bad rule refuses the whole set before tc is touched."""
     kernel = {2: 10.0, 3: 5.0}  # class minor -> Mbit/s, as `tc class show` would list them
     calls = []
-    monkeypatch.setattr(edge_network.tc, "link_rate", lambda dev, pid: 100.0)
-    monkeypatch.setattr(edge_network.tc, "destinations", lambda dev, pid: dict(kernel))
+    monkeypatch.setattr(edge_network.tc, "link_rate", lambda dev, pid, dilation: 100.0)
+    monkeypatch.setattr(edge_network.tc, "destinations", lambda dev, pid, dilation: dict(kernel))
 
-    def set_destination(dev, ip, rate, pid):
+    def set_destination(dev, ip, rate, pid, dilation):
         calls.append(("set", ip, rate))
         kernel[int(ip.rsplit(".", 1)[1])] = rate
 
