@@ -287,6 +287,10 @@ class Master:
         self._events.put(("wake",))
 
     def unschedulable(self) -> set[str]:
+        """The nodes no job may be placed on: those not online (the Compute Controller's
+        heartbeats say which) and those an operator cordoned. Derived at each use, never kept in
+        the cluster view: the view the algorithms decide on marks them offline
+        (`NetworkController.view`)."""
         nodes = set(self.cluster.compute_nodes())
         return (nodes - self.compute.online()) | self.cordoned
 
@@ -340,14 +344,13 @@ class Master:
             stale = self.compute.stale()
             for node, _ in stale:
                 self.compute.mark_offline(node)
-                self.cluster.offline.add(node)
             now = self.clock()
             if self._adopting is not None and now - self._adopting > self.cfg.heartbeat_timeout_s:
                 placed = {
                     n for r in self.manager.active() for n in r.current.decision.placement.values()
                 }
-                for node in sorted(placed - set(self.compute.agents)):  # never came back
-                    self.cluster.offline.add(node)
+                # never came back (not online, so `unschedulable` already leaves them out)
+                for node in sorted(placed - set(self.compute.agents)):
                     stale.append((node, now - self._adopting))
                 self._adopting = None
         for node, silent in stale:
@@ -795,7 +798,6 @@ class Master:
         its metric lines the Master holds (a restarted agent sends the rest)."""
         with self.lock:
             self.compute.register(reg)
-            self.cluster.offline.discard(reg.node)
             held = {
                 w: len(self.manager.worker_owner(w)[0].records.get(w, []))
                 for w in self.manager.expected_workers(reg.node)
@@ -811,8 +813,6 @@ class Master:
                 raise NotRegistered(hb.node)
             expected = set(self.manager.expected_workers(hb.node))
             came_back, ended = self.compute.heartbeat(hb, expected)
-            if came_back:
-                self.cluster.offline.discard(hb.node)
             for line in hb.records:
                 job = self.worker_job.get(line.get("worker", ""))
                 if job in self.manager.jobs:

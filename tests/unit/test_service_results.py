@@ -17,7 +17,7 @@ from experiments import (
     plots,
     report,
 )
-from experiments.e2e import rows
+from experiments.e2e import fidelity, rows
 
 
 def it(i: int, payload: int, comm_s: float) -> dict:
@@ -246,7 +246,7 @@ def test_best_effort_flows_have_no_grant_and_adjustments_are_timed():
     be["attempts"][0]["network"] = "best-effort"
     row = rows.job_row("k8s-spread", 0, "heavy", be, timed_out=False)
     assert row["network"] == "best-effort" and [f["rate_mbps"] for f in row["flows"]] == [None] * 2
-    assert report.rate_ratios(row) == [] and report.binding_flows(row) == []
+    assert fidelity.rate_ratios(row) == [] and fidelity.binding_flows(row) == []
     adjusted = view(True)
     adjusted["attempts"][0]["adjustments"] = [{"at": 1003.5, "links": ["s1>s2"], "flows": ""}]
     run = {
@@ -364,9 +364,9 @@ def test_seconds_on_a_contended_link_are_not_judged_against_the_grant():
     row = rows.job_row("ces-ppo", 0, "heavy", v, timed_out=False)
     assert [f["contended_s"] for f in row["flows"]] == [10.0, 10.0]
     assert (
-        report.binding_flows(row)
-        and report.rate_ratios(row) == []
-        and report.rate_ratios(row, "tcp_mbps") == []
+        fidelity.binding_flows(row)
+        and fidelity.rate_ratios(row) == []
+        and fidelity.rate_ratios(row, "tcp_mbps") == []
     )
     assert "1 of the binding flows crossed a contended link" in report.summary(
         {
@@ -396,10 +396,10 @@ def test_flows_sharing_a_node_pair_are_not_held_to_their_own_grant():
     rows.mark_shared_pairs(run)
     assert all(f["pair_shared"] for r in run[:2] for f in r["flows"])
     assert not any(f["pair_shared"] for f in run[2]["flows"])  # best-effort: no grant
-    assert report.binding_flows(run[0]) == [] and report.rate_ratios(run[0]) == []
+    assert fidelity.binding_flows(run[0]) == [] and fidelity.rate_ratios(run[0]) == []
     alone = [rows.job_row("ces-ppo", 0, "heavy", view(True), timed_out=False)]
     rows.mark_shared_pairs(alone)
-    assert report.binding_flows(alone[0]) and not any(f["pair_shared"] for f in alone[0]["flows"])
+    assert fidelity.binding_flows(alone[0]) and not any(f["pair_shared"] for f in alone[0]["flows"])
     # one after the other on the same pair: each had the pair's class to itself
     first, then = view(True), view(True)
     first["attempts"][0].update(started_at=0.0, ended_at=10.0)
