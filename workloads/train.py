@@ -13,7 +13,8 @@ that hits --max-iters / --max-seconds first reports `reached_target: false` and 
 
 JSON lines written to --out (one file per task), each with a "type":
   start  configuration, model size, threads, clocks, dilation (K: 1 unless the worker runs under
-         time dilation, `protocol.worker` DILATION_ENV; then every time below is emulated)
+         time dilation, `protocol.worker` DILATION_ENV; then every time below is emulated), cpu
+         (as in end: what start-up took; the data line has it at the clock's start)
   data   dataset, sizes of the splits and of this rank's evaluation shard, clock_start (the
          wall clock when the clock started: evaluations are at clock_start + elapsed_s)
   iter   iter, loss, iter_s, compute_s, comm_s, tx_bytes, rx_bytes (interface counters),
@@ -230,6 +231,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         process_start=started,
         container_start=container_started,
         dilation=clock.factor,
+        cpu=cpu_counters(),
     )
     dist.barrier()
 
@@ -249,6 +251,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         test=len(data.y_test),
         shard_eval=len(y_eval),
         clock_start=clock_start,
+        cpu=cpu_counters(),
     )
     counters = InterfaceCounters(cfg.iface)
     loss_fn = nn.CrossEntropyLoss()
