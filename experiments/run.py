@@ -76,7 +76,7 @@ from protocol.http import ApiError, TokenError, Unreachable, default_token_file,
 from scheduler.jobs import JobError
 from scheduler.multi import default_algorithm
 from sdn_app.client import SdnError
-from testbed import EmulationError, cleanup, hostcost
+from testbed import EmulationError, cleanup, hostcost, image
 from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import TopologyError, load_topology
@@ -331,10 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     for w in p.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     try:
+        # the worker image of the code as it is (a no-op unless workloads/, protocol/ or edge/
+        # changed since it was built: then ~10 s)
+        image.ensure()
         dilation, chosen = choose_dilation(p, args.dilation, args.over_budget, console)
     except ScenarioError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except image.ImageError as e:
+        print(f"error: the worker image: {e}", file=sys.stderr)
+        return 1
     except EmulationError as e:
         print(f"error: measuring this host's forwarding cost: {e}", file=sys.stderr)
         return 1
