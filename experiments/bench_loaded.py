@@ -8,10 +8,10 @@ networks other tenants have loaded (experiments/scenarios/loaded.yaml).
 
 Per topology and draw S of the background load (`--background-seed S`, S = 0..draws-1): one
 `run.py --scenario loaded.yaml` — a fresh emulation of the topology with its nodes' and links'
-capacities as the draw leaves them, CES-PPO, network-aware's placement with CES's paths and rates
-(`network-aware/ces`: the strongest pipeline that decides placement first and the network after)
-and plain network-aware (its own constrained paths and byte-weighted rate split) each running the
-three contention jobs, CES-PPO first in even draws and last in odd ones (the first run after
+capacities as the draw leaves them, CES-PPO and network-aware's placement with CES's paths and
+rates (`network-aware/ces`: the strongest pipeline that decides placement first and the network
+after) each running the three contention jobs (with `--plain`, also plain network-aware: its own
+constrained paths and byte-weighted rate split), CES-PPO first in even draws and last in odd ones (the first run after
 bring-up tends to be the slower: on campus's draw 2 both took the same placements and the first
 ran 13 % longer) — into DIR/<topology>-<S>/. Nothing is chosen:
 every draw of every topology named is run and reported. A draw whose scenario cannot run (exit
@@ -58,15 +58,17 @@ def folder(out: Path, topo: str, draw: int) -> Path:
     return out / f"{topo.replace('/', '-').replace(':', '-')}-{draw}"
 
 
-def run_draw(out: Path, topo: str, draw: int, run: bool = True) -> dict:
-    """Run one draw (unless its results are there, or not `run`); its record for the summary."""
+def run_draw(out: Path, topo: str, draw: int, run: bool = True, plain: bool = False) -> dict:
+    """Run one draw (unless its results are there, or not `run`), with plain network-aware beside
+    the two when `plain`; its record for the summary."""
     where = folder(out, topo, draw)
     record = {"topology": topo, "draw": draw, "folder": where.name}
     if not (where / "results.json").exists():
         if not run:
             return record | {"status": "not run", "reason": "no results.json"}
         print(f"== {topo}, draw {draw}", file=sys.stderr, flush=True)
-        order = [OURS, APART, PLAIN] if draw % 2 == 0 else [APART, PLAIN, OURS]
+        order = [OURS, APART, *([PLAIN] if plain else [])]
+        order = order if draw % 2 == 0 else order[1:] + order[:1]
         done = subprocess.run(
             RUN
             + [
@@ -302,13 +304,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--report", action="store_true", help="only summarize the draws DIR holds; run nothing"
     )
+    ap.add_argument(
+        "--plain",
+        action="store_true",
+        help="also run network-aware with its own paths and rate split (a third run a draw)",
+    )
     args = ap.parse_args(argv)
     if args.draws < 1:
         ap.error("--draws: expected an integer >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     records = [
-        run_draw(out, topo, draw, run=not args.report)
+        run_draw(out, topo, draw, run=not args.report, plain=args.plain)
         for topo in args.topologies.split(",")
         for draw in range(args.draws)
     ]
