@@ -18,8 +18,9 @@ satisfaction and average wait; its maximum wait below fifo-backfill's) are print
 results/multi/summary.json.
 
 Seed systems (issue 24, docs/seeds-multi.md): TapFinger against Tiresias (LAS), Optimus-like,
-Random and Min in TapFinger's own setting (average JCT in slots, `tapfinger.paper.compare`, the
-checkpoint's "paper" network); EdgeFlow against EDF and ElasticFlow-like admission on tidal edge
+Random, Min, the paper's elastic Tiresias and a kind-aware rule in TapFinger's own setting (average
+JCT in slots over --episodes episodes, TapFinger greedy and sampled, paired ratios with their 95 %
+intervals; `tapfinger.paper.compare`, the checkpoint's "paper" network); EdgeFlow against EDF and ElasticFlow-like admission on tidal edge
 nodes (`SEED_ARRIVALS` on --seed-topos: every job with a deadline, as in seed 001), the deadline
 satisfaction ratio and migrations per job.
 
@@ -180,10 +181,13 @@ def targets(result: dict) -> dict:
     return out
 
 
-def seed_systems(seeds: int, topos: list[str], single: str) -> dict:
-    """The seed systems' figures (module doc): mean ± sd over seeds 0..seeds-1."""
+def tapfinger_paper_setting(episodes: int, earlier: dict[str, Path]) -> dict:
+    """TapFinger (greedy and sampled) and the baselines in TapFinger's own setting: average JCT
+    per episode (1000, 1001, ...), mean ± sd, and TapFinger over each policy paired by episode
+    (`stats.paired_ratio`: geometric mean and 95 % interval); the checkpoint's training record."""
     import torch
 
+    from experiments.stats import paired_ratio
     from scheduler.evaluate import RunProgress, mean_std
     from scheduler.tapfinger import paper
     from scheduler.tapfinger.net import load
@@ -192,21 +196,42 @@ def seed_systems(seeds: int, topos: list[str], single: str) -> dict:
     torch.set_num_threads(1)
     start = time.perf_counter()
     net = load(CHECKPOINT, "paper", paper.DIMS, paper.GRID)
-    with RunProgress((1 + len(paper.BASELINES)) * seeds) as progress:
-        jct = paper.compare(net, seeds, progress=progress.start)
-    tf = statistics.fmean(jct["tapfinger"])
+    others = {k: load(v, "paper", paper.DIMS, paper.GRID) for k, v in earlier.items()}
+    with RunProgress((2 + 2 * len(others) + len(paper.BASELINES)) * episodes) as progress:
+        jct = paper.compare(net, episodes, progress=progress.start, others=others)
+    saved = torch.load(CHECKPOINT, weights_only=True)["paper"]
+    return {
+        "setting": asdict(paper.PaperSetting()),
+        "episodes": episodes,
+        "avg_jct_slots": {k: mean_std(v) | {"runs": v} for k, v in jct.items()},
+        "tapfinger_vs": {
+            mode: {
+                k: paired_ratio(jct[mode], v).to_json()
+                for k, v in jct.items()
+                if k not in ("tapfinger", "tapfinger-sampled")
+            }
+            for mode in ("tapfinger", "tapfinger-sampled")
+        },
+        "earlier_checkpoints": {
+            k: torch.load(v, weights_only=True)["paper"].get("hyper")
+            or torch.load(v, weights_only=True).get("hyper")
+            for k, v in earlier.items()
+        },
+        "paper_claim_vs_tiresias": -0.549,
+        "training": saved["training"] | {"hyper": saved["hyper"]},
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def seed_systems(
+    seeds: int, topos: list[str], single: str, episodes: int, earlier: dict[str, Path]
+) -> dict:
+    """The seed systems' figures (module doc): TapFinger's setting over `episodes` episodes,
+    EdgeFlow's mean ± sd over seeds 0..seeds-1."""
     out = {
         "machine": machine_info(),
         "seeds": seeds,
-        "tapfinger_paper_setting": {
-            "setting": asdict(paper.PaperSetting()),
-            "avg_jct_slots": {k: mean_std(v) | {"runs": v} for k, v in jct.items()},
-            "tapfinger_vs": {
-                k: tf / statistics.fmean(v) - 1 for k, v in jct.items() if k != "tapfinger"
-            },
-            "paper_claim_vs_tiresias": -0.549,
-            "wall_s": time.perf_counter() - start,
-        },
+        "tapfinger_paper_setting": tapfinger_paper_setting(episodes, earlier),
     }
     out["edgeflow"] = {}
     for topo in topos:
@@ -260,6 +285,20 @@ def main(argv: list[str] | None = None) -> int:
         help="TapFinger's and EdgeFlow's figures (results/multi/seeds.json)",
     )
     ap.add_argument("--seed-topos", default="campus")
+    ap.add_argument(
+        "--episodes",
+        type=int,
+        default=20,
+        help="evaluation episodes of TapFinger's setting (--seed-systems)",
+    )
+    ap.add_argument(
+        "--earlier-tapfinger",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also evaluate the paper network of this TapFinger checkpoint, as tapfinger@NAME "
+        "(--seed-systems; repeatable)",
+    )
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         print("bench_multi: --seeds and --jobs must be ≥ 1", file=sys.stderr)
@@ -285,7 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.seed_systems:
             for topo in args.seed_topos.split(","):  # a typo fails now, not after the paper runs
                 load_topology(topo)
-            result = seed_systems(args.seeds, args.seed_topos.split(","), single)
+            earlier = dict(item.partition("=")[::2] for item in args.earlier_tapfinger)
+            result = seed_systems(
+                args.seeds,
+                args.seed_topos.split(","),
+                single,
+                args.episodes,
+                {k: Path(v) for k, v in earlier.items()},
+            )
             (out / "seeds.json").write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))
             return 0

@@ -1,18 +1,23 @@
-"""Re-create TapFinger's checkpoint (scheduler/checkpoints/tapfinger.pt): MAPPO in TapFinger's own
-setting and in CES's simulator (`tapfinger.mappo`), seeded, one thread.
+"""Train TapFinger's networks (scheduler/checkpoints/tapfinger.pt): MAPPO in TapFinger's own
+setting (`paper`) or in CES's simulator (`ces`), seeded, one thread; each writes its part of the
+checkpoint and keeps the other.
 
-    nice -n 19 python -m scheduler.train_tapfinger [--out PATH] [--smoke] [options]
+    nice -n 19 python -m scheduler.train_tapfinger paper|ces [--resume] [--stop-after-s S] [options]
 
---smoke trains a few episodes only (tests, CI); every field of `mappo.Hyper` is a flag as well
-(`config.add_options`), over the defaults or --smoke's. Bad input: one line, exit code 2.
+A long training runs in pieces: the training state (weights, optimizer, random generators, the
+history) goes to --state every `checkpoint_every` episodes and when --stop-after-s has passed
+(at the next update); the checkpoint then holds the best weights so far. `--resume` goes on from
+--state, exactly as if it had not stopped; --episodes may be raised to train further. --smoke
+trains a few short episodes (tests, CI). Every field of `mappo.Hyper` is a flag (`config.add_options`),
+over the setting's defaults (`mappo.DEFAULTS`) or --smoke's. Bad input: one line, exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,43 +27,82 @@ from .config import add_options, from_args
 from .tapfinger import mappo
 from .tapfinger.policy import CHECKPOINT
 
+STATES = Path(__file__).resolve().parent.parent / "results" / "runs"
+SMOKE = dict(
+    episodes=2,
+    paper_tasks=12,
+    epochs=1,
+    episodes_per_update=1,
+    ces_arrivals="poisson:n=6,load=0.8",
+    validation_episodes=1,
+    validate_every=1,
+    checkpoint_every=1,
+)
 
-def main(argv: list[str] | None = None) -> int:
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m scheduler.train_tapfinger",
-        usage="%(prog)s [options]",
         description=__doc__.split("\n\n")[0],
     )
-    ap.add_argument("--out", default=str(CHECKPOINT), help="where to write the checkpoint")
-    ap.add_argument("--smoke", action="store_true", help="a few short episodes (tests, CI)")
-    add_options(ap, mappo.Hyper())
-    args = ap.parse_args(argv)
+    sub = ap.add_subparsers(dest="setting", required=True, metavar="paper|ces")
+    for setting, base in mappo.DEFAULTS.items():
+        p = sub.add_parser(setting, help=f"train the network of the {setting} setting")
+        p.add_argument("--out", default=str(CHECKPOINT), help="the checkpoint to write into")
+        p.add_argument(
+            "--state",
+            default=None,
+            help=f"the training state (default {STATES}/tapfinger-{setting}.state.pt)",
+        )
+        p.add_argument("--resume", action="store_true", help="go on from --state")
+        p.add_argument(
+            "--stop-after-s",
+            type=float,
+            default=math.inf,
+            help="stop at the first update after this many seconds of wall time",
+        )
+        p.add_argument("--smoke", action="store_true", help="a few short episodes (tests, CI)")
+        add_options(p, base)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     out = Path(args.out)
-    if not out.parent.is_dir():
-        print(f"error: --out: no directory {out.parent}", file=sys.stderr)
+    state = Path(args.state or STATES / f"tapfinger-{args.setting}.state.pt")
+    for flag, path in (("--out", out), ("--state", state)):
+        if not path.parent.is_dir() and not (flag == "--state" and args.state is None):
+            print(f"error: {flag}: no directory {path.parent}", file=sys.stderr)
+            return 2
+    if args.resume and not state.exists():
+        print(f"error: --resume: no training state {state}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    hp = mappo.Hyper()
+    hp = mappo.DEFAULTS[args.setting]
     if args.smoke:
-        hp = replace(
-            hp,
-            paper_episodes=1,
-            paper_tasks=12,
-            ces_episodes=1,
-            epochs=1,
-            episodes_per_update=1,
-            ces_arrivals="poisson:n=6,load=0.8",
-            validation_episodes=1,
-        )
+        hp = replace(hp, **SMOKE)
     hp = from_args(args, hp)
-    start = time.perf_counter()
-    saved = mappo.train_all(hp, lambda line: print(line, file=sys.stderr, flush=True))
-    saved["wall_s"] = time.perf_counter() - start
-    torch.save(saved, out)
+    training = mappo.Training(args.setting, hp)
+    if args.resume:
+        try:
+            training.restore(torch.load(state, weights_only=False))
+        except ValueError as e:
+            print(f"error: --resume: {e}", file=sys.stderr)
+            return 2
+
+    def save(t: mappo.Training) -> None:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(t.state(), state)
+        mappo.write_checkpoint(out, t)
+
+    log = lambda line: print(line, file=sys.stderr, flush=True)
+    log(
+        f"training TapFinger in the {args.setting} setting: episodes {training.done}..{hp.episodes}"
+    )
+    finished = training.run(log, args.stop_after_s, save)
     print(
         json.dumps(
-            {k: saved[k]["training"] for k in ("paper", "ces")}
-            | {"wall_s": round(saved["wall_s"], 1), "out": str(out)}
+            training.summary() | {"finished": finished, "out": str(out), "state": str(state)}
         )
     )
     return 0

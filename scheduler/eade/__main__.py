@@ -6,36 +6,50 @@
   evaluate  every algorithm on the held-out task streams, RL ones from their checkpoints:
             results/eade/results.{json,md}
   all       train, then evaluate
-Shows which seed and algorithm run, with an ETA. Run it niced:
-`nice -n 19 python -m scheduler.eade all --seeds 5`.
+  diagnose  the rules that need no training (heuristics, both experts) on the settings between
+            ours and the faithful one: results/eade/diagnostics.json
+--setting faithful and --fixed-stream choose the variant (docs/eade.md); its checkpoints and
+results go to a sub-folder of the defaults (fixed/, faithful/, faithful-streams/). A long
+training runs in pieces: --stop-after-s S stops the trainings at their next episode after S
+seconds (state in --states, the checkpoints with the best weights so far; exit status 3:
+unfinished) and --resume goes on from there. Shows which seed and algorithm run, with an ETA.
+Run it niced: `nice -n 19 python -m scheduler.eade all --seeds 5`.
 Bad input: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config import add_options, from_args
 from ..jobs import JobError
-from ..trace import MACHINE_TABLE
+from ..trace import MACHINE_TABLE, load_machine_spec
 from .agents import ALGORITHMS, AgentConfig
-from .env import Setting, load_layout
+from .env import Setting, build_layout, load_layout
 from .experiment import (
     ALL,
     CHECKPOINTS,
+    DIAGNOSED,
+    REFERENCES,
     RESULTS,
+    STATES,
     ExperimentConfig,
     checkpoint_path,
+    curves_of,
+    diagnose,
     evaluate_all,
     table,
     train_all,
     write,
     write_curves,
 )
+from .heuristics import HEURISTICS
 
 
 class UsageError(ValueError):
@@ -48,15 +62,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("command", choices=("train", "evaluate", "all"))
+    ap.add_argument("command", choices=("train", "evaluate", "all", "diagnose"))
     ap.add_argument(
         "--machines",
         type=Path,
         default=MACHINE_TABLE,
         help="the Alibaba machine table (pai_machine_spec.csv)",
     )
-    ap.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--checkpoints", type=Path, default=None, help=f"default {CHECKPOINTS}[/variant]"
+    )
+    ap.add_argument("--out", type=Path, default=None, help=f"default {RESULTS}[/variant]")
+    ap.add_argument("--states", type=Path, default=None, help=f"default {STATES}/<variant>")
+    ap.add_argument("--resume", action="store_true", help="go on from the training states")
+    ap.add_argument(
+        "--stop-after-s",
+        type=float,
+        default=math.inf,
+        help="stop training at the next episode after this many seconds (exit status 3)",
+    )
     add_options(ap, ExperimentConfig())
     try:
         return ap.parse_args(argv)
@@ -88,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         cfg = config(args)
+        args.checkpoints = args.checkpoints or CHECKPOINTS / cfg.variant
+        args.out = args.out or RESULTS / cfg.variant
+        args.states = args.states or STATES / (cfg.variant or "ours")
+        if args.command == "diagnose":
+            torch.set_num_threads(1)
+            return _diagnose(args, cfg)
         training = args.command in ("train", "all")
         if not training:
             missing = [
@@ -102,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{missing[0]}: no checkpoint (train first: "
                     f"python -m scheduler.eade train --seeds {cfg.seeds})"
                 )
-        setting = Setting()
+        setting = cfg.make_setting()
         layout_cache: dict = {}
 
         def layouts(seed: int):
@@ -112,19 +142,47 @@ def main(argv: list[str] | None = None) -> int:
 
         layouts(0)  # a bad table fails here, before any training
         torch.set_num_threads(1)
-        doc = _run(args.command, cfg, setting, layouts, args.checkpoints, args.out)
+        doc, finished = _run(args, cfg, setting, layouts)
     except (UsageError, JobError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not finished:
+        print(
+            f"stopped after {args.stop_after_s:.0f} s: continue with --resume (states in "
+            f"{args.states})",
+            file=sys.stderr,
+        )
+        return 3
     if doc is not None:
         print(table(doc))
         print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0
 
 
-def _run(
-    command: str, cfg: ExperimentConfig, setting: Setting, layouts, checkpoints: Path, out: Path
-) -> dict | None:
+def _diagnose(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
+    import json
+
+    from rich.progress import Progress
+
+    machines = load_machine_spec(args.machines)
+    units = cfg.seeds * len(DIAGNOSED) * (len(HEURISTICS) + len(REFERENCES)) * cfg.eval_episodes
+    with Progress() as bar:
+        task = bar.add_task("diagnostics", total=units)
+        doc = diagnose(
+            cfg.seeds,
+            cfg.eval_episodes,
+            lambda setting, seed: build_layout(machines, np.random.default_rng(seed), setting),
+            lambda what, n: bar.update(task, advance=n, description=what),
+        )
+    path = (args.out or RESULTS) / "diagnostics.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+def _run(args: argparse.Namespace, cfg: ExperimentConfig, setting: Setting, layouts):
+    """(the results document or None, whether every training is done)."""
     from rich.progress import (
         BarColumn,
         Progress,
@@ -133,12 +191,15 @@ def _run(
         TimeRemainingColumn,
     )
 
+    command, checkpoints, out = args.command, args.checkpoints, args.out
     rl = [a for a in cfg.algorithms if a in ALGORITHMS]
     train_units = cfg.seeds * len(rl) * cfg.episodes if command != "evaluate" else 0
     eval_units = (
-        cfg.seeds * (len(cfg.algorithms) + 1) * cfg.eval_episodes if command != "train" else 0
+        cfg.seeds * (len(cfg.algorithms) + len(REFERENCES)) * cfg.eval_episodes
+        if command != "train"
+        else 0
     )
-    doc = None
+    doc, finished = None, True
     # A unit is an episode, trained or evaluated; training ones dominate the ETA, as they should.
     with Progress(
         TextColumn("{task.description}"),
@@ -154,13 +215,24 @@ def _run(
             bar.update(task, advance=units, description=what)
 
         if train_units:
-            curves = train_all(cfg, AgentConfig(), layouts, setting, checkpoints, progress)
-            out.mkdir(parents=True, exist_ok=True)
-            write_curves(curves, out)
-        if eval_units:
+            finished = train_all(
+                cfg,
+                AgentConfig(),
+                layouts,
+                setting,
+                checkpoints,
+                progress,
+                args.states,
+                args.resume,
+                args.stop_after_s,
+            )
+            if finished:
+                out.mkdir(parents=True, exist_ok=True)
+                write_curves(curves_of(cfg, checkpoints), out)
+        if eval_units and finished:
             doc = evaluate_all(cfg, layouts, setting, checkpoints, progress)
             write(doc, out)
-    return doc
+    return doc, finished
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ EADE-DDPG (§3.2, Algorithm 1, Table 5) is SB3's DDPG with three parts swapped i
                       paper's critic attends over state and action together, so this critic feeds
                       [state, action] to its own `ClusterAttention`.
   `DualReplayBuffer`  the online buffer plus an expert buffer filled before training
-                      (`fill_expert`, the expert of `heuristics`); every batch takes
+                      (`fill_expert`, an expert of `heuristics`); every batch takes
                       round(β·batch) transitions from the expert buffer and the rest online.
 and the paper's two learning rates (actor 1e-4, critic 1e-3; SB3 has one for both: `TwoRates`).
 DDPG is the same without attention (SB3's MLP [128, 64] on the raw 68 inputs) and with one
@@ -45,7 +45,7 @@ from stable_baselines3.td3.policies import TD3Policy
 from torch import nn
 
 from .env import Layout, MultiClusterEnv, Setting
-from .heuristics import expert
+from .heuristics import EXPERTS
 
 ALGORITHMS = ("EADE-DDPG", "DDPG", "TD3", "SAC", "PPO")
 
@@ -240,17 +240,24 @@ class DualReplayBuffer(ReplayBuffer):
 
 
 def fill_expert(
-    buffer: DualReplayBuffer, layout: Layout, setting: Setting, episodes: int, seed: int
+    buffer: DualReplayBuffer,
+    layout: Layout,
+    setting: Setting,
+    episodes: int,
+    seed: int,
+    stream: np.ndarray | None = None,
 ) -> None:
-    """The expert's transitions on `episodes` task streams of their own (seeded), its discrete
-    choice stored as the centre of its action bin."""
-    env = MultiClusterEnv(layout, setting)
+    """The expert's (`setting.expert`) transitions on `episodes` task streams of their own
+    (seeded) — or on `stream`, the fixed-stream mode's one —, its discrete choice stored as the
+    centre of its action bin."""
+    env = MultiClusterEnv(layout, setting, stream)
     rng = np.random.default_rng(seed)
+    rule = EXPERTS[setting.expert]
     for e in range(episodes):
         obs, _ = env.reset(seed=seed * 100_003 + e)
         done = False
         while not done:
-            index = expert(env, rng)
+            index = rule(env, rng)
             nxt, reward, done, _, _ = env.choose(index)
             buffer.add_expert(obs, nxt, env.action_of(index), reward, done)
             obs = nxt

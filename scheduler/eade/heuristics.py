@@ -1,4 +1,4 @@
-"""The paper's heuristic baselines at cluster level, and the expert that fills EADE's buffer.
+"""The paper's heuristic baselines at cluster level, and the experts that fill EADE's buffer.
 
 The baselines are the cluster-level forms of `scheduler.baselines`' host-level rules. They see
 what the RL agents see — each cluster's aggregate remaining resources (`MultiCluster.free`) and
@@ -11,10 +11,16 @@ the member cluster knows: a fragmented cluster fails the deployment.
                the largest cluster capacity of r (BestFit; `best-fit`).
   utilization  the one whose free resources are most proportional to the request:
                max cosine(d_r / cap_r, free_r / cap_r) (Utilization; `utilization`).
-The expert (§3.2, "expert demonstrations"): for every cluster that can host the task, the
-reward the deployment would earn by eqs. (15)–(17); the best one, else wait. It asks the member
-clusters whether they can host the task — historical deployment records know which deployments
-succeeded — so it never fails; it fills EADE-DDPG's expert buffer and is reported for reference.
+  worstfit-gpu not the paper's: the one with the most free GPU memory and cores (each over the
+               largest cluster's), which spreads the scarce resource (issue 52's diagnostic).
+The experts (§3.2, "expert demonstrations"): for every cluster that can host the task, the
+reward the deployment would earn by eqs. (15)–(17); the best one, else wait. `expert` asks the
+member clusters whether they can host the task — historical deployment records know which
+deployments succeeded — so it never fails; with that knowledge it is the policy that greedily
+maximises the reward (a failure or a wrong wait earns −50, below every deployment's [−10, 0]).
+`aggregate_expert` is the paper's as §3.2 describes it: it judges by the remaining resources,
+among the clusters whose aggregate covers the request. Either fills EADE-DDPG's buffer
+(`Setting.expert`); both are reported for reference.
 """
 
 from __future__ import annotations
@@ -61,14 +67,21 @@ def utilization(env: MultiClusterEnv, rng: np.random.Generator) -> int:
     return int(fits[np.argmax(cosine)])
 
 
-def expert(env: MultiClusterEnv, rng: np.random.Generator) -> int:
-    c, task = env.cluster, env.task
-    hosts = np.flatnonzero(c.true_fit(task))
-    if not len(hosts):
+def worstfit_gpu(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    fits = _candidates(env)
+    if not len(fits):
         return env.setting.wait
+    c = env.cluster
+    gpu_free = (c.free()[fits, 2:] / c.capacity.max(axis=0)[2:]).sum(axis=1)
+    return int(fits[np.argmax(gpu_free)])
+
+
+def _best_scored(env: MultiClusterEnv, clusters: np.ndarray) -> int:
+    """Among `clusters`, the one whose deployment eqs. (15)–(17) score best; none: wait."""
+    c, task = env.cluster, env.task
     best, best_reward = env.setting.wait, -np.inf
     used = c.used()
-    for n in hosts:  # eq. (15)–(17) as if deployed; aggregate use is all the score needs
+    for n in clusters:  # as if deployed; aggregate use is all the score needs
         after = used.copy()
         after[n] += task
         r = deployment_reward(after / c.capacity, int(n), env.setting.tau)
@@ -77,12 +90,23 @@ def expert(env: MultiClusterEnv, rng: np.random.Generator) -> int:
     return best
 
 
-HEURISTICS: dict[str, Callable[[MultiClusterEnv, np.random.Generator], int]] = {
+def expert(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    return _best_scored(env, np.flatnonzero(env.cluster.true_fit(env.task)))
+
+
+def aggregate_expert(env: MultiClusterEnv, rng: np.random.Generator) -> int:
+    return _best_scored(env, _candidates(env))
+
+
+Rule = Callable[[MultiClusterEnv, np.random.Generator], int]
+HEURISTICS: dict[str, Rule] = {
     "BestFit": bestfit,
     "Greedy": greedy,
     "Random": random_choice,
     "Utilization": utilization,
+    "WorstFit-GPU": worstfit_gpu,
 }
+EXPERTS: dict[str, Rule] = {"member": expert, "aggregate": aggregate_expert}
 
 
 def run_episode(

@@ -7,16 +7,20 @@ synthetic trace) and CES's simulator (`policy.TapFinger` on small generated scen
 that are not the benchmark's). Training is not monotone (the average JCT of a greedy policy
 swings between 7 and 22 slots from one update to the next in the paper setting), so every
 `validate_every` episodes the policy is scored on held-out episodes — seeds no training episode
-and no benchmark uses — and the best is kept, as the authors keep their best actor.
+and no benchmark uses — and the best is kept, as the authors keep their best actor. A training
+of many hours runs in pieces: `Training.state()` is saved every `checkpoint_every` episodes and
+when a piece stops, and a training restored from it goes on exactly as if it had not stopped.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,9 +37,13 @@ from .net import Obs, Step, TapFingerNet, evaluate_actions
 
 @dataclass(frozen=True)
 class Hyper:
-    seed: int = 0  # the episodes drawn and the initial weights
+    """One setting's training. The defaults are the CES setting's (session 22);
+    `DEFAULTS["paper"]` has TapFinger's own setting's."""
+
+    seed: int = 0  # the actions sampled, the minibatches and the initial weights
     hidden: int = 32  # units of every hidden layer
     layers: int = 2  # heterogeneous graph attention (HAN) layers
+    agent_ids: bool = False  # servers carry their index (one-hot): a fixed set of agents only
     lr: float = 3e-4  # Adam's learning rate
     gamma: float = 0.99  # discount
     gae_lambda: float = 0.95  # GAE's lambda
@@ -47,16 +55,33 @@ class Hyper:
     max_grad: float = 0.5  # gradient clipping (L2 norm)
     episodes_per_update: int = 2
     reward_scale: float = 0.01  # rewards are multiplied by this
-    # TapFinger's own setting (episodes of `paper_tasks` tasks, seeds 0, 1, ...)
-    paper_episodes: int = 320
-    paper_tasks: int = 192
+    episodes: int = 160  # training episodes (seeds 0, 1, ...)
+    paper_tasks: int = 192  # tasks per training episode in TapFinger's setting
     # CES: small bursty scenarios on tidal nodes, placed by `ces_single`
-    ces_episodes: int = 160
     ces_topologies: tuple[str, ...] = ("ring", "star", "gen:internet:8:1", "gen:internet:12:2")
     ces_arrivals: str = "bursty:n=40,load=0.8,tidal=1"
     ces_single: str = "network-aware"
     validate_every: int = 20  # episodes
     validation_episodes: int = 2  # per setting (CES: per training topology)
+    checkpoint_every: int = 16  # episodes between saves of the training state (--resume)
+
+
+# TapFinger's setting at the original's scale as far as one CPU core goes (issue 52): its
+# learning rate and discount (1e-4, γ = 1: the return is minus the tasks' summed completion
+# times), 16 episodes of 384 tasks (the evaluation's size) per update, agent ids.
+DEFAULTS = {
+    "paper": Hyper(
+        agent_ids=True,
+        lr=1e-4,
+        gamma=1.0,
+        episodes_per_update=16,
+        episodes=1024,
+        paper_tasks=384,
+        validate_every=16,
+        validation_episodes=4,
+    ),
+    "ces": Hyper(),
+}
 
 
 VALIDATION_SEED = 500  # training episodes use seeds 0, 1, ...; benchmarks 1000 and up
@@ -134,27 +159,23 @@ def ppo_loss(
     )
 
 
-def paper_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> Iterator[Episode]:
-    """Episodes of TapFinger's own setting (seeds 0, 1, ...), sampled actions."""
-    setting = paper.PaperSetting(tasks=hp.paper_tasks)
-    seed = 0
-    while True:
-        steps: list[tuple[Obs, Step]] = []
-        rewards: list[np.ndarray] = []
+def paper_episode(net: TapFingerNet, hp: Hyper, rng: np.random.Generator, seed: int) -> Episode:
+    """Episode `seed` of TapFinger's own setting, sampled actions."""
+    steps: list[tuple[Obs, Step]] = []
+    rewards: list[np.ndarray] = []
 
-        def record(obs: Obs, step: Step, steps: list = steps, rewards: list = rewards) -> None:
-            steps.append((obs, step))
-            rewards.append(np.zeros(len(obs.servers)))
+    def record(obs: Obs, step: Step) -> None:
+        steps.append((obs, step))
+        rewards.append(np.zeros(len(obs.servers)))
 
-        env = paper.PaperEnv(setting, seed)
-        schedule = paper.tapfinger(net, greedy=False, rng=rng, record=record)
-        while not env.done:
-            schedule(env)
-            r = env.advance()
-            if rewards:  # the slot's reward goes to the agents' last step
-                rewards[-1] += r
-        seed += 1
-        yield steps, rewards
+    env = paper.PaperEnv(paper.PaperSetting(tasks=hp.paper_tasks), seed)
+    schedule = paper.tapfinger(net, greedy=False, rng=rng, record=record)
+    while not env.done:
+        schedule(env)
+        r = env.advance()
+        if rewards:  # the slot's reward goes to the agents' last step
+            rewards[-1] += r
+    return steps, rewards
 
 
 @functools.cache
@@ -164,26 +185,22 @@ def training_clusters(topologies: tuple[str, ...]) -> tuple[Cluster, ...]:
     return tuple(Cluster.from_topology(load_topology(t)) for t in topologies)
 
 
-def ces_episodes(net: TapFingerNet, hp: Hyper, rng: np.random.Generator) -> Iterator[Episode]:
-    """Episodes in CES's simulator on the training topologies, sampled actions."""
+def ces_episode(net: TapFingerNet, hp: Hyper, rng: np.random.Generator, seed: int) -> Episode:
+    """Episode `seed` in CES's simulator (the training topologies in turn), sampled actions."""
     clusters = training_clusters(hp.ces_topologies)
-    spec = parse_arrivals(hp.ces_arrivals)
-    seed = 0
-    while True:
-        cluster = clusters[seed % len(clusters)]
-        scenario = make_scenario(spec, cluster, seed)
-        recorder = policy.Recorder()
-        agent = policy.TapFinger(
-            make_algorithm(hp.ces_single, seed=seed),
-            net,
-            greedy=False,
-            seed=int(rng.integers(2**31)),
-            recorder=recorder,
-        )
-        result = Simulator(cluster.copy(), agent).run(scenario.jobs, scenario.events)
-        recorder.accrue(result.end_time)
-        seed += 1
-        yield recorder.steps, recorder.rewards
+    cluster = clusters[seed % len(clusters)]
+    scenario = make_scenario(parse_arrivals(hp.ces_arrivals), cluster, seed)
+    recorder = policy.Recorder()
+    agent = policy.TapFinger(
+        make_algorithm(hp.ces_single, seed=seed),
+        net,
+        greedy=False,
+        seed=int(rng.integers(2**31)),
+        recorder=recorder,
+    )
+    result = Simulator(cluster.copy(), agent).run(scenario.jobs, scenario.events)
+    recorder.accrue(result.end_time)
+    return recorder.steps, recorder.rewards
 
 
 def paper_validation(net: TapFingerNet, hp: Hyper) -> float:
@@ -214,68 +231,166 @@ def ces_validation(net: TapFingerNet, hp: Hyper) -> float:
     return float(np.mean(waits))
 
 
-def train(
-    net: TapFingerNet,
-    episodes: Iterator[Episode],
-    total: int,
-    hp: Hyper,
-    log: Callable[[str], None],
-    validate: Callable[[TapFingerNet, Hyper], float],
-) -> dict:
-    """PPO updates on batches of `episodes`, `total` episodes in all; `net` ends with the weights
-    that scored best (lowest) by `validate`."""
-    opt = torch.optim.Adam(net.parameters(), lr=hp.lr)
-    rng = np.random.default_rng(hp.seed)
-    start, history, n, next_check = time.perf_counter(), [], 0, hp.validate_every
-    best = (validate(net.eval(), hp), 0, copy.deepcopy(net.state_dict()))
-    net.train()
-    while n < total:
-        batch = [next(episodes) for _ in range(hp.episodes_per_update)]
-        n += len(batch)
-        ret = float(np.mean([sum(r.sum() for r in rw) for _, rw in batch]))
-        stats = update(net, opt, batch, hp, rng)
-        history.append({"episodes": n, "return": ret, **stats})
-        line = f"episodes {n}: return {ret:.1f}, loss {stats['loss']:.3f}"
-        if n >= next_check or n >= total:
-            next_check += hp.validate_every
-            score = validate(net.eval(), hp)
-            net.train()
-            history[-1]["validation"] = score
-            line += f", validation {score:.2f}"
-            if score < best[0]:
-                best = (score, n, copy.deepcopy(net.state_dict()))
-        log(f"{line} ({time.perf_counter() - start:.0f} s)")
-    net.load_state_dict(best[2])
-    net.eval()
-    return {
-        "episodes": n,
-        "wall_s": time.perf_counter() - start,
-        "history": history,
-        "validation": best[0],
-        "kept_after_episodes": best[1],
-    }
+Setting = tuple[dict[str, int], int, Callable[..., Episode], Callable[[TapFingerNet, Hyper], float]]
+SETTINGS: dict[str, Setting] = {  # dims, grid, episode, validation
+    "paper": (paper.DIMS, paper.GRID, paper_episode, paper_validation),
+    "ces": (policy.DIMS, policy.GRID, ces_episode, ces_validation),
+}
 
 
-def build(dims: dict[str, int], grid: int, hp: Hyper) -> TapFingerNet:
+def build(dims: dict[str, int], grid: int, hp: Hyper, agents: int = 0) -> TapFingerNet:
     torch.manual_seed(hp.seed)
-    return TapFingerNet(dims, grid, hidden=hp.hidden, layers=hp.layers)
+    return TapFingerNet(dims, grid, hidden=hp.hidden, layers=hp.layers, agents=agents)
 
 
-def train_all(hp: Hyper, log: Callable[[str], None]) -> dict:
-    """Both networks, as the checkpoint stores them."""
-    rng = np.random.default_rng(hp.seed)
-    out = {"hyper": asdict(hp)}
-    for name, dims, grid, episodes, total, validate in (
-        ("paper", paper.DIMS, paper.GRID, paper_episodes, hp.paper_episodes, paper_validation),
-        ("ces", policy.DIMS, policy.GRID, ces_episodes, hp.ces_episodes, ces_validation),
+class Training:
+    """One setting's training, resumable: `state()` holds all it needs to go on — the weights,
+    Adam's moments, both random generators, the episodes done (episode i is seed i), the
+    history and the best weights so far — so a training stopped at an update and resumed from
+    its state goes on exactly as one that never stopped."""
+
+    def __init__(
+        self,
+        setting: str,
+        hp: Hyper,
+        validate: Callable[[TapFingerNet, Hyper], float] | None = None,
     ):
-        net = build(dims, grid, hp)
-        log(f"training TapFinger in the {name} setting: {total} episodes")
-        summary = train(net, episodes(net, hp, rng), total, hp, log, validate)
-        out[name] = {
-            "state": net.state_dict(),
-            "shape": {"hidden": hp.hidden, "layers": hp.layers},
-            "training": {k: v for k, v in summary.items() if k != "history"},
-            "history": summary["history"],
+        dims, grid, self.episode, default_validation = SETTINGS[setting]
+        self.setting, self.hp = setting, hp
+        self.validate = validate or default_validation
+        agents = len(paper.PaperSetting().capacities) if hp.agent_ids else 0
+        self.net = build(dims, grid, hp, agents)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=hp.lr)
+        self.act_rng = np.random.default_rng(hp.seed)  # sampled actions
+        self.update_rng = np.random.default_rng(hp.seed)  # minibatches
+        self.done = 0  # episodes trained
+        self.history: list[dict] = []
+        self.best: tuple[float, int, dict] | None = None  # score, after episodes, weights
+        self.cpu_s = self.wall_s = 0.0
+
+    def state(self) -> dict:
+        return {
+            "setting": self.setting,
+            "hyper": asdict(self.hp),
+            "net": self.net.state_dict(),
+            "opt": self.opt.state_dict(),
+            "act_rng": self.act_rng.bit_generator.state,
+            "update_rng": self.update_rng.bit_generator.state,
+            "done": self.done,
+            "history": self.history,
+            "best": self.best,
+            "cpu_s": self.cpu_s,
+            "wall_s": self.wall_s,
         }
-    return out
+
+    def restore(self, state: dict) -> None:
+        """Go on from `state()`; the hyper-parameters must be the saved ones but for the number
+        of episodes (a training can be extended)."""
+        saved = {k: v for k, v in state["hyper"].items() if k != "episodes"}
+        mine = {k: v for k, v in asdict(self.hp).items() if k != "episodes"}
+        changed = [k for k in mine if saved.get(k) != mine[k]]
+        if state["setting"] != self.setting or changed:
+            what = changed[0] if changed else "setting"
+            raise ValueError(
+                f"the saved training has other settings ({what}: "
+                f"{state['hyper'].get(what, state['setting'])!r}, here {mine.get(what, self.setting)!r})"
+            )
+        self.net.load_state_dict(state["net"])
+        self.opt.load_state_dict(state["opt"])
+        self.act_rng.bit_generator.state = state["act_rng"]
+        self.update_rng.bit_generator.state = state["update_rng"]
+        self.done, self.history, self.best = state["done"], state["history"], state["best"]
+        self.cpu_s, self.wall_s = state["cpu_s"], state["wall_s"]
+
+    def _score(self) -> float:
+        score = self.validate(self.net.eval(), self.hp)
+        self.net.train()
+        if self.best is None or score < self.best[0]:
+            self.best = (score, self.done, copy.deepcopy(self.net.state_dict()))
+        return score
+
+    def run(
+        self,
+        log: Callable[[str], None],
+        stop_after_s: float = math.inf,
+        save: Callable[[Training], None] = lambda t: None,
+    ) -> bool:
+        """PPO updates on batches of episodes until `hp.episodes` are done (True) or, at the
+        first update after `stop_after_s` seconds, stop (False); `save(self)` every
+        `checkpoint_every` episodes and at the end. The best weights (lowest validation score)
+        are in `best`; the first score is of the initial weights."""
+        hp, wall, cpu = self.hp, time.perf_counter(), time.process_time()
+
+        def clock() -> None:
+            nonlocal wall, cpu
+            self.wall_s += time.perf_counter() - wall
+            self.cpu_s += time.process_time() - cpu
+            wall, cpu = time.perf_counter(), time.process_time()
+
+        if self.best is None:
+            self._score()
+        started, saved = time.perf_counter(), -1
+        while self.done < hp.episodes:
+            k = min(hp.episodes_per_update, hp.episodes - self.done)
+            batch = [self.episode(self.net, hp, self.act_rng, self.done + i) for i in range(k)]
+            before, self.done = self.done, self.done + k
+            ret = float(np.mean([sum(r.sum() for r in rw) for _, rw in batch]))
+            stats = update(self.net, self.opt, batch, hp, self.update_rng)
+            row = {"episodes": self.done, "return": ret, **stats}
+            if self.done // hp.validate_every > before // hp.validate_every or (
+                self.done >= hp.episodes
+            ):
+                row["validation"] = self._score()
+            self.history.append(row)
+            clock()
+            log(
+                f"episodes {self.done}: return {ret:.1f}, loss {stats['loss']:.3f}"
+                + (f", validation {row['validation']:.2f}" if "validation" in row else "")
+                + f" ({self.cpu_s:.0f} s of CPU in all)"
+            )
+            stop = time.perf_counter() - started >= stop_after_s
+            if stop or self.done // hp.checkpoint_every > before // hp.checkpoint_every:
+                save(self)
+                saved = self.done
+            if stop and self.done < hp.episodes:
+                return False
+        if saved != self.done:
+            save(self)
+        return True
+
+    def summary(self) -> dict:
+        assert self.best is not None
+        return {
+            "episodes": self.done,
+            "of": self.hp.episodes,
+            "cpu_s": self.cpu_s,
+            "wall_s": self.wall_s,
+            "validation": self.best[0],
+            "kept_after_episodes": self.best[1],
+        }
+
+    def best_net(self) -> TapFingerNet:
+        """The network with the best weights so far, in evaluation mode."""
+        net = copy.deepcopy(self.net)
+        net.load_state_dict(self.best[2])
+        return net.eval()
+
+
+def write_checkpoint(path: Path, training: Training) -> None:
+    """Put the training's best weights so far into the checkpoint's part of its setting (the
+    other part kept): what `net.load` reads, with the hyper-parameters, the summary (episodes
+    done of the planned) and the history."""
+    data = torch.load(path, weights_only=True) if Path(path).exists() else {}
+    legacy = data.pop("hyper", None)  # session 22's file: one record for both parts
+    data.pop("wall_s", None)
+    for part in data.values():
+        part.setdefault("hyper", legacy)
+    hp = training.hp
+    data[training.setting] = {
+        "state": training.best_net().state_dict(),
+        "shape": {"hidden": hp.hidden, "layers": hp.layers, "agents": training.net.agents},
+        "hyper": asdict(hp),
+        "training": training.summary(),
+        "history": training.history,
+    }
+    torch.save(data, path)

@@ -87,11 +87,21 @@ def arbitrate(claims: dict[int, list[int]], ratio: np.ndarray, prob: np.ndarray)
 
 class TapFingerNet(nn.Module):
     def __init__(
-        self, dims: dict[str, int], grid: int, hidden: int = 32, layers: int = 2, heads: int = 4
+        self,
+        dims: dict[str, int],
+        grid: int,
+        hidden: int = 32,
+        layers: int = 2,
+        heads: int = 4,
+        agents: int = 0,
     ):
+        """`agents` > 0: every server's features get its index as a one-hot of that length (a
+        fixed set of agents, as in TapFinger's setting, where the shared weights then act as
+        per-agent policies); 0: none (CES: any number of nodes)."""
         super().__init__()
-        self.dims, self.grid = dims, grid
-        self.inp = nn.ModuleDict({t: nn.Linear(dims[t], hidden) for t in NODE_TYPES})
+        self.dims, self.grid, self.agents = dims, grid, agents
+        width = dict(dims, server=dims["server"] + agents)
+        self.inp = nn.ModuleDict({t: nn.Linear(width[t], hidden) for t in NODE_TYPES})
         meta = (list(NODE_TYPES), list(EDGE_TYPES))
         self.convs = nn.ModuleList(
             HANConv(hidden, hidden, meta, heads=heads) for _ in range(layers)
@@ -116,7 +126,11 @@ class TapFingerNet(nn.Module):
         n = dict.fromkeys(NODE_TYPES, 0)
         for b, o in enumerate(batch):
             a = len(o.servers)
-            x["server"].append(o.servers)
+            x["server"].append(
+                np.hstack([o.servers, np.eye(a, self.agents, dtype=np.float32)])
+                if self.agents
+                else o.servers
+            )
             x["task"].append(o.tasks)
             x["running"].append(o.running)
             x["central"].append(np.zeros((1, self.dims["central"]), np.float32))
@@ -142,7 +156,9 @@ class TapFingerNet(nn.Module):
             n["running"] += len(o.running)
         xs = {
             t: self.inp[t](
-                torch.as_tensor(np.concatenate(x[t]), dtype=torch.float32).reshape(-1, self.dims[t])
+                torch.as_tensor(np.concatenate(x[t]), dtype=torch.float32).reshape(
+                    -1, self.inp[t].in_features
+                )
             )
             for t in NODE_TYPES
         }

@@ -22,7 +22,10 @@ spare units go one at a time to the task whose estimated remaining time drops mo
 Optimus' speed model 1/f = θ·(1/g, 1, g/c, g, c) fitted by least squares to profiled speeds),
 Tiresias (LAS: minimum for every task, spare GPUs one at a time to the task with the least
 attained GPU service — two queues split at `LAS_THRESHOLD` GPU-slots, first started first inside
-a queue —, spare cores spread evenly). And a reference that is not the paper's: Kind-aware, a
+a queue —, spare cores spread evenly; ours, `las`), the paper's elastic Tiresias
+(`tiresias-paper`: every slot from nothing, GPUs one at a time to the earliest-started task at or
+below the median attained service, cores only to GPU holders; `tiresias_paper_policy`). And a
+reference that is not the paper's: Kind-aware, a
 fixed rule that knows what TapFinger has to learn — which kind is GPU-sensitive —: tasks in
 arrival order, "vision" at the minimum, "language" with every GPU free up to the grid's top
 level; what a fixed allocation can reach here.
@@ -367,6 +370,51 @@ def tiresias_policy() -> Scheduler:
     return schedule
 
 
+def tiresias_paper_policy() -> Scheduler:
+    """The elastic Tiresias TapFinger was compared with, as issue 52 describes the authors' rule
+    (written from that description, not from their code). Every slot, on every server: the
+    running tasks are reset to nothing; the candidates are those tasks and the server's pending
+    ones (its K slots, counted as starting now, after every running task, in arrival order);
+    the GPUs go one at a time to the earliest-started candidate whose attained GPU service is at
+    or below the candidates' median (so a candidate takes GPUs up to the grid's top before the
+    next gets one); the cores go only to GPU holders, one at a time to each in turn (the same
+    order, up to the grid's top). A pending task that got at least the minimum starts there; a
+    running task below it makes no progress this slot. What the description leaves open and we
+    chose: "at or below" the median (strictly below, no task qualifies while all have the same
+    service, as on an idle server), the pending tasks among the candidates, the cores in turn."""
+
+    def schedule(env: PaperEnv) -> None:
+        for i in range(env.agents):
+            running = sorted(env.running[i].values(), key=lambda t: (t.start, t.id))
+            for task in running:
+                env.set_alloc(task, np.zeros(2, int))
+            candidates = running + list(env.pending(i))
+            if not candidates:
+                continue
+            median = float(np.median([t.attained for t in candidates]))
+            alloc = {t.id: np.zeros(2, int) for t in candidates}
+            eligible = [t for t in candidates if t.attained <= median + 1e-9]
+            for _ in range(int(env.free[i][1])):
+                take = next((t for t in eligible if alloc[t.id][1] < LEVELS[-1]), None)
+                if take is None:
+                    break
+                alloc[take.id][1] += 1
+            holders = [t for t in candidates if alloc[t.id][1] > 0]
+            cores = int(env.free[i][0])
+            while cores and any(alloc[t.id][0] < LEVELS[-1] for t in holders):
+                for t in holders:
+                    if cores and alloc[t.id][0] < LEVELS[-1]:
+                        alloc[t.id][0] += 1
+                        cores -= 1
+            for task in candidates:
+                if task.agent == i:
+                    env.set_alloc(task, alloc[task.id])
+                elif (alloc[task.id] >= MINIMUM).all():
+                    env.start(i, task, alloc[task.id])
+
+    return schedule
+
+
 def run(env: PaperEnv, schedule: Scheduler, max_slots: int = 100_000) -> float:
     """Average JCT (slots) of one episode."""
     while not env.done and env.time < max_slots:
@@ -377,6 +425,7 @@ def run(env: PaperEnv, schedule: Scheduler, max_slots: int = 100_000) -> float:
 
 BASELINES: dict[str, Callable[[int], Scheduler]] = {  # name -> scheduler of seed s
     "las": lambda s: tiresias_policy(),
+    "tiresias-paper": lambda s: tiresias_paper_policy(),
     "optimus": lambda s: optimus_policy(),
     "random": lambda s: random_policy(False, s),
     "min": lambda s: random_policy(True, s),
@@ -386,17 +435,27 @@ BASELINES: dict[str, Callable[[int], Scheduler]] = {  # name -> scheduler of see
 
 def compare(
     net: TapFingerNet,
-    seeds: int,
+    episodes: int,
     setting: PaperSetting = PaperSetting(),
     progress: Callable[[str], None] = lambda _: None,
+    others: dict[str, TapFingerNet] | None = None,
 ) -> dict[str, list[float]]:
-    """Average JCT of TapFinger and of the `BASELINES` per seed (episodes 1000 + seed: never
-    trained on)."""
-    policies = {"tapfinger": lambda s: tapfinger(net)} | BASELINES
+    """Average JCT per episode (episodes 1000, 1001, ...: never trained on) of TapFinger, greedy
+    (the likeliest slot and cell) and sampled (seeded by the episode), of the `BASELINES`, and
+    of `others` (name: network, e.g. an earlier checkpoint's) as "tapfinger@name", greedy and
+    sampled."""
+    nets = {"tapfinger": net} | {f"tapfinger@{k}": v for k, v in (others or {}).items()}
+    policies: dict[str, Callable[[int], Scheduler]] = {}
+    for name, n in nets.items():
+        policies[name] = lambda s, n=n: tapfinger(n)
+        policies[f"{name}-sampled"] = lambda s, n=n: tapfinger(
+            n, greedy=False, rng=np.random.default_rng(s)
+        )
+    policies |= BASELINES
     out: dict[str, list[float]] = {}
     for name, make in policies.items():
         out[name] = []
-        for s in range(seeds):
-            progress(f"paper-like setting: {name}, seed {s + 1}/{seeds}")
+        for s in range(episodes):
+            progress(f"paper-like setting: {name}, episode {s + 1}/{episodes}")
             out[name].append(run(PaperEnv(setting, 1000 + s), make(s)))
     return out

@@ -39,9 +39,10 @@ def flags(base: object, prefix: str = "") -> list[str]:
         (train_ppo.main, [PPOConfig(), EnvConfig()]),
         (ces.main, [ces.CesEadeConfig()]),
         (lambda argv: eade_parse(argv), [ExperimentConfig()]),
-        (train_tapfinger.main, [Hyper()]),
+        (lambda argv: train_tapfinger.main(["paper", *argv]), [Hyper()]),
+        (lambda argv: train_tapfinger.main(["ces", *argv]), [Hyper()]),
     ],
-    ids=["train_ppo", "eade.ces", "eade", "train_tapfinger"],
+    ids=["train_ppo", "eade.ces", "eade", "train_tapfinger paper", "train_tapfinger ces"],
 )
 def test_every_field_of_every_config_with_a_cli_is_a_flag(main, configs, capsys):
     with pytest.raises(SystemExit) as e:

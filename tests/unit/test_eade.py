@@ -30,6 +30,7 @@ from scheduler.eade.agents import (
     save_acting,
 )
 from scheduler.eade.env import (
+    SETTINGS,
     Layout,
     MultiCluster,
     MultiClusterEnv,
@@ -42,19 +43,24 @@ from scheduler.eade.env import (
     load_variance,
 )
 from scheduler.eade.experiment import (
-    REFERENCE,
+    REFERENCES,
     ExperimentConfig,
     agent_chooser,
+    checkpoint_path,
+    curves_of,
     evaluate_all,
+    table,
     train_all,
 )
 from scheduler.eade.heuristics import (
+    aggregate_expert,
     bestfit,
     expert,
     greedy,
     random_choice,
     run_episode,
     utilization,
+    worstfit_gpu,
 )
 from scheduler.instances import random_instance
 from scheduler.model import CannotPlace, check_decision
@@ -206,9 +212,14 @@ def test_heuristics_choose_among_aggregate_fits_by_their_rule_and_wait_otherwise
     assert utilization(env, rng) == 2  # free shares most proportional to the request
     assert {random_choice(env, np.random.default_rng(s)) for s in range(40)} == {0, 1, 2}
     assert expert(env, rng) == 1  # asks the clusters; the fuller one that can host
+    assert aggregate_expert(env, rng) == 0  # the paper's: judges by the aggregate, fooled too
+    assert worstfit_gpu(env, rng) == 2  # the most free GPU memory and cores
     assert env.choose(greedy(env, rng))[4]["outcome"] == "failed"
-    for rule in (greedy, bestfit, utilization, random_choice, expert):
+    assert (env.tally.failed_fragmented, env.tally.failed_aggregate) == (1, 0)
+    for rule in (greedy, bestfit, utilization, random_choice, expert, aggregate_expert):
         assert rule(env, rng) == TINY.wait  # 500 cores fit nowhere
+    env.choose(1)  # its aggregate does not cover 500 cores: the view showed it infeasible
+    assert (env.tally.failed_fragmented, env.tally.failed_aggregate, env.tally.failed) == (1, 1, 2)
 
 
 def test_utilization_prefers_free_resources_in_the_task_proportions():
@@ -230,6 +241,60 @@ def test_the_expert_deploys_on_the_best_scoring_cluster_that_can_host_and_never_
         TINY.shapes.sample(np.random.default_rng(3), TINY.tasks, 8.0),
     )
     assert m["failed"] == 0 and m["waited_wrong"] == 0 and m["N"] == TINY.tasks
+
+
+def test_the_member_expert_is_the_policy_that_greedily_maximises_the_reward():
+    import copy
+
+    env = MultiClusterEnv(layout(), TINY)
+    env.reset(options={"tasks": TINY.shapes.sample(np.random.default_rng(4), TINY.tasks, 8.0)})
+    rng, done = np.random.default_rng(0), False
+    while not done:
+        rewards = [copy.deepcopy(env).choose(a)[1] for a in range(TINY.wait + 1)]
+        choice = expert(env, rng)
+        assert rewards[choice] == max(rewards)
+        _, _, done, _, _ = env.choose(choice)
+
+
+# --- settings -------------------------------------------------------------------------------------
+def test_the_faithful_setting_mixes_card_counts_and_keeps_the_trace_tails():
+    machines = [Machine(f"p{i}", "P100", 64, 512, 2) for i in range(40)] + [
+        Machine(f"v{i}", "V100", 96, 384, 8) for i in range(40)
+    ]
+    faithful = SETTINGS["faithful"]
+    setting = replace(faithful, clusters=4, hosts=4, eight_card_share=0.25)
+    lay = build_layout(machines, np.random.default_rng(0), setting)
+    cards = (lay.card_cap[:, :, 1] > 0).sum(axis=1)
+    assert sorted(cards.tolist()) == [2] * 12 + [8] * 4
+    assert lay.card_cap.shape[1] == 8 and cards[:4].tolist() != [8] * 4  # placed at random
+    ours = build_layout(machines, np.random.default_rng(0), replace(setting, eight_card_share=0))
+    assert (ours.card_cap[:, :, 1] > 0).sum() == 32  # ours: the 2-card rows only
+    t = faithful.shapes.sample(np.random.default_rng(1), 40_000, 8.0)
+    assert abs((t[:, 0] > 60).mean() - 8 / 100) < 0.01 and t[:, 0].max() <= 96
+    assert abs((t[:, 1] > 300).mean() - 7 / 100) < 0.01 and t[:, 1].max() <= 512
+    assert faithful.expert == "aggregate" and SETTINGS["ours"].expert == "member"
+
+
+def test_a_fixed_stream_is_deployed_at_every_reset():
+    stream = TINY.shapes.sample(np.random.default_rng(2), TINY.tasks, 8.0)
+    env = MultiClusterEnv(layout(), TINY, stream)
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        assert np.array_equal(env.tasks, stream)
+    fresh = MultiClusterEnv(layout(), TINY)
+    fresh.reset(seed=0)
+    assert not np.array_equal(fresh.tasks, stream)
+    names = {
+        (s, f): ExperimentConfig(setting=s, fixed_stream=f).variant
+        for s in ("ours", "faithful")
+        for f in (False, True)
+    }
+    assert names == {
+        ("ours", False): "",
+        ("ours", True): "fixed",
+        ("faithful", True): "faithful",
+        ("faithful", False): "faithful-streams",
+    }
 
 
 # --- EADE's parts ---------------------------------------------------------------------------------
@@ -308,12 +373,13 @@ def test_smoke_experiment_trains_saves_and_evaluates_every_algorithm(tmp_path, m
     small = AgentConfig(batch=16, learning_starts=20, expert_episodes=1, buffer=1000)
     monkeypatch.setattr(experiment, "AgentConfig", lambda: small)
     cfg = ExperimentConfig(seeds=1, episodes=1, eval_episodes=1, curve_every=1, curve_streams=1)
-    curves = train_all(cfg, small, lambda s: layout(), TINY, tmp_path)
+    assert train_all(cfg, small, lambda s: layout(), TINY, tmp_path)
+    curves = curves_of(cfg, tmp_path)
     assert set(curves) == set(ALGORITHMS)
     assert all(rows[0][0]["episode"] == 1 and "val_N" in rows[0][0] for rows in curves.values())
     doc = evaluate_all(cfg, lambda s: layout(), TINY, tmp_path)
-    assert set(doc["algorithms"]) == set(cfg.algorithms) | {REFERENCE}
-    assert doc["algorithms"][REFERENCE]["N"]["mean"] == TINY.tasks
+    assert set(doc["algorithms"]) == set(cfg.algorithms) | set(REFERENCES)
+    assert doc["algorithms"]["Expert"]["N"]["mean"] == TINY.tasks
     assert all(0 < r["N"]["mean"] <= TINY.tasks for r in doc["algorithms"].values())
     assert doc["training"]["EADE-DDPG"]["cpu_s"]["mean"] > 0
     # The evaluation is a pure function of the checkpoints and the seed.
@@ -321,6 +387,50 @@ def test_smoke_experiment_trains_saves_and_evaluates_every_algorithm(tmp_path, m
     assert again["per_seed"] == doc["per_seed"]
     model = load_acting(tmp_path / "ddpg_seed0.pt", MultiClusterEnv(layout(), TINY))[1]
     assert 0 <= agent_chooser(model)(env_with([[1, 1, 1, 1]])) <= TINY.wait
+
+
+@pytest.mark.parametrize("name", ["EADE-DDPG", "PPO"])
+def test_a_stopped_training_resumes_from_its_state_and_the_fixed_stream_is_evaluated(
+    tmp_path, name
+):
+    small = AgentConfig(batch=16, learning_starts=20, expert_episodes=1, buffer=1000)
+    cfg = ExperimentConfig(
+        seeds=1,
+        episodes=3,
+        eval_episodes=1,
+        curve_every=1,
+        algorithms=(name, "Random"),
+        fixed_stream=True,
+        checkpoint_every=1,
+    )
+    args = (cfg, small, lambda s: layout(), TINY, tmp_path / "ck", lambda w, u: None)
+    states = tmp_path / "states"
+    assert not train_all(*args, states, False, 0.0)  # stops after its first episode
+    meta = torch.load(checkpoint_path(tmp_path / "ck", name, 0), weights_only=True)["meta"]
+    assert (meta["episodes"], meta["planned"]) == (1, 3)
+    assert train_all(*args, states, True)
+    meta = torch.load(checkpoint_path(tmp_path / "ck", name, 0), weights_only=True)["meta"]
+    assert meta["episodes"] == 3 and [r["episode"] for r in meta["curve"]] == [1, 2, 3]
+    assert all(len(r) > 3 for r in meta["curve"])  # validated every episode, resumed or not
+    assert train_all(*args, states, True)  # done: kept as it is
+    doc = evaluate_all(cfg, lambda s: layout(), TINY, tmp_path / "ck")
+    assert set(doc["held_out"]) == set(doc["algorithms"])
+    assert doc["training"][name]["episodes"] == 3
+    assert "N held-out" in table(doc) and "3 training episodes" in table(doc)
+
+
+def test_diagnostics_run_every_rule_on_every_setting(monkeypatch):
+    import scheduler.eade.experiment as experiment
+
+    monkeypatch.setattr(
+        experiment, "DIAGNOSED", {"tiny": TINY, "tiny, fewer": replace(TINY, tasks=10)}
+    )
+    doc = experiment.diagnose(1, 1, lambda setting, seed: layout())
+    assert set(doc["settings"]) == {"tiny", "tiny, fewer"}
+    rows = doc["settings"]["tiny"]["algorithms"]
+    assert set(rows) == {*experiment.HEURISTICS, *REFERENCES}
+    assert rows["Expert"]["N"]["mean"] == TINY.tasks
+    assert "failed_aggregate" in rows["Greedy"] and doc["paper_table6"]["Random"]
 
 
 def test_cli_rejects_bad_input_with_one_line_and_status_2(tmp_path, capsys):

@@ -1,9 +1,13 @@
 """TapFinger (seed 002): allocation masks checked by hand (its own grid and CES's), the Bayes
 arbiter's posterior on a tiny case, losers left out of the loss, its own setting and baselines,
 the CES policy in the simulator (every job it admits passes the masks on an idle cluster, where
-the agents start one), the training command (smoke) and its checkpoint."""
+the agents start one), the paper's Tiresias by hand, the training command (smoke), resuming a
+stopped training and the checkpoint."""
 
 from __future__ import annotations
+
+import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +22,7 @@ from scheduler.model import CannotPlace, Cluster, Resources, Task
 from scheduler.rounds import JobState, Round
 from scheduler.simulator import Simulator
 from scheduler.tapfinger import mappo, paper, policy
-from scheduler.tapfinger.net import Obs, act, allocation_mask, arbitrate, posterior
+from scheduler.tapfinger.net import Obs, act, allocation_mask, arbitrate, load, posterior
 from topologies import load_topology, parse_topology
 
 
@@ -83,10 +87,19 @@ def test_a_conflict_has_one_winner_and_the_losers_log_probabilities_leave_the_lo
     assert base.item() != pytest.approx(changed.item())  # the winner's does
 
 
+TINY_PAPER = replace(
+    mappo.DEFAULTS["paper"],
+    paper_tasks=12,
+    validate_every=1,
+    validation_episodes=1,
+    episodes_per_update=1,
+    epochs=1,
+    episodes=2,
+    checkpoint_every=1,
+)
+
+
 def test_training_keeps_the_weights_that_validated_best():
-    hp = mappo.Hyper(paper_tasks=12, validate_every=1, episodes_per_update=1, epochs=1)
-    net = mappo.build(paper.DIMS, paper.GRID, hp)
-    rng = np.random.default_rng(0)
     scores, seen = iter([5.0, 3.0, 9.0]), []  # before training, after episode 1, after 2
 
     def validate(n, _hp):
@@ -94,11 +107,48 @@ def test_training_keeps_the_weights_that_validated_best():
         seen.append({k: v.clone() for k, v in n.state_dict().items()})
         return next(scores)
 
-    summary = mappo.train(net, mappo.paper_episodes(net, hp, rng), 2, hp, lambda _: None, validate)
+    training = mappo.Training("paper", TINY_PAPER, validate)
+    assert training.run(lambda _: None)
+    summary = training.summary()
     assert summary["kept_after_episodes"] == 1 and summary["validation"] == 3.0
-    final = net.state_dict()
+    final = training.best_net().state_dict()
     assert all(torch.equal(final[k], seen[1][k]) for k in final)
     assert any(not torch.equal(seen[1][k], seen[2][k]) for k in final)  # episode 2 did train
+
+
+def test_a_training_stopped_and_resumed_goes_on_as_if_it_had_not_stopped():
+    hp = replace(TINY_PAPER, episodes=3, validate_every=2, checkpoint_every=2)
+    whole = mappo.Training("paper", hp)
+    saves = []
+    assert whole.run(lambda _: None, save=lambda t: saves.append(t.done))
+    assert saves == [2, 3]  # every checkpoint_every episodes, and at the end
+    first = mappo.Training("paper", hp)
+    states = []
+    assert not first.run(lambda _: None, stop_after_s=0.0, save=lambda t: states.append(t.state()))
+    assert first.done == 1 and len(states) == 1
+    again = mappo.Training("paper", hp)
+    again.restore(pickle.loads(pickle.dumps(states[-1])))  # as torch.save/load would
+    assert again.run(lambda _: None)
+    for a, b in ((whole.net, again.net), (whole.best_net(), again.best_net())):
+        assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    assert whole.history == again.history and whole.best[:2] == again.best[:2]
+    with pytest.raises(ValueError, match="lr"):
+        mappo.Training("paper", replace(hp, lr=1e-3)).restore(states[-1])
+    longer = mappo.Training("paper", replace(hp, episodes=4))
+    longer.restore(states[-1])  # more episodes than planned: allowed
+    assert longer.run(lambda _: None) and longer.done == 4
+
+
+def test_agent_ids_tell_identical_servers_apart():
+    obs = two_agents_one_task()
+    dims = {"server": 2, "task": 2, "running": 2, "central": 1}
+    for agents, differ in ((0, False), (6, True)):
+        torch.manual_seed(0)
+        net = mappo.TapFingerNet(dims, 3, agents=agents)
+        assert net.inp["server"].in_features == 2 + agents
+        _, alloc, value, _ = net([obs])
+        assert (not torch.allclose(alloc[0], alloc[1])) == differ
+        assert (not torch.allclose(value[0], value[1])) == differ
 
 
 def test_speed_functions_and_the_baselines_in_the_paper_setting():
@@ -114,6 +164,39 @@ def test_speed_functions_and_the_baselines_in_the_paper_setting():
         jct = paper.run(env, schedule)
         assert env.done and len(env.jct) == 30 and jct >= 1.0
         assert (env.free == env.cap).all()
+
+
+def test_the_papers_tiresias_starts_from_nothing_and_serves_the_least_attained_first():
+    env = paper.PaperEnv(paper.PaperSetting(capacities=((8, 20),), tasks=0), seed=0)
+    old, new, young = (paper.Task(i, 1, 0, (0,)) for i in range(3))
+    env.waiting[0] += [old, new, young]
+    env.start(0, old, np.array([2, 4]))
+    env.start(0, new, np.array([2, 4]))
+    old.attained, new.attained, old.start, new.start = 40.0, 0.0, 0, 3  # young: pending
+    paper.tiresias_paper_policy()(env)
+    # median attained 0: the old task (40) gets nothing; the earliest-started of the others
+    # (the running `new`, then the pending `young`) takes GPUs up to 16, the next the rest; the
+    # 8 cores go to the GPU holders in turn
+    assert old.alloc.tolist() == [0, 0] and new.alloc.tolist() == [4, 16]
+    assert young.agent == 0 and young.alloc.tolist() == [4, 4]
+    assert paper.speed(old.kind, old.alloc, 0.0) == 0.0  # starves this slot
+    assert (env.free == 0).all()
+
+
+def test_tapfinger_is_evaluated_greedy_and_sampled_beside_every_baseline():
+    torch.manual_seed(0)
+    net = mappo.build(paper.DIMS, paper.GRID, mappo.Hyper())
+    jct = paper.compare(net, 2, paper.PaperSetting(tasks=20), others={"old": net})
+    assert set(jct) == {
+        "tapfinger",
+        "tapfinger-sampled",
+        "tapfinger@old",
+        "tapfinger@old-sampled",
+        *paper.BASELINES,
+    }
+    assert "tiresias-paper" in jct and all(len(v) == 2 for v in jct.values())
+    assert jct["tapfinger@old-sampled"] == jct["tapfinger-sampled"]  # seeded by the episode
+    assert jct["tapfinger"] == paper.compare(net, 2, paper.PaperSetting(tasks=20))["tapfinger"]
 
 
 def cluster_of(cpus: list[float], mem_mb: int = 1024, bw: float = 100.0) -> Cluster:
@@ -174,12 +257,29 @@ def test_the_ces_policy_runs_in_the_simulator_and_grants_what_it_chose():
 
 
 def test_the_training_command_writes_a_checkpoint_the_policy_loads(tmp_path, capsys):
-    out = tmp_path / "tf.pt"
-    assert train_tapfinger.main(["--smoke", "--out", str(out)]) == 0
+    out, state = tmp_path / "tf.pt", tmp_path / "ces.state.pt"
+    argv = ["--smoke", "--out", str(out), "--state", str(state)]
+    assert train_tapfinger.main(["ces", *argv]) == 0
     loaded = policy.TapFinger.load(make_algorithm("first-fit"), out)
     assert isinstance(loaded.net, torch.nn.Module) and not loaded.greedy
-    assert train_tapfinger.main(["--out", str(tmp_path / "no" / "tf.pt")]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --out")
+    ces = torch.load(out, weights_only=True)["ces"]["state"]
+    paper_argv = ["--smoke", "--out", str(out), "--state", str(tmp_path / "paper.state.pt")]
+    assert train_tapfinger.main(["paper", *paper_argv, "--stop-after-s", "0"]) == 0
+    saved = torch.load(out, weights_only=True)
+    assert saved["paper"]["training"]["episodes"] == 1 < saved["paper"]["training"]["of"]
+    assert saved["paper"]["shape"]["agents"] == 6 and saved["paper"]["hyper"]["gamma"] == 1.0
+    assert all(torch.equal(ces[k], saved["ces"]["state"][k]) for k in ces)  # the other part kept
+    assert train_tapfinger.main(["paper", *paper_argv, "--resume"]) == 0
+    assert torch.load(out, weights_only=True)["paper"]["training"]["episodes"] == 2
+    load(out, "paper", paper.DIMS, paper.GRID)  # the benchmark's loader takes the agent ids
+    capsys.readouterr()
+    for argv, message in (
+        (["ces", "--out", str(tmp_path / "no" / "tf.pt")], "error: --out"),
+        (["ces", "--resume", "--state", str(tmp_path / "none.pt")], "error: --resume: no"),
+        (["paper", *paper_argv, "--resume", "--lr", "0.5"], "error: --resume: the saved"),
+    ):
+        assert train_tapfinger.main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(message)
     with pytest.raises(FileNotFoundError, match="train_tapfinger"):
         policy.TapFinger.load(make_algorithm("first-fit"), tmp_path / "none.pt")
 
