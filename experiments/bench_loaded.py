@@ -43,8 +43,8 @@ from pathlib import Path
 from scipy.stats import spearmanr
 
 from experiments.common import REPO, RESULTS
-from experiments.report import TARGET_PARTS, per_run, read_results
-from experiments.stats import paired_ratio
+from experiments.report import TARGET_PARTS, per_run, read_results, settle
+from experiments.stats import Ratio, paired_ratio
 
 SCENARIO = REPO / "experiments" / "scenarios" / "loaded.yaml"
 RUN = [sys.executable, str(REPO / "experiments" / "run.py"), "--scenario", str(SCENARIO)]
@@ -277,7 +277,8 @@ def markdown(records: list[dict], s: dict) -> str:
     for name, p in s.get("paired", {}).items():
         lines.append(
             f"- Paired by draw, CES-PPO / {name.split(' vs ')[1]}, {name.split(' vs ')[0]}: "
-            f"{p['text']} (target < {TARGET_PARTS:g}: **{p['verdict']}**)."
+            f"{p['text']} (target < {TARGET_PARTS:g}: **{p['verdict']}**"
+            f"{settle(Ratio(p['ratio'], p['low'], p['high'], p['n']), TARGET_PARTS, p['verdict'], 'draws')})."
         )
     lines.append(
         f"- Where they differ, the model predicted {f(s['predicted_ratio'], 3)} "

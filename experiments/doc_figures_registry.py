@@ -120,12 +120,136 @@ def _n(name: str, key: str = "N", stat: str = "mean") -> tuple:
     return ("algorithms", name, key, stat)
 
 
+EADE_DIAG = "results/eade/diagnostics.json"
+RULES = ("BestFit", "Greedy", "Random", "Utilization", "WorstFit-GPU", "Expert", "Expert-aggregate")
+UTIL = (
+    ("gpu_mem_gb", "GPU memory"),
+    ("gpu_core", "GPU core"),
+    ("cpu", "CPU"),
+    ("mem_gb", "memory"),
+)
+
+
+def _eade_diagnostics(doc: dict) -> str:
+    """N ± sd and the failures split (aggregate-infeasible / fragmentation) of every rule that
+    needs no training, per setting (results/eade/diagnostics.json)."""
+    settings = doc["settings"]
+
+    def cell(m: dict) -> str:
+        return (
+            f"{pm(m['N'], 1)} ({m['failed_aggregate']['mean']:.1f} / "
+            f"{m['failed_fragmented']['mean']:.1f})"
+        )
+
+    rows = [
+        (name, doc["paper"].get(name, {}).get("N", "—"))
+        + tuple(cell(settings[label]["algorithms"][name]) for label in settings)
+        for name in RULES
+    ]
+    return md_table(("rule", "paper N", *settings), rows)
+
+
+def _eade_table6(doc: dict) -> str:
+    """Random's utilisation per resource (mean / std over clusters) in each setting beside the
+    paper's Table 6."""
+    rows = [
+        ("paper (Table 6)",)
+        + tuple(
+            f"{doc['paper_table6']['Random'][f'util_{r}_mean']:.2f} / "
+            f"{doc['paper_table6']['Random'][f'util_{r}_std']:.2f}"
+            for r, _ in UTIL
+        )
+    ]
+    for label, part in doc["settings"].items():
+        m = part["algorithms"]["Random"]
+        rows.append(
+            (label,)
+            + tuple(
+                f"{m[f'util_{r}_mean']['mean']:.2f} / {m[f'util_{r}_std']['mean']:.2f}"
+                for r, _ in UTIL
+            )
+        )
+    return md_table(("Random's utilisation: mean / std over clusters", *(n for _, n in UTIL)), rows)
+
+
 EADE_TABLES = [
     Table("eade-training-cost", EADE, (EADE_RESULTS,), _eade_training_cost),
     Table("eade-paper", EADE, ("results/eade/results.md",), lambda md: md),
     Table("eade-ces", EADE, (EADE_CES,), _eade_ces),
+    Table("eade-diagnostics", EADE, (EADE_DIAG,), _eade_diagnostics),
+    Table("eade-table6", EADE, (EADE_DIAG,), _eade_table6),
 ]
+
+
+def _diag(setting: str, rule: str, key: str = "N", stat: str = "mean") -> tuple:
+    return ("settings", setting, "algorithms", rule, key, stat)
+
+
 EADE_QUOTES: list[Quote] = [
+    Q(
+        EADE,
+        EADE_DIAG,
+        "it places {a:.1f} ± {asd:.1f} against Random's {r:.1f} ± {rsd:.1f} in our setting and "
+        "{fa:.1f} ± {fasd:.1f} against {fr:.1f} ± {frsd:.1f} in the faithful one, every one of its "
+        "failures {frag}",
+        a=_diag("ours", "Expert-aggregate"),
+        asd=_diag("ours", "Expert-aggregate", stat="std"),
+        r=_diag("ours", "Random"),
+        rsd=_diag("ours", "Random", stat="std"),
+        fa=_diag("faithful", "Expert-aggregate"),
+        fasd=_diag("faithful", "Expert-aggregate", stat="std"),
+        fr=_diag("faithful", "Random"),
+        frsd=_diag("faithful", "Random", stat="std"),
+        frag=lambda d: (
+            "a fragmented cluster"
+            if all(
+                p["algorithms"]["Expert-aggregate"]["failed_aggregate"]["mean"] == 0
+                for p in d["settings"].values()
+            )
+            else "NOT all fragmentation"
+        ),
+    ),
+    Q(
+        EADE,
+        EADE_DIAG,
+        "The reward's greedy maximiser, seeing what the agent sees, is below Random in {every} "
+        "setting measured",
+        every=lambda d: (
+            "every"
+            if all(
+                at(p, "algorithms", "Expert-aggregate", "N", "mean")
+                < at(p, "algorithms", "Random", "N", "mean")
+                for p in d["settings"].values()
+            )
+            else "NOT every"
+        ),
+    ),
+    Q(
+        EADE,
+        EADE_DIAG,
+        "The heuristics never choose an aggregate-infeasible cluster{never}",
+        never=lambda d: (
+            ""
+            if all(
+                p["algorithms"][r]["failed_aggregate"]["mean"] == 0
+                for p in d["settings"].values()
+                for r in RULES
+            )
+            else " (NOT TRUE)"
+        ),
+    ),
+    Q(
+        EADE,
+        EADE_DIAG,
+        "WorstFit-GPU, which spreads the GPU alone, places {w:.1f} ± {wsd:.1f} in our setting, the "
+        "most of the rules that see the aggregate only (Utilization {u:.1f}), and {fw:.1f} ± "
+        "{fwsd:.1f} in the faithful one",
+        w=_diag("ours", "WorstFit-GPU"),
+        wsd=_diag("ours", "WorstFit-GPU", stat="std"),
+        u=_diag("ours", "Utilization"),
+        fw=_diag("faithful", "WorstFit-GPU"),
+        fwsd=_diag("faithful", "WorstFit-GPU", stat="std"),
+    ),
     Q(
         EADE,
         EADE_RESULTS,
@@ -1011,9 +1135,10 @@ PPO_QUOTES = [
     Q(
         PPO,
         "results/e2e/contention-ring/summary.md",
-        "(results/e2e/contention-ring/summary.md: mean TTA {c} s against {n};",
+        "(results/e2e/contention-ring/summary.md: mean TTA {c} s against {n} for "
+        "network-aware/ces, mean ± sd over its faithful runs, time-dilated;",
         c=lambda md: comparison_cell(md, "ces-ppo", 2),
-        n=lambda md: comparison_cell(md, "network-aware", 2),
+        n=lambda md: comparison_cell(md, "network-aware/ces", 2),
     ),
 ]
 LOADED_GAIN = ("topozoo/Abilene", "sndlib/atlanta", "sndlib/polska")
@@ -1336,13 +1461,16 @@ LAB_QUOTES = [
 ]
 
 
-# --- docs/e2e.md, ready for when it is rewritten (not registered: UNCHECKED_DOCS) ----------------
+# --- docs/e2e.md ---------------------------------------------------------------------------------
 E2E = "docs/e2e.md"
 LOADED = "results/e2e/loaded/summary.json"
 
 
 def _loaded_table(doc: dict) -> str:
     """bench_loaded's summary per topology (e2e.md, "On networks other tenants have loaded")."""
+    from experiments import report
+    from experiments.stats import Ratio
+
     s = doc["summary"]
     rows = [
         [
@@ -1365,7 +1493,7 @@ def _loaded_table(doc: dict) -> str:
             f"**{s['mean_jct']['geomean']:.3f}**",
         ]
     )
-    return md_table(
+    table = md_table(
         (
             "topology",
             "draws",
@@ -1376,24 +1504,315 @@ def _loaded_table(doc: dict) -> str:
         ),
         rows,
     )
+    paired = [
+        f"- paired by draw, CES-PPO / {name.split(' vs ')[1]}, {name.split(' vs ')[0]}: "
+        f"{p['text']} — **{p['verdict']}**"
+        f"{report.settle(Ratio(p['ratio'], p['low'], p['high'], p['n']), 0.9, p['verdict'], 'draws')}"
+        " (target < 0.9)"
+        for name, p in s.get("paired", {}).items()
+    ]
+    return table + ("\n" + "\n".join(paired) + "\n" if paired else "")
 
 
-def _comparison_table(md: str) -> str:
-    """An end-to-end summary.md's comparison table, as experiments/report.py wrote it."""
-    part = md.split("## The comparison", 1)[1]
-    lines = [ln for ln in part.splitlines() if ln.startswith("|")]
-    end = next((i for i, ln in enumerate(lines[1:], 1) if ln.startswith("| against")), len(lines))
-    return "\n".join(lines[:end]) + "\n"
+# --- the end-to-end runs: tables made from their results.json as experiments/report.py reads them
+def _mean_ci(xs: list[float], digits: int = 1) -> str:
+    """'mean ± half-width of its 95 % interval' ('mean' with one value)."""
+    from experiments.stats import mean_interval
+
+    if not xs:
+        return "–"
+    mean, half = mean_interval(xs)
+    return f"{mean:.{digits}f}" if half is None else f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
-E2E_READY_TABLES = [
-    Table("e2e-loaded", E2E, (LOADED,), _loaded_table),
-    Table(
-        "e2e-contention-campus",
+def _e2e_schedulers(res: dict) -> str:
+    """Per scheduler, over its faithful runs: its network, mean TTA over the jobs and each job's
+    TTA (unreached at the timeout), mean JCT, and faithful runs of all its runs."""
+    from experiments import report
+
+    timeout = res["scenario"]["timeout_s"]
+    runs = report.per_run(res, timeout)
+    rows_ = report.rows(res)
+    jobs = list(dict.fromkeys(r["job"] for r in rows_))
+    out = []
+    for s in res["schedulers"]:
+        mine = [r for r in rows_ if r["scheduler"] == s]
+        every = [r for r in res["runs"] if r["scheduler"] == s]
+        good = sum(report.faithful(r) for r in every)
+        nets = ", ".join(sorted({r["network"] for r in mine if r.get("network")})) or "–"
+        out.append(
+            [
+                s,
+                nets,
+                _mean_ci([x["mean_tta"] for x in runs.get(s, [])]),
+                *(
+                    _mean_ci([report.tta_censored(r, timeout) for r in mine if r["job"] == j])
+                    for j in jobs
+                ),
+                _mean_ci([x["mean_jct"] for x in runs.get(s, [])]),
+                f"{good}/{len(every)}",
+            ]
+        )
+    return md_table(
+        ["scheduler", "network", "mean TTA s", *jobs, "mean JCT s", "faithful runs"], out
+    )
+
+
+def _e2e_headline(res: dict) -> str:
+    """CES-PPO against the others, paired by seed (report.comparisons)."""
+    from experiments import report
+
+    rows_ = []
+    for c in report.comparisons(res, res["scenario"]["timeout_s"]):
+        blind = report.network_blind_best_effort(c["other"])
+        rows_.append(
+            [
+                f"`{c['other']}`" + (" (network-blind, best-effort)" if blind else ""),
+                f"< {c['target']:g}",
+                c["tta"].text(),
+                f"**{c['verdict']}**{report.settle(c['tta'], c['target'], c['verdict'])}",
+                c["jct"].text() if c["jct"] else "–",
+            ]
+        )
+    return md_table(
+        [
+            "CES-PPO against",
+            "target",
+            "TTA ratio [95 % interval]",
+            "verdict",
+            "JCT ratio [95 % interval]",
+        ],
+        rows_,
+    )
+
+
+def _e2e_fidelity(names: tuple[str, ...], *results: dict) -> str:
+    """Per run set (results/e2e/NAME): scenario, topology, dilation, faithful runs, re-runs, the
+    invariants' medians and extremes, and the host's wall time."""
+    out = []
+    for name, res in zip(names, results, strict=True):
+        runs = res["runs"]
+        v = [r["fidelity"] for r in runs]
+        waits = [x["switch_wait_share"] for x in v if x.get("switch_wait_share") is not None]
+        sat = [x["host_saturated_share"] for x in v if x.get("host_saturated_share") is not None]
+        band = sum(x["binding_in_band"] for x in v), sum(x["binding_flows"] for x in v)
+        out.append(
+            [
+                f"{name} ({len(res['schedulers'])} schedulers)",
+                res["topology"],
+                f"{res['dilation']['factor']:g} ({res['dilation']['chosen']})",
+                f"{sum(x['faithful'] for x in v)}/{len(v)}",
+                sum(r.get("attempt", 1) > 1 for r in runs),
+                f"{100 * statistics.median(waits):.1f} % (max {100 * max(waits):.1f})"
+                if waits
+                else "–",
+                f"{100 * max(sat):.0f} %" if sat else "–",
+                f"{band[0]}/{band[1]}",
+                f"{res['wall_s'] / 60:.1f}",
+            ]
+        )
+    return md_table(
+        [
+            "run set",
+            "topology",
+            "K",
+            "faithful",
+            "re-runs",
+            "switch wait: median",
+            "saturated s: max",
+            "binding flows in band",
+            "wall min",
+        ],
+        out,
+    )
+
+
+def _e2e_invariance(at_k: dict, at_2k: dict) -> str:
+    """Each job's TTA at K and at 2K, per scheduler both ran, mean ± 95 % interval over faithful
+    runs, and whether each mean lies in the other's interval (none with a single run)."""
+    from experiments import report
+    from experiments.stats import mean_interval
+
+    def tta(res: dict) -> dict[tuple[str, str], list[float]]:
+        out: dict[tuple[str, str], list[float]] = {}
+        for r in report.rows(res):
+            out.setdefault((r["scheduler"], r["job"]), []).append(
+                report.tta_censored(r, res["scenario"]["timeout_s"])
+            )
+        return out
+
+    def inside(x: float, xs: list[float]) -> str:
+        mean, half = mean_interval(xs)
+        return "–" if half is None else ("yes" if abs(x - mean) <= half else "**no**")
+
+    a, b = tta(at_k), tta(at_2k)
+    k, k2 = at_k["dilation"]["factor"], at_2k["dilation"]["factor"]
+    out = []
+    for key in sorted(set(a) & set(b), key=lambda x: (at_2k["schedulers"].index(x[0]), x[1])):
+        out.append(
+            [
+                key[0],
+                key[1],
+                f"{_mean_ci(a[key], 2)} ({len(a[key])})",
+                f"{_mean_ci(b[key], 2)} ({len(b[key])})",
+                inside(statistics.fmean(b[key]), a[key]),
+                inside(statistics.fmean(a[key]), b[key]),
+            ]
+        )
+    return md_table(
+        [
+            "scheduler",
+            "job",
+            f"TTA s at K = {k:g} (runs)",
+            f"TTA s at K = {k2:g} (runs)",
+            f"K = {k2:g}'s mean in K = {k:g}'s interval",
+            f"K = {k:g}'s mean in K = {k2:g}'s interval",
+        ],
+        out,
+    )
+
+
+def _e2e(name: str) -> str:
+    return f"results/e2e/{name}/results.json"
+
+
+def _e2e_run_tables(name: str) -> list[Table]:
+    """A run set's per-scheduler table and CES-PPO's comparisons (results/e2e/NAME)."""
+    return [
+        Table(f"e2e-{name}", E2E, (_e2e(name),), _e2e_schedulers),
+        Table(f"e2e-{name}-headline", E2E, (_e2e(name),), _e2e_headline),
+    ]
+
+
+# the run sets docs/e2e.md shows, all made with --dilation auto but the invariance check's 2K
+E2E_CONTENTION = ("default-campus", "contention-campus", "contention-ring")
+E2E_SETS = (*E2E_CONTENTION, "contention-campus-2k", "quick-campus", "reroute-campus")
+
+
+def _same_placements(res: dict, a: str, b: str) -> tuple[int, int]:
+    """(seeds in which schedulers `a` and `b` placed every job on the same nodes, seeds both ran
+    faithfully): a placement is the multiset of its tasks' nodes."""
+    from experiments import report
+
+    def placements(s: str) -> dict[int, dict]:
+        return {
+            r["seed"]: {j["job"]: sorted(j["placement"].values()) for j in r["jobs"]}
+            for r in res["runs"]
+            if r["scheduler"] == s and report.faithful(r)
+        }
+
+    pa, pb = placements(a), placements(b)
+    both = set(pa) & set(pb)
+    return sum(pa[s] == pb[s] for s in both), len(both)
+
+
+def _job_tta(scheduler: str, seed: int, job: str) -> Callable[[dict], float]:
+    from experiments import report
+
+    return lambda res: next(
+        j["tta_s"]
+        for r in res["runs"]
+        if r["scheduler"] == scheduler and r["seed"] == seed and report.faithful(r)
+        for j in r["jobs"]
+        if j["job"] == job
+    )
+
+
+E2E_QUOTES = [
+    Q(
         E2E,
-        ("results/e2e/contention-campus/summary.md",),
-        _comparison_table,
+        _e2e("contention-campus"),
+        "The two take the same placements in {same} of {n} seeds on campus",
+        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
+        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
     ),
+    Q(
+        E2E,
+        _e2e("contention-campus"),
+        "it trained in {s2:.1f} s against {s0:.1f} and {s1:.1f} s on the other seeds' nodes",
+        s2=_job_tta("k8s-spread/ces", 2, "light"),
+        s0=_job_tta("k8s-spread/ces", 0, "light"),
+        s1=_job_tta("k8s-spread/ces", 1, "light"),
+    ),
+]
+
+
+def _reaction(stat: Callable[[list[float]], float]) -> Callable[[dict], float]:
+    from experiments import report
+
+    return lambda res: stat(report.reaction_times(res)["ces-ppo"])
+
+
+def _light_tta(scheduler: str) -> Callable[[dict], float]:
+    from experiments import report
+
+    return lambda res: statistics.fmean(
+        report.tta_censored(r, res["scenario"]["timeout_s"])
+        for r in report.rows(res)
+        if r["scheduler"] == scheduler and r["job"] == "light"
+    )
+
+
+E2E_QUOTES += [
+    Q(
+        E2E,
+        _e2e("reroute-campus"),
+        "moved a job off the tenant's link {mean:.1f} s after the tenant started (the most "
+        "{most:.1f} s, over the {n} faithful runs), and `light` trained in {on:.1f} s against "
+        "{off:.1f} s with its paths kept",
+        mean=_reaction(statistics.fmean),
+        most=_reaction(max),
+        n=_reaction(len),
+        on=_light_tta("ces-ppo"),
+        off=_light_tta("ces-ppo/static"),
+    ),
+]
+E2E_QUOTES += [
+    Q(
+        E2E,
+        _e2e("contention-ring"),
+        "CES-PPO and network-aware with CES's network take the same placements in {same} of {n} "
+        "seeds both ran faithfully",
+        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
+        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
+    ),
+]
+E2E_QUOTES += [
+    Q(
+        E2E,
+        _e2e("default-campus"),
+        "`make run`, set-up done, took {wall:.1f} min at the dilation the budget chose (K = {k:g}) "
+        "for its {runs} runs",
+        wall=lambda d: d["wall_s"] / 60,
+        k=("dilation", "factor"),
+        runs=lambda d: len(d["runs"]),
+    ),
+]
+E2E_QUOTES += [
+    Q(
+        E2E,
+        _e2e("default-campus"),
+        "here the two take the same placements in {same} of {n} seeds",
+        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
+        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
+    ),
+]
+E2E_TABLES = [
+    *(t for name in E2E_CONTENTION for t in _e2e_run_tables(name)),
+    Table("e2e-reroute-campus", E2E, (_e2e("reroute-campus"),), _e2e_schedulers),
+    Table(
+        "e2e-invariance",
+        E2E,
+        (_e2e("contention-campus"), _e2e("contention-campus-2k")),
+        _e2e_invariance,
+    ),
+    Table(
+        "e2e-fidelity",
+        E2E,
+        tuple(_e2e(n) for n in E2E_SETS),
+        lambda *results: _e2e_fidelity(E2E_SETS, *results),
+    ),
+    Table("e2e-loaded", E2E, (LOADED,), _loaded_table),
 ]
 
 
@@ -1406,6 +1825,7 @@ TABLES: list[Table] = [
     *SDN_TABLES,
     *WORK_TABLES,
     *LAB_TABLES,
+    *E2E_TABLES,
 ]
 QUOTES: list[Quote] = [
     *EADE_QUOTES,
@@ -1415,4 +1835,5 @@ QUOTES: list[Quote] = [
     *SDN_QUOTES,
     *WORK_QUOTES,
     *LAB_QUOTES,
+    *E2E_QUOTES,
 ]

@@ -57,7 +57,8 @@ def cpu_stall_us() -> int | None:
 
 
 class HostBusy:
-    """The host's busy share (all cores' non-idle time / cores) in every `window_s` of a run,
+    """The host's busy share (all cores' non-idle time but that of niced processes, which yield
+    it on demand: `busy_seconds`, / cores) in every `window_s` of a run,
     sampled by a thread of its own: how close the host came to running out of CPU, second by
     second (the budget's averages hide the bursts: a ring's iterations start together)."""
 
@@ -76,9 +77,9 @@ class HostBusy:
         self._thread.join()
 
     def _sample(self) -> None:
-        t0, b0 = time.monotonic(), busy_seconds()
+        t0, b0 = time.monotonic(), busy_seconds(niced=False)
         while not self._stop.wait(self.window_s):
-            t1, b1 = time.monotonic(), busy_seconds()
+            t1, b1 = time.monotonic(), busy_seconds(niced=False)
             self.shares.append((b1 - b0) / (t1 - t0) / self.cores)
             t0, b0 = t1, b1
 

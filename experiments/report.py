@@ -31,7 +31,7 @@ from experiments.e2e.fidelity import (
     rate_ratios,
     ring_bottleneck,
 )
-from experiments.stats import paired_ratio
+from experiments.stats import Ratio, paired_ratio
 from scheduler import compose
 from scheduler.baselines import algorithm_factory
 
@@ -155,11 +155,11 @@ def network_blind_best_effort(scheduler: str) -> bool:
 
 def reaction_times(results: dict) -> dict[str, list[float]]:
     """Per scheduler: seconds from a background flow's start to the first re-route of a job
-    after it (runtime adjustment)."""
+    after it (runtime adjustment), over the faithful runs."""
     out: dict[str, list[float]] = {}
     for run in results.get("runs", []):
         starts = list(run.get("background_started_at", {}).values())
-        if not starts:
+        if not starts or not faithful(run):
             continue
         first = min(starts)
         after = [
@@ -247,6 +247,15 @@ def comparisons(results: dict, timeout: float) -> list[dict]:
     return out
 
 
+def settle(ratio: Ratio, target: float, verdict: str, unit: str = "seeds") -> str:
+    """' (N seeds would settle it)' for an inconclusive verdict: what settling it costs, in the
+    `unit` the ratio is paired over."""
+    if verdict != "inconclusive":
+        return ""
+    m = ratio.seeds_for_verdict(target)
+    return f" ({m} {unit} would settle it)" if m else f" (more than 100 {unit} to settle it)"
+
+
 def headline(runs: dict[str, list[dict]], results: dict) -> list[str]:
     timeout = results.get("scenario", {}).get("timeout_s", 0.0)
     lines = [
@@ -254,7 +263,8 @@ def headline(runs: dict[str, list[dict]], results: dict) -> list[str]:
         "mean of CES-PPO's mean TTA over jobs / the other's, with its 95 % interval (Student's "
         "t over the seeds' log ratios), and a verdict against the target — `met` when the whole "
         "interval is below it, `missed` when it is wholly above, `inconclusive` when it "
-        "straddles it. Mean JCT over jobs beside it.",
+        "straddles it; for an inconclusive one, the seeds that would settle it at the spread "
+        "and ratio measured. Mean JCT over jobs beside it.",
         "",
         "| against | target | TTA ratio [95 % interval] | verdict | JCT ratio [95 % interval] |",
         "| --- | --- | --- | --- | --- |",
@@ -263,7 +273,8 @@ def headline(runs: dict[str, list[dict]], results: dict) -> list[str]:
         blind = network_blind_best_effort(c["other"])
         lines.append(
             f"| `{c['other']}`{' (best network-blind, best-effort)' if blind else ''} | "
-            f"< {c['target']:g} | {c['tta'].text()} | **{c['verdict']}** | "
+            f"< {c['target']:g} | {c['tta'].text()} | **{c['verdict']}**"
+            f"{settle(c['tta'], c['target'], c['verdict'])} | "
             f"{c['jct'].text() if c['jct'] else '–'} |"
         )
     return [*lines, ""]

@@ -341,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     except image.ImageError as e:
         print(f"error: the worker image: {e}", file=sys.stderr)
         return 1
+    except DockerException as e:  # no engine: `make setup` (scripts/setup.sh) starts it
+        print(
+            f"error: the Docker engine is not reachable ({e}); `make setup` starts it",
+            file=sys.stderr,
+        )
+        return 1
     except EmulationError as e:
         print(f"error: measuring this host's forwarding cost: {e}", file=sys.stderr)
         return 1

@@ -53,6 +53,26 @@ class Ratio:
     def to_json(self) -> dict:
         return {"ratio": self.ratio, "low": self.low, "high": self.high, "n": self.n}
 
+    def seeds_for_verdict(self, target: float, level: float = LEVEL, most: int = 100) -> int | None:
+        """The seeds after which, at the spread of these and the same ratio, the interval would
+        lie wholly on one side of `target` (met or missed): what an inconclusive verdict would
+        cost to settle. None with one seed, a ratio at the target, or more than `most`."""
+        if self.low is None or self.high is None or self.n < 2:
+            return None
+        effect = abs(math.log(target / self.ratio))
+        half = math.log(self.high / self.ratio)
+        if effect == 0:
+            return None
+        sd = half * math.sqrt(self.n) / scipy_stats.t.ppf(0.5 + level / 2, self.n - 1)
+        return next(
+            (
+                m
+                for m in range(2, most + 1)
+                if scipy_stats.t.ppf(0.5 + level / 2, m - 1) * sd / math.sqrt(m) < effect
+            ),
+            None,
+        )
+
 
 def paired_ratio(xs: Sequence[float], ys: Sequence[float], level: float = LEVEL) -> Ratio:
     """X / Y over pairs (xs[i], ys[i]) of positive figures of the same seed."""

@@ -5,15 +5,20 @@ hand-made data with known answers)."""
 from __future__ import annotations
 
 import math
+import os
+import statistics
 import time
+from pathlib import Path
 
 import pytest
+from scipy import stats as scipy_stats
 
 from edge import tc
 from experiments import report, stats
 from experiments.e2e import budget, fidelity
 from protocol.dilation import NONE, Dilation
 from sdn_app.flows import MeterPolicy
+from testbed import hostcost
 from testbed.hostcost import HostCost
 from topologies import parse_topology
 
@@ -105,8 +110,20 @@ def test_workers_never_count_more_than_the_nodes_can_run():
     assert b.workers == 2.0  # a and b hold 2 cores; c is another tenant's
 
 
+def test_the_host_is_busy_but_for_idle_iowait_and_with_it_niced_time(monkeypatch, tmp_path):
+    # /proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 40 20 500 30 5 3 2 7 1\ncpu0 1 2 3\n")
+    monkeypatch.setattr(hostcost, "Path", lambda p: stat if p == "/proc/stat" else Path(p))
+    tick = os.sysconf("SC_CLK_TCK")
+    # guest time is inside user and nice already: not counted twice
+    assert hostcost.busy_seconds() == pytest.approx((100 + 40 + 20 + 5 + 3 + 2) / tick)
+    # a run's verdict leaves out what processes at a positive nice took: they yield it on demand
+    assert hostcost.busy_seconds(niced=False) == pytest.approx((100 + 20 + 5 + 3 + 2) / tick)
+
+
 def test_a_host_whose_fixed_costs_fill_it_fits_nothing():
-    busy = HostCost("k", 2, "user", (10.0,), (0.5,), 1.4, "now")
+    busy = HostCost("k", 2, "user", (10.0,), (0.5,), 1.7, "now")  # idle + fixed > 90 % of 2
     assert budget.budget(LINE, [0.1], [], [], {"a"}, busy).dilation() is None
 
 
@@ -188,6 +205,22 @@ def test_a_verdict_needs_the_whole_interval_on_one_side_of_the_target():
     assert stats.Ratio(0.8, 0.76, 0.85, 5).judge(0.75) == "missed"
     assert stats.Ratio(0.74, 0.6, 0.9, 5).judge(0.75) == "inconclusive"
     assert stats.Ratio(0.5, None, None, 1).judge(0.75) == "inconclusive"
+
+
+def test_the_seeds_an_inconclusive_verdict_needs():
+    # log ratios with sd s over n seeds: the interval is t(n-1) s / sqrt(n) wide either side
+    logs = [math.log(x) for x in (0.78, 0.84, 0.93)]
+    r = stats.paired_ratio([math.exp(v) for v in logs], [1.0] * 3)
+    assert r.judge(0.90) == "inconclusive"
+    m = r.seeds_for_verdict(0.90)
+    assert m is not None and m > 3
+    # as many seeds again with the same spread and ratio give a verdict; one fewer does not
+    sd = statistics.stdev(logs)
+    for n, settled in ((m, True), (m - 1, False)):
+        half = scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+        assert bool(half < abs(math.log(0.90 / r.ratio))) == settled
+    assert stats.Ratio(0.5, None, None, 1).seeds_for_verdict(0.9) is None
+    assert stats.Ratio(0.9, 0.8, 1.0, 3).seeds_for_verdict(0.9) is None  # at the target
 
 
 def results_of(tta: dict[tuple[str, int], float], unfaithful: set = frozenset()) -> dict:

@@ -205,12 +205,14 @@ class AgentUnderTest:
 def agent():
     kernel: dict[int, float] = {}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(edge_network.tc, "link_rate", lambda dev, pid: 1000.0)
-        mp.setattr(edge_network.tc, "destinations", lambda dev, pid: dict(kernel))
+        mp.setattr(edge_network.tc, "link_rate", lambda dev, pid, dilation: 1000.0)
+        mp.setattr(edge_network.tc, "destinations", lambda dev, pid, dilation: dict(kernel))
         mp.setattr(
             edge_network.tc,
             "set_destination",
-            lambda dev, ip, rate, pid: kernel.__setitem__(edge_network.tc.class_minor(ip), rate),
+            lambda dev, ip, rate, pid, dilation: kernel.__setitem__(
+                edge_network.tc.class_minor(ip), rate
+            ),
         )
         mp.setattr(edge_network.tc, "remove_class", lambda dev, minor, pid: kernel.pop(minor))
         compute = SimulatedCompute()

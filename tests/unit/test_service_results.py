@@ -221,7 +221,8 @@ def test_summary_and_csv(tmp_path: Path):
     # heavy 85 s and unfinished (the 100 s timeout), light 10 s; two seeds: a wide interval
     assert (
         "| `k8s-spread` (best network-blind, best-effort) | < 0.75 | 0.440 [0.076, 2.557], 2 "
-        "seeds | **inconclusive** | 0.529 [0.130, 2.156], 2 seeds |" in text
+        "seeds | **inconclusive** (3 seeds would settle it) | 0.529 [0.130, 2.156], 2 seeds |"
+        in text
     )
     # only the ring's flow at its smallest grant (40 of 80/40) is held back by the network
     assert "on the 4 flows their grant holds back" in text
@@ -256,6 +257,8 @@ def test_best_effort_flows_have_no_grant_and_adjustments_are_timed():
         "jobs": [rows.job_row("ces-ppo", 0, "heavy", adjusted, timed_out=False)],
     }
     assert report.reaction_times({"runs": [run]}) == {"ces-ppo": [pytest.approx(2.5)]}
+    unfaithful = {**run, "fidelity": {"faithful": False}}  # re-run: its figures do not count
+    assert report.reaction_times({"runs": [run, unfaithful]}) == {"ces-ppo": [pytest.approx(2.5)]}
     assert report.network_blind_best_effort("k8s-spread")
     assert not report.network_blind_best_effort("k8s-spread/ces")
     assert not report.network_blind_best_effort("ces-multi")
