@@ -250,7 +250,7 @@ def comparisons(results: dict, timeout: float) -> list[dict]:
 def settle(ratio: Ratio, target: float, verdict: str, unit: str = "seeds") -> str:
     """' (N seeds would settle it)' for an inconclusive verdict: what settling it costs, in the
     `unit` the ratio is paired over."""
-    if verdict != "inconclusive":
+    if verdict != "inconclusive" or ratio.n < 2:  # one seed: its text says there is no interval
         return ""
     m = ratio.seeds_for_verdict(target)
     return f" ({m} {unit} would settle it)" if m else f" (more than 100 {unit} to settle it)"
