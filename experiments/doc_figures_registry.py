@@ -1708,25 +1708,6 @@ def _job_tta(scheduler: str, seed: int, job: str) -> Callable[[dict], float]:
     )
 
 
-E2E_QUOTES = [
-    Q(
-        E2E,
-        _e2e("contention-campus"),
-        "The two take the same placements in {same} of {n} seeds on campus",
-        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
-        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
-    ),
-    Q(
-        E2E,
-        _e2e("contention-campus"),
-        "it trained in {s2:.1f} s against {s0:.1f} and {s1:.1f} s on the other seeds' nodes",
-        s2=_job_tta("k8s-spread/ces", 2, "light"),
-        s0=_job_tta("k8s-spread/ces", 0, "light"),
-        s1=_job_tta("k8s-spread/ces", 1, "light"),
-    ),
-]
-
-
 def _reaction(stat: Callable[[list[float]], float]) -> Callable[[dict], float]:
     from experiments import report
 
@@ -1743,7 +1724,22 @@ def _light_tta(scheduler: str) -> Callable[[dict], float]:
     )
 
 
-E2E_QUOTES += [
+E2E_QUOTES = [
+    Q(
+        E2E,
+        _e2e("contention-campus"),
+        "The two take the same placements in {same} of {n} seeds on campus",
+        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
+        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
+    ),
+    Q(
+        E2E,
+        _e2e("contention-campus"),
+        "it trained in {s2:.1f} s against {s0:.1f} and {s1:.1f} s on the other seeds' nodes",
+        s2=_job_tta("k8s-spread/ces", 2, "light"),
+        s0=_job_tta("k8s-spread/ces", 0, "light"),
+        s1=_job_tta("k8s-spread/ces", 1, "light"),
+    ),
     Q(
         E2E,
         _e2e("reroute-campus"),
@@ -1756,8 +1752,6 @@ E2E_QUOTES += [
         on=_light_tta("ces-ppo"),
         off=_light_tta("ces-ppo/static"),
     ),
-]
-E2E_QUOTES += [
     Q(
         E2E,
         _e2e("contention-ring"),
@@ -1766,8 +1760,6 @@ E2E_QUOTES += [
         same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
         n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
     ),
-]
-E2E_QUOTES += [
     Q(
         E2E,
         _e2e("default-campus"),
@@ -1777,8 +1769,6 @@ E2E_QUOTES += [
         k=("dilation", "factor"),
         runs=lambda d: len(d["runs"]),
     ),
-]
-E2E_QUOTES += [
     Q(
         E2E,
         _e2e("default-campus"),
@@ -1786,8 +1776,6 @@ E2E_QUOTES += [
         same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
         n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
     ),
-]
-E2E_QUOTES += [
     Q(
         E2E,
         LOADED,
@@ -1797,6 +1785,8 @@ E2E_QUOTES += [
         r=lambda d: d["summary"]["mean_tta"]["geomean"],
     ),
 ]
+
+
 E2E_TABLES = [
     *(t for name in E2E_CONTENTION for t in _e2e_run_tables(name)),
     Table("e2e-reroute-campus", E2E, (_e2e("reroute-campus"),), _e2e_schedulers),
