@@ -19,6 +19,7 @@ import ast
 import dataclasses
 import inspect
 import io
+import math
 import textwrap
 import tokenize
 import typing
@@ -49,6 +50,13 @@ def add_options(parser: argparse.ArgumentParser, base: Any, prefix: str = "") ->
             help=f"{text} (default: {shown})".lstrip().replace("%", "%%"),
             **_kind(hints[f.name], name),
         )
+
+
+def add_resume_options(parser: argparse.ArgumentParser, resume_help: str, stop_help: str) -> None:
+    """--resume and --stop-after-s: how every long training of the project runs in pieces (it
+    saves its state, stops at its next episode or update after S seconds, and goes on)."""
+    parser.add_argument("--resume", action="store_true", help=resume_help)
+    parser.add_argument("--stop-after-s", type=float, default=math.inf, help=stop_help)
 
 
 def from_args(args: argparse.Namespace, base: Any, prefix: str = "") -> Any:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from .config import add_options, from_args
+from .config import add_options, add_resume_options, from_args
 from .tapfinger import mappo
 from .tapfinger.policy import CHECKPOINT
 
@@ -54,12 +53,8 @@ def parser() -> argparse.ArgumentParser:
             default=None,
             help=f"the training state (default {STATES}/tapfinger-{setting}.state.pt)",
         )
-        p.add_argument("--resume", action="store_true", help="go on from --state")
-        p.add_argument(
-            "--stop-after-s",
-            type=float,
-            default=math.inf,
-            help="stop at the first update after this many seconds of wall time",
+        add_resume_options(
+            p, "go on from --state", "stop at the first update after this many seconds of wall time"
         )
         p.add_argument("--smoke", action="store_true", help="a few short episodes (tests, CI)")
         add_options(p, base)

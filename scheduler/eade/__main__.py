@@ -20,14 +20,13 @@ Bad input: one line on stderr, exit status 2.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..config import add_options, from_args
+from ..config import add_options, add_resume_options, from_args
 from ..jobs import JobError
 from ..trace import MACHINE_TABLE, load_machine_spec
 from .agents import ALGORITHMS, AgentConfig
@@ -74,12 +73,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--out", type=Path, default=None, help=f"default {RESULTS}[/variant]")
     ap.add_argument("--states", type=Path, default=None, help=f"default {STATES}/<variant>")
-    ap.add_argument("--resume", action="store_true", help="go on from the training states")
-    ap.add_argument(
-        "--stop-after-s",
-        type=float,
-        default=math.inf,
-        help="stop training at the next episode after this many seconds (exit status 3)",
+    add_resume_options(
+        ap,
+        "go on from the training states",
+        "stop training at the next episode after this many seconds (exit status 3)",
     )
     add_options(ap, ExperimentConfig())
     try:
