@@ -66,26 +66,48 @@ def weight(cpu: float, v: int) -> int:
 def set_limits(parent: str, cpu: float, mem_mb: int, period: int = PERIOD_US) -> None:
     """Cap everything under `parent` at `cpu` cores and `mem_mb` MiB, and weigh it by its cores
     (`WEIGHT_PER_CORE`) when the host's cores are short (the parent must exist)."""
-    quota = quota_us(cpu, period)
-    mem = int(mem_mb) * 1024 * 1024
-    if version() == 2:
-        (d,) = _dirs(parent)
-        (d / "cpu.max").write_text(f"{quota} {period}")
-        (d / "cpu.weight").write_text(str(weight(cpu, 2)))
-        (d / "memory.max").write_text(str(mem))
-        return
-    cpu_dir, mem_dir = _dirs(parent)
-    # v1 checks every write against the children's quota/period: the quota first when the period
-    # grows, the period first when it shrinks, so that no step lowers the ratio below the target
-    steps = [("cpu.cfs_quota_us", quota), ("cpu.cfs_period_us", period)]
-    if period < int((cpu_dir / "cpu.cfs_period_us").read_text()):
-        steps.reverse()
-    for name, value in steps:
-        (cpu_dir / name).write_text(str(value))
-    (cpu_dir / "cpu.shares").write_text(str(weight(cpu, 1)))
+    v = version()
+    current = PERIOD_US if v == 2 else int((_dirs(parent)[0] / "cpu.cfs_period_us").read_text())
     # v1 refuses a memory limit below current usage of the children; the node is fresh or the
     # caller lowers it deliberately, so let the error surface.
-    (mem_dir / "memory.limit_in_bytes").write_text(str(mem))
+    for path, value in limit_writes(parent, cpu, mem_mb, period, v, current):
+        path.write_text(value)
+
+
+def limit_writes(
+    parent: str,
+    cpu: float,
+    mem_mb: int,
+    period: int = PERIOD_US,
+    v: int = 1,
+    current_period: int = PERIOD_US,
+) -> list[tuple[Path, str]]:
+    """The (file, value) writes of `set_limits` under cgroup version `v`, in their order, for a
+    parent whose CFS period is `current_period` (a fresh one's is the kernel's default): also for
+    a host reached over SSH (`lab.fabric`), whose cgroups sit at the same paths."""
+    quota = quota_us(cpu, period)
+    mem = int(mem_mb) * 1024 * 1024
+    if v == 2:
+        d = ROOT / parent.strip("/")
+        return [
+            (d / "cpu.max", f"{quota} {period}"),
+            (d / "cpu.weight", str(weight(cpu, 2))),
+            (d / "memory.max", str(mem)),
+        ]
+    cpu_dir, mem_dir = (ROOT / h / parent.strip("/") for h in ("cpu", "memory"))
+    # v1 checks every write against the children's quota/period: the quota first when the period
+    # grows, the period first when it shrinks, so that no step lowers the ratio below the target
+    steps = [
+        (cpu_dir / "cpu.cfs_quota_us", str(quota)),
+        (cpu_dir / "cpu.cfs_period_us", str(period)),
+    ]
+    if period < current_period:
+        steps.reverse()
+    return [
+        *steps,
+        (cpu_dir / "cpu.shares", str(weight(cpu, 1))),
+        (mem_dir / "memory.limit_in_bytes", str(mem)),
+    ]
 
 
 def limits(parent: str) -> tuple[float, int]:

@@ -158,17 +158,29 @@ def shape(
 ) -> None:
     """Shape `dev` to `rate_mbps` (+ `delay_ms` where netem exists); replaces any old setup."""
     tc(pid, "qdisc", "del", "dev", dev, "root", check=False)  # `replace` fails on an HTB root
-    _batch(
-        pid,
-        [
-            f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
-            f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb "
-            f"{_htb_args(rate_mbps, dilation)}",
-            f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
-            f"{_htb_args(rate_mbps, dilation)}",
-        ],
-    )
+    _batch(pid, shape_lines(dev, rate_mbps, dilation=dilation)[:3])
     _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add", dilation)
+
+
+def shape_lines(
+    dev: str,
+    rate_mbps: float,
+    delay_ms: float = 0.0,
+    dilation: Dilation = NONE,
+    netem: bool = False,
+) -> list[str]:
+    """`shape` as `tc -batch` lines for a `dev` with no root qdisc yet, its leaf netem where
+    `netem` (the kernel has it) and the link has a delay: for a host reached over SSH, where
+    one `tc -batch` per network namespace shapes every interface of it (`lab.fabric`)."""
+    leaf = f"netem delay {dilation.host_seconds(delay_ms)}ms" if delay_ms > 0 and netem else "pfifo"
+    return [
+        f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
+        f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb "
+        f"{_htb_args(rate_mbps, dilation)}",
+        f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
+        f"{_htb_args(rate_mbps, dilation)}",
+        f"qdisc add dev {dev} parent 1:{DEFAULT_CLASS:x} {leaf} limit {queue_pkts(rate_mbps)}",
+    ]
 
 
 def change(

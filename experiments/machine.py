@@ -84,14 +84,16 @@ class HostBusy:
             t0, b0 = t1, b1
 
     def summary(self, saturated: float) -> dict:
-        """{mean, max, saturated_share: the share of windows with at least `saturated` of the
-        cores busy}; {} before a window ended."""
-        if not self.shares:
-            return {}
-        return {
-            "mean": round(sum(self.shares) / len(self.shares), 3),
-            "max": round(max(self.shares), 3),
-            "saturated_share": round(
-                sum(s >= saturated for s in self.shares) / len(self.shares), 4
-            ),
-        }
+        return busy_summary(self.shares, saturated)
+
+
+def busy_summary(shares: list[float], saturated: float) -> dict:
+    """{mean, max, saturated_share: the share of windows with at least `saturated` of the cores
+    busy} of windows' busy `shares`; {} before a window ended."""
+    if not shares:
+        return {}
+    return {
+        "mean": round(sum(shares) / len(shares), 3),
+        "max": round(max(shares), 3),
+        "saturated_share": round(sum(s >= saturated for s in shares) / len(shares), 4),
+    }

@@ -9,6 +9,8 @@
     python experiments/run.py --quick --hosts lab.yaml --topo lab-topo.yaml --token-file F \\
         --pki DIR
     python experiments/run.py --cleanup --hosts lab.yaml --topo lab-topo.yaml --prefix cesXXXX
+    python experiments/run.py --quick --cluster cluster.yaml --token-file F --pki DIR
+    python experiments/run.py --cleanup --cluster cluster.yaml --prefix cesXXXX
 
 Once: build the testbed (`testbed.Emulation`, switches connected to the SDN app), start the SDN
 app, the Master and one edge agent per compute node (real processes), and the scenario's
@@ -17,7 +19,11 @@ inventory are checked over SSH, the SDN app waits for the lab's switches (config
 to the inventory's `master` address and `openflow_port`), the Master listens there with the
 shared secret (--token-file, default $CES_TOKEN_FILE; required) and the lab's certificates
 (--pki, default $CES_PKI_DIR; mutual TLS, OpenFlow over TLS; or --insecure), and one agent per
-host is deployed over SSH (`lab.deploy`); the background traffic runs in containers on the hosts. Then
+host is deployed over SSH (`lab.deploy`); the background traffic runs in containers on the hosts.
+With `--cluster` (docs/cluster.md) the emulated topology is spread over the cluster file's hosts
+(`lab.fabric`: bridges, node containers and shaped links on each, tunnels between them), its
+budget counting each machine's cores and the capacity crossing hosts, with the SDN app, the
+Master, token and certificates as with `--hosts` and one agent per node on its host. Then
 per scheduler and seed: submit the scenario's jobs to the Master, follow
 them live (jobs, accuracy, link utilisation), collect what the workers measured, and wait until
 the testbed is idle again. Finally tear everything down and write DIR/results.json,
@@ -49,6 +55,12 @@ from rich.console import Console
 
 from experiments import plots, report
 from experiments.e2e.budget import budget
+from experiments.e2e.cluster_stack import (
+    ClusterStack,
+    cleanup_cluster,
+    cluster_dilation,
+    cluster_results,
+)
 from experiments.e2e.display import Display, fmt
 from experiments.e2e.fidelity import HOST_SATURATED, verdict
 from experiments.e2e.lab_stack import HostsRefused, LabStack
@@ -66,6 +78,8 @@ from experiments.e2e.scenario import (
 from experiments.e2e.stack import RunError, Stack, StackBase, usage
 from experiments.machine import HostBusy, cpu_stall_us, machine
 from lab import deploy
+from lab.cluster import Layout, load_cluster
+from lab.fabric import check_cluster
 from lab.inventory import Inventory, InventoryError, load_inventory
 from lab.pki import PKI_ENV, check_lab, unusable
 from master.client import MasterClient
@@ -278,26 +292,33 @@ def build_parser() -> argparse.ArgumentParser:
         "OpenFlow switches instead of the emulation",
     )
     p.add_argument(
+        "--cluster",
+        help="a cluster file (docs/cluster.md): the emulated topology spread over its hosts, "
+        "linked by tunnels",
+    )
+    p.add_argument(
         "--token-file",
         default=default_token_file(),
-        help="with --hosts: the shared secret of the Master and the agents "
+        help="with --hosts/--cluster: the shared secret of the Master and the agents "
         "(default $CES_TOKEN_FILE)",
     )
     p.add_argument(
         "--pki",
         default=os.environ.get(PKI_ENV, ""),
-        help="with --hosts: the lab's certificates (python -m lab certs; default "
+        help="with --hosts/--cluster: the lab's certificates (python -m lab certs; default "
         f"${PKI_ENV}): mutual TLS between the Master, the agents and run.py, OpenFlow over TLS",
     )
     p.add_argument(
         "--insecure",
         action="store_true",
-        help="with --hosts and no --pki: plain HTTP and OpenFlow (the token and jobs in clear)",
+        help="with --hosts/--cluster and no --pki: plain HTTP and OpenFlow (the token and jobs "
+        "in clear)",
     )
     p.add_argument(
         "--accept-new-host-keys",
         action="store_true",
-        help="with --hosts: add unknown host keys to known_hosts (a changed key is always refused)",
+        help="with --hosts/--cluster: add unknown host keys to known_hosts (a changed key is "
+        "always refused)",
     )
     return p
 
@@ -311,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             check_prefix(args.prefix)
         except ValueError as e:
             build_parser().error(str(e))  # exit code 2
+    if args.hosts and args.cluster:
+        build_parser().error("--hosts and --cluster: give one")
+    if args.cluster:
+        return cluster_main(args, console)
     if args.hosts:
         return hosts_main(args, console)
     if os.geteuid() != 0:
@@ -469,6 +494,84 @@ def hosts_main(args: argparse.Namespace, console: Console) -> int:
     )
 
 
+def cluster_main(args: argparse.Namespace, console: Console) -> int:
+    """`--cluster`: every input checked (scenario, cluster file against the topology, token,
+    certificates), then every host (one line each, exit 2), the budget of each machine and of
+    the capacity crossing hosts, then the run over the hosts; or `--cleanup` of a run on every
+    host."""
+    try:
+        if args.cleanup:
+            if not args.prefix:
+                raise ValueError(
+                    "--cleanup --cluster: give the run's --prefix (run.py printed it at bring-up)"
+                )
+            return cleanup_cluster(
+                load_cluster(args.cluster), args.prefix, args.accept_new_host_keys
+            )
+        if not args.token_file:
+            raise ValueError(
+                "--cluster: the Master and the agents need the shared secret: give "
+                "--token-file or set $CES_TOKEN_FILE (docs/cluster.md)"
+            )
+        token = read_token(args.token_file)
+        if not args.pki and not args.insecure:
+            raise ValueError(
+                f"--cluster: give --pki DIR (or ${PKI_ENV}; python -m lab certs --cluster makes "
+                "it) or --insecure (the token and jobs would cross the network in clear)"
+            )
+        p = plan(args)
+        layout = Layout.make(load_cluster(args.cluster), p.topo)
+        pki = Path(args.pki).expanduser() if args.pki else None
+        if pki is not None:
+            bad = unusable(check_lab(pki, layout, p.topo)[1])
+            if bad:
+                raise ValueError(bad[0])
+    except (ScenarioError, TopologyError, JobError, InventoryError, TokenError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for w in p.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    facts, errors = check_cluster(layout, args.accept_new_host_keys)
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    if errors:
+        return 2
+    try:
+        tag = image.ensure()  # copied to the hosts that lack it
+        dilation, chosen = cluster_dilation(
+            p, layout, facts, args.dilation, args.over_budget, console
+        )
+    except ScenarioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (image.ImageError, EmulationError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    prefix = args.prefix or new_prefix()
+    return execute(
+        p,
+        prefix,
+        console,
+        lambda: ClusterStack(
+            p.topo,
+            prefix,
+            p.out,
+            console,
+            layout,
+            facts,
+            args.token_file,
+            token,
+            tag,
+            dilation,
+            pki,
+            args.accept_new_host_keys,
+        ),
+        chosen,
+        max(args.reruns, 0),
+        {"mode": "cluster", "cluster": cluster_results(layout, facts)},
+    )
+
+
 def cleanup_hosts(inv: Inventory, prefix: str, accept_new: bool) -> int:
     """What run `prefix` left on this machine (its SDN app and Master survive run.py's kill -9:
     sessions of their own) and on every host of `inv`."""
@@ -489,10 +592,12 @@ def execute(
     make_stack: Callable[[], StackBase],
     dilation: dict | None = None,
     reruns: int = 0,
+    extra: dict | None = None,
 ) -> int:
     """Bring the stack up, run every scheduler and seed (an unfaithful run again, up to `reruns`
     times: `fidelity.verdict`), tear down, write the results. `dilation`: the choice
-    `choose_dilation` made, recorded."""
+    `choose_dilation` made, recorded; `extra`: more of results.json (a cluster's mode and
+    hosts)."""
     p.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "version": 1,
@@ -514,6 +619,7 @@ def execute(
         **({"dilation": dilation} if dilation else {}),
         "started_at": time.time(),
         "runs": [],
+        **(extra or {}),
     }
     t0 = time.monotonic()
     total = len(p.schedulers) * p.seeds
@@ -527,6 +633,8 @@ def execute(
                 {**asdict(b), "path": list(b.path)} for b in p.scenario.background
             ]
             results["bringup_s"] = round(stack.timings["up_s"], 2)
+            if "network_s" in stack.timings:  # a cluster: its network built and forwarding
+                results["network_s"] = round(stack.timings["network_s"], 2)
             if "deploy_s" in stack.timings:  # hosts: the agents deployed over SSH
                 results["deploy_s"] = round(stack.timings["deploy_s"], 2)
             with Display(console, total) as display:
@@ -560,6 +668,8 @@ def execute(
                         )
                     display.run_done(i + 1)
         results["teardown_s"] = round(stack.timings["down_s"], 2)
+        if "teardown_fabric_s" in stack.timings:
+            results["teardown_network_s"] = round(stack.timings["teardown_fabric_s"], 2)
     except HostsRefused as e:
         for error in e.errors:
             print(f"error: {error}", file=sys.stderr)

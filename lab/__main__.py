@@ -1,6 +1,7 @@
 """Deploy CES's edge agents to the real hosts of an inventory.
 
     python -m lab certs   --hosts lab.yaml --topo lab-topo.yaml --pki DIR [--days 365]
+    python -m lab certs   --cluster cluster.yaml --topo T --pki DIR   # a cluster (docs/cluster.md)
     python -m lab check   --hosts lab.yaml --topo lab-topo.yaml [--pki DIR] [--accept-new-host-keys]
     python -m lab install --hosts lab.yaml --topo lab-topo.yaml [--force-copy]
     python -m lab start   --hosts lab.yaml --topo lab-topo.yaml --master URL --token-file F \\
@@ -38,6 +39,7 @@ from testbed.image import worker_image_tag
 from testbed.names import check_prefix, new_prefix
 from topologies import TopologyError, load_topology
 
+from .cluster import Layout, load_cluster
 from .deploy import check_hosts, cleanup, deploy_agents, each_host, install, stop_agent
 from .inventory import InventoryError, load_inventory
 from .pki import LEAF_DAYS, PKI_ENV, PkiError, check_lab, make_lab, unusable
@@ -53,7 +55,13 @@ def _report(errors: list[HostError]) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab", description=__doc__.split("\n")[0])
     p.add_argument("action", choices=["certs", "check", "install", "start", "stop", "cleanup"])
-    p.add_argument("--hosts", required=True, help="the inventory (YAML)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--hosts", help="the inventory (YAML)")
+    where.add_argument(
+        "--cluster",
+        help="certs: a cluster file (docs/cluster.md) instead of an inventory; run.py --cluster "
+        "checks, starts and cleans its hosts",
+    )
     p.add_argument("--topo", required=True, help="the topology the hosts are nodes of")
     p.add_argument(
         "--accept-new-host-keys",
@@ -83,6 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s lab %(message)s")
     try:
         topo = load_topology(a.topo)
+        if a.cluster:
+            if a.action != "certs":
+                raise ValueError(
+                    f"{a.action} --cluster: only certs (experiments/run.py --cluster checks, "
+                    "starts and cleans the cluster's hosts)"
+                )
+            if not a.pki:
+                raise ValueError(f"certs: give --pki DIR (or ${PKI_ENV}): where they are kept")
+            pki = Path(a.pki).expanduser()
+            done = make_lab(pki, Layout.make(load_cluster(a.cluster), topo), topo, a.days)
+            for identity, what in done.items():
+                print(f"{pki / identity}: {what}")
+            return 0
         inv = load_inventory(a.hosts, topo)
         prefix = check_prefix(a.prefix) if a.prefix else ""
         if a.action in ("stop", "cleanup") and not prefix:

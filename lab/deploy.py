@@ -64,16 +64,8 @@ def probe(remote: Remote, topo: Topology) -> Facts:
         raise HostError(
             h, f"data interface {h.iface} has {', '.join(addresses) or 'no IPv4'}, not {h.ip}"
         )
-    t0 = time.time()
-    remote_t = float(remote.ok("date +%s.%N", "cannot read the clock"))
-    offset = remote_t - (t0 + time.time()) / 2
-    if abs(offset) > MAX_CLOCK_OFFSET_S:
-        raise HostError(
-            h,
-            f"clock is {offset:+.2f} s off this machine's (more than "
-            f"{MAX_CLOCK_OFFSET_S} s: sync it with NTP)",
-        )
-    cpu, mem = _capacity(remote)
+    offset = check_clock(remote)
+    cpu, mem = capacity(remote)
     node = topo.node(h.node)
     if cpu + 1e-9 < node.cpu or mem + 1e-9 < node.mem_mb:
         raise HostError(
@@ -81,10 +73,24 @@ def probe(remote: Remote, topo: Topology) -> Facts:
             f"too small for node {h.node}: {cpu:g} CPUs and {mem:.0f} MB free, "
             f"the topology gives it {node.cpu:g} CPUs and {node.mem_mb} MB",
         )
-    return Facts(version, _netns(remote), cpu, mem, offset)
+    return Facts(version, netns(remote), cpu, mem, offset)
 
 
-def _capacity(remote: Remote) -> tuple[float, float]:
+def check_clock(remote: Remote) -> float:
+    """The host's clock offset from this machine's, s; a HostError beyond MAX_CLOCK_OFFSET_S."""
+    t0 = time.time()
+    remote_t = float(remote.ok("date +%s.%N", "cannot read the clock"))
+    offset = remote_t - (t0 + time.time()) / 2
+    if abs(offset) > MAX_CLOCK_OFFSET_S:
+        raise HostError(
+            remote.host,
+            f"clock is {offset:+.2f} s off this machine's (more than "
+            f"{MAX_CLOCK_OFFSET_S} s: sync it with NTP)",
+        )
+    return offset
+
+
+def capacity(remote: Remote) -> tuple[float, float]:
     """(CPUs, MB of available memory), within the cgroup limits the host's shell lives under."""
     out = remote.ok(
         "echo cpus=$(nproc); "
@@ -103,7 +109,7 @@ def _capacity(remote: Remote) -> tuple[float, float]:
     return cpu, mem
 
 
-def _netns(remote: Remote) -> str:
+def netns(remote: Remote) -> str:
     """The network namespace of the host's own shell, as `docker run --network` names it: a
     container whose engine is the one the host's CLI talks to (Docker mounts its hostname file
     from /var/lib/docker/containers/<id>/) is named by its id; anything else is "host"."""
@@ -192,6 +198,31 @@ def start_agent(
     ]
     if facts.netns != "host":
         agent += ["--node-container", facts.netns]
+    return run_agent(
+        remote,
+        facts,
+        name,
+        prefix,
+        tag,
+        agent,
+        token,
+        pki / agent_identity(h.node) if pki else None,
+    )
+
+
+def run_agent(
+    remote: Remote,
+    facts: Facts,
+    name: str,
+    prefix: str,
+    tag: str,
+    agent: list[str],
+    token: str,
+    identity: Path | None,
+) -> str:
+    """Create the agent container `name` on the host (its command line `agent`), give it the
+    token and the TLS `identity` folder's files (none: plain HTTP), start it; its name."""
+    h = remote.host
     create = [
         "docker",
         "create",
@@ -214,7 +245,7 @@ def start_agent(
         *agent,
     ]
     try:
-        secrets = _secrets_tar(token, pki / agent_identity(h.node) if pki else None)
+        secrets = _secrets_tar(token, identity)
     except ValueError as e:
         raise HostError(h, str(e)) from None
     remote.ok(shlex.join(create), f"cannot create the agent container {name}")

@@ -77,6 +77,10 @@ class Inventory:
     def host(self, node: str) -> Host:
         return next(h for h in self.hosts if h.node == node)
 
+    def agent_addresses(self) -> dict[str, str]:
+        """{compute node: the address its agent listens on} (`lab.pki` names it there)."""
+        return {h.node: h.address for h in self.hosts}
+
 
 def load_inventory(path: str | Path, topo: Topology) -> Inventory:
     path = Path(path)

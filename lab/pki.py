@@ -25,6 +25,7 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -34,8 +35,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from protocol.tls import CA, CERT, CONTROL, KEY, agent_identity, switch_identity
 from topologies import Topology
-
-from .inventory import Inventory
 
 PKI_ENV = "CES_PKI_DIR"  # the default of every command's --pki
 CA_DAYS = 3650
@@ -191,11 +190,21 @@ def load_ca(pki: Path):
     return key, cert
 
 
-def parties(inv: Inventory, topo: Topology) -> dict[str, list[str]]:
+class Lab(Protocol):
+    """What the certificates are made from: the lab's inventory (`Inventory`) or a cluster bound
+    to its topology (`lab.cluster.Layout`, several agents on one host)."""
+
+    @property
+    def master(self) -> str: ...
+
+    def agent_addresses(self) -> dict[str, str]: ...
+
+
+def parties(inv: Lab, topo: Topology) -> dict[str, list[str]]:
     """Every identity of the lab and the names its certificate must carry."""
     out = {CONTROL: [inv.master, *LOOPBACK_NAMES]}
-    for h in inv.hosts:
-        out[agent_identity(h.node)] = [h.node, h.address]
+    for node, address in inv.agent_addresses().items():
+        out[agent_identity(node)] = [node, address]
     for sw in topo.switches:
         out[switch_identity(sw.name)] = [sw.name]
     return out
@@ -277,7 +286,7 @@ def check_identity(pki: Path, identity: str, names: list[str]) -> tuple[CertFact
     return facts, ""
 
 
-def make_lab(pki: Path, inv: Inventory, topo: Topology, days: int = LEAF_DAYS) -> dict[str, str]:
+def make_lab(pki: Path, inv: Lab, topo: Topology, days: int = LEAF_DAYS) -> dict[str, str]:
     """The CA and every party's identity in `pki` (see the module doc): what was done, by
     identity ("made", "kept", "renewed: <why>")."""
     ca_key, ca_cert = load_ca(pki)
@@ -299,7 +308,7 @@ def make_lab(pki: Path, inv: Inventory, topo: Topology, days: int = LEAF_DAYS) -
     return done
 
 
-def check_lab(pki: Path, inv: Inventory, topo: Topology) -> tuple[dict[str, str], list[str]]:
+def check_lab(pki: Path, inv: Lab, topo: Topology) -> tuple[dict[str, str], list[str]]:
     """Every party's certificate in `pki` checked (`check_identity`): (the expiry date of each
     good one by identity, one line per problem)."""
     good, problems = {}, []

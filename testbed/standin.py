@@ -14,10 +14,12 @@ switch's identity (one ovs-vswitchd: one SSL configuration for all its bridges).
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -223,3 +225,208 @@ def standin_lab(
         key.unlink(missing_ok=True)
         token.unlink(missing_ok=True)
         shutil.rmtree(pki, ignore_errors=True)
+
+
+# --- stand-in hosts of a cluster (run.py --cluster, lab.fabric) ----------------------------------
+OVS_TOOLS = ("ovs-vswitchd", "ovsdb-server", "ovsdb-tool", "ovs-vsctl", "ovs-ofctl", "ovs-appctl")
+OVS_HOME = "/opt/ces-ovs"  # in a stand-in host: this machine's Open vSwitch, bin/ and lib/
+# The C library and its loader stay the container's (the same Debian release as this machine);
+# every other library the tools link comes from this machine with them.
+GLIBC = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so")
+UNDERLAY_NET = "10.77.0"  # the stand-in underlay, /24: only the hosts' namespaces see it
+# What a VXLAN tunnel between two stand-in hosts carried of TCP at an inner MTU of 1400
+# (ENVIRONMENT.md: ~550 Mbit/s, both OVS instances' userspace datapaths on this machine's cores),
+# less a margin: the cluster file's underlay_mbps, which the budget checks the crossing against.
+UNDERLAY_MBPS = 500
+CLUSTER_HOST_START = (
+    f"for t in {' '.join(OVS_TOOLS)}; do printf '#!/bin/sh\\nLD_LIBRARY_PATH={OVS_HOME}/lib exec "
+    f'{OVS_HOME}/bin/%s "$@"\\n\' $t > /usr/local/bin/$t; chmod 755 /usr/local/bin/$t; done'
+    " && mkdir -p /etc/openvswitch /var/run/openvswitch /var/log/openvswitch"
+    " && ovsdb-tool create /etc/openvswitch/conf.db /usr/share/openvswitch/vswitch.ovsschema"
+    " && ovsdb-server /etc/openvswitch/conf.db --remote=punix:/var/run/openvswitch/db.sock"
+    " --pidfile --detach --log-file"
+    " && ovs-vsctl --no-wait init && ovs-vswitchd --pidfile --detach --log-file && " + SSHD
+)
+
+
+def ovs_files(folder: Path) -> None:
+    """This machine's Open vSwitch tools in `folder`/bin and the libraries they link (but the C
+    library) in `folder`/lib, for a container of another image to run."""
+    (folder / "bin").mkdir(parents=True, exist_ok=True)
+    (folder / "lib").mkdir(exist_ok=True)
+    for tool in OVS_TOOLS:
+        path = shutil.which(tool) or f"/usr/sbin/{tool}"
+        shutil.copy2(path, folder / "bin" / tool)
+        for line in subprocess.run(
+            ["ldd", path], capture_output=True, text=True
+        ).stdout.splitlines():
+            parts = line.split()
+            linked = "=>" in parts and len(parts) > 2 and parts[2].startswith("/")
+            if linked and not any(parts[0].startswith(g) for g in GLIBC):
+                shutil.copy2(Path(parts[2]).resolve(), folder / "lib" / parts[0])
+
+
+@dataclass
+class ClusterHosts:
+    """Stand-in hosts of a cluster on this machine: containers of the worker image running sshd
+    and an Open vSwitch of their own (this machine's binaries, their own ovsdb-server and
+    ovs-vswitchd, database and sockets), reachable over SSH on a management network (a Docker
+    bridge network; this machine is its gateway, where the Master and the SDN app listen), each
+    with `eth1` on an underlay: a Linux bridge in a network namespace of its own (a switch
+    between the hosts; in the root namespace the host's bridge netfilter would pass it through
+    Docker's iptables), addresses UNDERLAY_NET.i/24.
+
+    A host runs its nodes' containers on this machine's Docker engine (its CLI and socket, as in
+    `LabHosts`), in this machine's PID namespace (to move a veth into a node's namespace by its
+    pid, as a host's root shell does) and privileged, with this machine's cgroup tree (a node's
+    cgroup parent is where Docker makes it). Hosts on one machine share its kernel — one boot
+    id — and so its cores: the budget pools them. Named with the harness's prefix (≤ 6
+    characters), removed by `stop()`."""
+
+    prefix: str
+    hosts: tuple[str, ...]
+    image: str
+    pubkey: str
+    client: docker.DockerClient = field(default_factory=docker.from_env)
+    containers: dict[str, str] = field(default_factory=dict)  # host -> container name
+    mgmt: dict[str, str] = field(default_factory=dict)  # host -> management address
+    underlay: dict[str, str] = field(default_factory=dict)  # host -> underlay address
+    gateway: str = ""
+
+    def __enter__(self) -> ClusterHosts:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def _files(self) -> Path:
+        return Path(f"/tmp/{self.prefix}-ovs")
+
+    @property
+    def _netns(self) -> str:
+        return f"{self.prefix}-ul"
+
+    def start(self) -> None:
+        allow_congestion_control(TCP_CONGESTION_CONTROL)
+        ovs_files(self._files)
+        net = self.client.networks.create(
+            f"{self.prefix}-mgmt", driver="bridge", labels={"ces.test": self.prefix}
+        )
+        self.gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
+        sh("ip", "netns", "add", self._netns)
+        bridge = f"{self.prefix}ul"
+        sh("ip", "netns", "exec", self._netns, "ip", "link", "add", bridge, "type", "bridge")
+        sh("ip", "netns", "exec", self._netns, "ip", "link", "set", bridge, "up")
+        volumes = {
+            "/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"},
+            DOCKER_CLI: {"bind": "/usr/local/bin/docker", "mode": "ro"},
+            str(self._files): {"bind": OVS_HOME, "mode": "ro"},
+            "/usr/share/openvswitch": {"bind": "/usr/share/openvswitch", "mode": "ro"},
+            "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+        }
+        for i, name in enumerate(self.hosts):
+            c = self.client.containers.run(
+                self.image,
+                ["bash", "-c", CLUSTER_HOST_START],
+                name=f"{self.prefix}-h-{name}",
+                hostname=name,
+                detach=True,
+                environment={"PUBKEY": self.pubkey},
+                network=net.name,
+                volumes=volumes,
+                privileged=True,
+                pid_mode="host",
+                labels={"ces.test": self.prefix},
+            )
+            c.reload()
+            self.containers[name] = c.name
+            self.mgmt[name] = c.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
+            self.underlay[name] = f"{UNDERLAY_NET}.{i + 1}"
+            outer, inner = f"{self.prefix}w{i}", f"{self.prefix}u{i}"
+            sh("ip", "link", "add", inner, "type", "veth", "peer", "name", outer)
+            sh("ip", "link", "set", outer, "netns", self._netns)
+            sh("ip", "netns", "exec", self._netns, "ip", "link", "set", outer, "master", bridge)
+            sh("ip", "netns", "exec", self._netns, "ip", "link", "set", outer, "up")
+            sh("ip", "link", "set", inner, "netns", str(c.attrs["State"]["Pid"]))
+            for cmd in (
+                f"ip link set {inner} name eth1",
+                f"ip addr add {self.underlay[name]}/24 dev eth1",
+                "ip link set eth1 up",
+            ):
+                sh("nsenter", "-t", str(c.attrs["State"]["Pid"]), "-n", *cmd.split())
+        deadline = time.monotonic() + 60
+        for name in self.hosts:
+            while True:
+                ready = self.exec(
+                    name, "ovs-vsctl --timeout=2 show >/dev/null && ss -ltn | grep -q ':22 '"
+                )
+                if ready.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    logs = self.client.containers.get(self.containers[name]).logs()[-500:]
+                    raise RuntimeError(f"stand-in host {name} did not come up: {logs!r}")
+                time.sleep(0.2)
+
+    def cluster_file(self, key_file: Path, known_hosts: Path, **fields: object) -> dict:
+        """A cluster file of the hosts, `fields` added on top."""
+        return {
+            "master": self.gateway,
+            "known_hosts": str(known_hosts),
+            "defaults": {
+                "user": "root",
+                "key_file": str(key_file),
+                "underlay": "eth1",
+                "underlay_mbps": UNDERLAY_MBPS,
+            },
+            "hosts": [
+                {"name": h, "address": self.mgmt[h], "underlay_ip": self.underlay[h]}
+                for h in self.hosts
+            ],
+            **fields,
+        }
+
+    def exec(self, host: str, cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["docker", "exec", self.containers[host], "bash", "-c", cmd],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        mine = {"label": f"ces.test={self.prefix}"}
+        for c in self.client.containers.list(all=True, filters=mine):
+            c.remove(force=True)  # its Open vSwitch and sshd go with it
+        for net in self.client.networks.list(filters=mine):
+            net.remove()
+        sh("ip", "netns", "del", self._netns, check=False)
+        for name in re.findall(r"^\d+: ([^:@]+)", sh("ip", "-o", "link"), re.M):
+            if name.startswith(self.prefix):
+                sh("ip", "link", "del", name, check=False)
+        shutil.rmtree(self._files, ignore_errors=True)
+
+
+@contextmanager
+def standin_cluster(
+    workdir: Path, hosts: tuple[str, ...], image: str, prefix: str, **fields: object
+) -> Iterator[tuple[ClusterHosts, Path]]:
+    """Stand-in cluster hosts named `hosts` and a cluster file of them (`fields` on top, e.g.
+    master_port, openflow_port, placement) in `workdir`, with its SSH key and known_hosts; the
+    hosts and the key are removed on exit."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    key = workdir / "id_rsa"
+    try:
+        pubkey = new_key(key)
+        with ClusterHosts(prefix, hosts, image, pubkey) as cluster:
+            path = workdir / "cluster.yaml"
+            doc = cluster.cluster_file(key, workdir / "known_hosts", **fields)
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            yield cluster, path
+    finally:
+        key.unlink(missing_ok=True)

@@ -14,6 +14,8 @@ smallest K (in steps of K_STEP) with need(K) ≤ the host's cores × (1 − HEAD
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import asdict, dataclass, field
 
 import networkx as nx
@@ -126,3 +128,167 @@ def budget(
         round(CONTROL_BASE_CORES + CONTROL_PER_NODE_CORES * len(topo.nodes), 3),
         cost.idle_cores,
     )
+
+
+# --- a run spread over several hosts (run.py --cluster, lab.fabric) ------------------------------
+# What one crossing of hosts costs each side, in switches crossed: the link's veth into the tunnel
+# bridge, the tunnel port's encapsulation and (userspace datapath) the underlay bridge. Two OVS
+# instances joined by VXLAN carried ~550 Mbit/s of TCP where one bridge between two veths carried
+# ~1.2 Gbit/s (ENVIRONMENT.md, development VM): about two switches' work more on each side.
+TUNNEL_SWITCHES = 2.0
+UNDERLAY_LINKS_SHOWN = 4  # links a refusal names before "+N more"
+
+
+@dataclass(frozen=True)
+class UnderlayLoad:
+    """The capacity of the topology's links that cross between `hosts` (a pair, or one host and
+    all its peers) against what their underlay carries; at dilation K the hosts carry it ÷ K."""
+
+    hosts: str  # "h1 ↔ h2", or "h1 ↔ h2, h3" for everything leaving h1
+    links: tuple[tuple[str, float], ...]  # ("a–b", Mbit/s)
+    underlay_mbps: float
+
+    @property
+    def mbps(self) -> float:
+        return sum(m for _, m in self.links)
+
+    def fits(self, k: float) -> bool:
+        return self.mbps / k <= self.underlay_mbps + 1e-9
+
+    def least_k(self) -> float:
+        need = max(1.0, self.mbps / self.underlay_mbps)
+        return math.ceil(need / K_STEP - 1e-9) * K_STEP
+
+    def line(self, k: float) -> str:
+        shown = " + ".join(f"{name} {m:g}" for name, m in self.links[:UNDERLAY_LINKS_SHOWN])
+        more = len(self.links) - UNDERLAY_LINKS_SHOWN
+        return (
+            f"underlay {self.hosts}: {shown}{f' + {more} more links' if more > 0 else ''} = "
+            f"{self.mbps:g} Mbit/s cross hosts, {self.mbps / k:.0f} at K = {k:g}, over the "
+            f"underlay's {self.underlay_mbps:g} Mbit/s"
+        )
+
+
+@dataclass(frozen=True)
+class ClusterBudget:
+    """A spread run's budget: one `Budget` per machine (hosts that share a kernel — stand-in
+    hosts on one machine — share its cores) and the capacity crossing hosts against their
+    underlay. It fits at K when every machine and every underlay does."""
+
+    machines: dict[str, Budget]  # "h1+h2" -> that machine's budget
+    underlay: tuple[UnderlayLoad, ...]
+
+    def fits(self, k: float) -> bool:
+        return all(b.fits(k) for b in self.machines.values()) and all(
+            u.fits(k) for u in self.underlay
+        )
+
+    def dilation(self) -> float | None:
+        steps = round((K_MAX - 1) / K_STEP)
+        return next((k for k in (1 + i * K_STEP for i in range(steps + 1)) if self.fits(k)), None)
+
+    def line(self, k: float) -> str:
+        """What binds at `k`, in one line: the first underlay or machine that does not fit
+        (an underlay names its links), else the busiest machine and underlay."""
+        for u in self.underlay:
+            if not u.fits(k):
+                return u.line(k)
+        for name, b in self.machines.items():
+            if not b.fits(k):
+                return f"{name}: {b.line(k)}"
+        name, b = max(self.machines.items(), key=lambda kv: kv[1].need(k) / kv[1].usable)
+        busiest = max(self.underlay, key=lambda u: u.mbps / u.underlay_mbps, default=None)
+        return f"{name}: {b.line(k)}" + (f"; {busiest.line(k)}" if busiest else "")
+
+    def to_json(self, k: float) -> dict:
+        return {
+            "machines": {name: b.to_json(k) for name, b in self.machines.items()},
+            "underlay": [
+                {**asdict(u), "mbps": u.mbps, "fits": u.fits(k), "line": u.line(k)}
+                for u in self.underlay
+            ],
+            "line": self.line(k),
+        }
+
+
+def underlay_loads(
+    crossing: dict[tuple[str, str], list[tuple[str, float]]], underlay_mbps: dict[str, float]
+) -> tuple[UnderlayLoad, ...]:
+    """The loads to check: every pair of hosts with links between them (against the smaller of
+    their underlays), and every host with several peers (all it sends, against its own)."""
+    out = [
+        UnderlayLoad(f"{a} ↔ {b}", tuple(links), min(underlay_mbps[a], underlay_mbps[b]))
+        for (a, b), links in sorted(crossing.items())
+    ]
+    for h in sorted(underlay_mbps):
+        peers = sorted({b if a == h else a for a, b in crossing if h in (a, b)})
+        if len(peers) > 1:
+            links = [lk for (a, b), ls in sorted(crossing.items()) if h in (a, b) for lk in ls]
+            out.append(UnderlayLoad(f"{h} ↔ {', '.join(peers)}", tuple(links), underlay_mbps[h]))
+    return tuple(out)
+
+
+def machine_switches(topo: Topology, placement: dict[str, str], hosts: set[str]) -> float:
+    """Switches of `hosts` a packet crosses on average between two compute nodes (shortest
+    paths), each crossing of hosts counting `TUNNEL_SWITCHES` more on each side in `hosts`."""
+    g = topo.graph()
+    nodes = [n.name for n in topo.nodes]
+    counts = []
+    for i, a in enumerate(nodes):
+        paths = nx.single_source_shortest_path(g, a)
+        for b in nodes[i + 1 :]:
+            if b not in paths:
+                continue
+            path = paths[b]
+            count = sum(1.0 for v in path[1:-1] if placement[v] in hosts)
+            for u, v in itertools.pairwise(path):
+                if placement[u] != placement[v]:
+                    count += TUNNEL_SWITCHES * ((placement[u] in hosts) + (placement[v] in hosts))
+            counts.append(count)
+    return sum(counts) / len(counts) if counts else 0.0
+
+
+def cluster_budget(
+    topo: Topology,
+    placement: dict[str, str],
+    machines: dict[str, tuple[str, int]],
+    control_machine: str,
+    task_cpus: list[float],
+    tenant_cpus: list[tuple[str, float]],
+    flow_mbps: list[float],
+    schedulable: set[str],
+    cost: HostCost,
+    underlay_mbps: dict[str, float],
+) -> ClusterBudget:
+    """The budget of a run of `topo` spread by `placement` ({switch or node: host}) over hosts
+    on `machines` ({host: (machine id, its cores)}; the control plane runs on `control_machine`),
+    whose jobs' tasks ask `task_cpus` (anywhere on the `schedulable` nodes), whose tenants' ends
+    ask `tenant_cpus` ((node, cores)), whose flows ask `flow_mbps`, with this machine's `cost` of
+    forwarding (the only one measured) and each host's `underlay_mbps`."""
+    by_machine: dict[str, list[str]] = {}
+    for host, (machine_id, _) in machines.items():
+        by_machine.setdefault(machine_id, []).append(host)
+    budgets = {}
+    for machine_id, hosts in by_machine.items():
+        on = set(hosts)
+        nodes = [n for n in topo.nodes if placement[n.name] in on]
+        capacity = sum(n.cpu for n in nodes if n.name in schedulable)
+        control = CONTROL_PER_NODE_CORES * len(nodes) + (
+            CONTROL_BASE_CORES if machine_id == control_machine else 0.0
+        )
+        budgets["+".join(hosts)] = Budget(
+            machines[hosts[0]][1],
+            round(min(sum(task_cpus), capacity), 3),
+            round(sum(c for v, c in tenant_cpus if placement[v] in on), 3),
+            tuple(flow_mbps),
+            round(machine_switches(topo, placement, on), 2),
+            cost,
+            round(control, 3),
+            round(cost.idle_cores * len(hosts), 4),  # each host its own ovs-vswitchd
+        )
+    crossing: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for lk in topo.links:
+        a, b = placement[lk.a], placement[lk.b]
+        if a != b:
+            crossing.setdefault((min(a, b), max(a, b)), []).append((f"{lk.a}–{lk.b}", lk.bw_mbps))
+    return ClusterBudget(budgets, underlay_loads(crossing, underlay_mbps))

@@ -159,9 +159,14 @@ def verdict(run: dict) -> dict[str, Any]:
             f"the switches dropped {drops['rx_dropped']} of {drops['rx_packets']} packets on "
             f"receive ({drop_share:.2%} > {SWITCH_DROP_MAX:.1%})"
         )
+    # A run spread over several hosts (run.py --cluster): each host judged on its own switches
+    # and cores (its `usage`), its reasons the run's too.
+    hosts = {name: verdict(h) for name, h in (run.get("hosts") or {}).items()}
+    reasons += [f"{name}: {r}" for name, v in hosts.items() for r in v["reasons"]]
     return {
         "faithful": not reasons,
         "reasons": reasons,
+        **({"hosts": hosts} if hosts else {}),
         "cpu_stalled_share": run.get("cpu_stalled_share"),
         "switch_wait_share": switch_wait,
         "host_saturated_share": saturated,

@@ -21,6 +21,7 @@ from docker.errors import DockerException
 from rich.console import Console
 
 from edge import cgroups, tc
+from experiments.machine import busy_summary
 from master.client import MasterClient
 from protocol.dilation import NONE, Dilation
 from protocol.http import free_port
@@ -32,6 +33,7 @@ from testbed.hostcost import busy_seconds, main_thread_wait_s, process_cpu_s
 from testbed.image import worker_image_tag
 from topologies import Topology, topology_document
 
+from .fidelity import HOST_SATURATED
 from .scenario import REPO, BackgroundFlow, traffic_quota, undelayed
 
 log = logging.getLogger("run")
@@ -478,7 +480,15 @@ def usage(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     drops = {k: after["switch"][k] - before["switch"][k] for k in after["switch"]}
     waits = before.get("switch_wait_s"), after.get("switch_wait_s")
     wait = None if None in waits else round((waits[1] - waits[0]) / wall, 4)
-    return {"cpu_cores": cores, "switch_wait_share": wait, "switch_drops": drops}
+    out: dict[str, Any] = {"cpu_cores": cores, "switch_wait_share": wait, "switch_drops": drops}
+    if "busy" in after:  # a host of a cluster, sampled every second (lab.fabric.HostSampler)
+        out["host_busy"] = busy_summary(after["busy"][len(before["busy"]) :], HOST_SATURATED)
+    hosts = {
+        h: usage(before["hosts"][h], a)
+        for h, a in after.get("hosts", {}).items()
+        if before.get("hosts", {}).get(h, {}).get("cpu_s") and a.get("cpu_s")
+    }
+    return {**out, "hosts": hosts} if "hosts" in after else out
 
 
 def poll(ok: Callable[[], T], timeout_s: float, error: str) -> T:

@@ -1,0 +1,393 @@
+"""A topology spread over several hosts, the pure parts: the cluster file (every mistake one line
+naming the file and the field), the placement rules and what they cost (capacity crossing hosts,
+CPU per host), the budget of a spread run (machines' cores, the underlay, the line naming the
+link), the scripts a host runs (tunnels, shaping, MTU, keys), per-host usage and verdicts."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from experiments.e2e.budget import (
+    TUNNEL_SWITCHES,
+    ClusterBudget,
+    UnderlayLoad,
+    cluster_budget,
+    machine_switches,
+    mean_switches,
+)
+from experiments.e2e.fidelity import verdict
+from experiments.e2e.stack import usage
+from lab import placement as placing
+from lab.cluster import TUNNEL_OVERHEAD, Layout, parse_cluster
+from lab.fabric import CLEANUP, ClusterEmulation, HostFacts, vni
+from lab.inventory import InventoryError
+from lab.pki import parties
+from protocol.dilation import Dilation
+from testbed.hostcost import HostCost
+from topologies import load_topology
+
+CAMPUS = load_topology("campus")
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    k = tmp_path / "id"
+    k.write_text("not read here")
+    return k
+
+
+def doc(key: Path, **top) -> dict:
+    return {
+        "master": "192.168.50.1",
+        "defaults": {"user": "root", "key_file": str(key), "underlay": "eth1"},
+        "hosts": [
+            {"name": "h1", "address": "192.168.50.11", "underlay_ip": "10.9.0.1"},
+            {"name": "h2", "address": "192.168.50.12", "underlay_ip": "10.9.0.2"},
+        ],
+        **top,
+    }
+
+
+def test_a_cluster_file_with_its_defaults(key):
+    inv = parse_cluster(doc(key), Path("c.yaml"))
+    assert [h.name for h in inv.hosts] == ["h1", "h2"]
+    assert inv.tunnel == "vxlan" and inv.placement == "metis"
+    assert (inv.master_port, inv.openflow_port, inv.agent_port) == (7070, 6653, 7071)
+    h = inv.host("h2")
+    assert (h.user, h.port, h.underlay, h.underlay_ip, h.underlay_mbps) == (
+        "root",
+        22,
+        "eth1",
+        "10.9.0.2",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda d: d.update(tunnels="vxlan"), "c.yaml: tunnels: unknown field"),
+        (lambda d: d.update(tunnel="ipip"), "c.yaml: tunnel: expected one of vxlan, geneve, gre"),
+        (lambda d: d.update(placement="random"), "c.yaml: placement: expected one of"),
+        (lambda d: d["hosts"][1].update(name="h1"), "c.yaml: hosts[1].name: 'h1' is given twice"),
+        (lambda d: d["hosts"][0].pop("underlay_ip"), "c.yaml: hosts[0].underlay_ip: expected"),
+        (
+            lambda d: d["hosts"][1].update(underlay_ip="10.9.0.1"),
+            "c.yaml: hosts[1].underlay_ip: 10.9.0.1 is another host's too",
+        ),
+        (
+            lambda d: d["hosts"][0].update(underlay_ip="192.168.50.11"),
+            "c.yaml: hosts[0].underlay_ip: the management address",
+        ),
+        (
+            lambda d: d["hosts"][0].update(underlay_mbps=0),
+            "c.yaml: hosts[0].underlay_mbps: expected a positive number",
+        ),
+        (
+            lambda d: d["hosts"][0].update(place=["core1"]),
+            "c.yaml: hosts[0].place: only with 'placement: explicit'",
+        ),
+        (lambda d: d["defaults"].update(name="x"), "c.yaml: defaults.name: not a field"),
+        (lambda d: d["hosts"][0].update(key_file="/nonexistent"), "c.yaml: hosts[0].key_file"),
+        (lambda d: d["hosts"][1].pop("underlay_ip") and None, "c.yaml: hosts[1].underlay_ip"),
+    ],
+)
+def test_a_mistake_is_one_line_naming_file_and_field(key, change, where):
+    d = doc(key)
+    change(d)
+    with pytest.raises(InventoryError) as e:
+        parse_cluster(d, Path("c.yaml"))
+    assert str(e.value).startswith(where) and "\n" not in str(e.value)
+
+
+def test_explicit_placement_is_checked_against_the_topology(key):
+    explicit = doc(key, placement="explicit")
+    explicit["hosts"][0]["place"] = ["core1", "core2", "agg1", "agg2", "acc1", "acc2", "acc3"]
+    explicit["hosts"][1]["place"] = ["agg3", "acc4", "srv1"]
+    lay = Layout.make(parse_cluster(explicit, Path("c.yaml")), CAMPUS)
+    assert lay.placement["srv1"] == lay.placement["srv3"] == "h2"  # nodes follow their switch
+    assert lay.placement["lab1"] == "h1"
+
+    def refused(place: list[list[str]], where: str) -> None:
+        d = doc(key, placement="explicit")
+        for h, names in zip(d["hosts"], place, strict=True):
+            h["place"] = names
+        with pytest.raises(InventoryError) as e:
+            Layout.make(parse_cluster(d, Path("c.yaml")), CAMPUS)
+        assert str(e.value).startswith(where), e.value
+
+    refused([["core1"], ["core2"]], "c.yaml: placement: explicit: no host's 'place' lists")
+    refused([["core1", "nowhere"], []], "c.yaml: hosts[0].place: 'nowhere' is neither")
+    refused(
+        [[s.name for s in CAMPUS.switches], ["lab1"]],
+        "c.yaml: hosts[1].place: compute node 'lab1' on h2 but its access switch 'acc1' on h1",
+    )
+    refused([["core1", "core1"], []], "c.yaml: hosts[0].place: 'core1' is placed twice")
+
+
+# --- placement ---------------------------------------------------------------------------------
+def test_block_and_round_robin_have_mininets_interface():
+    switches = [f"s{i}" for i in range(7)]
+    hosts = ["a", "b"]
+    links = [("a", "s0"), ("b", "s6")] + [(f"s{i}", f"s{i + 1}") for i in range(6)]
+    servers = ["x", "y", "z"]
+    block = placing.SwitchBinPlacer(servers=servers, hosts=hosts, switches=switches, links=links)
+    assert [block.place(s) for s in switches] == ["x", "x", "x", "y", "y", "z", "z"]
+    assert (block.place("a"), block.place("b")) == ("x", "z")  # with their switches
+    rr = placing.RoundRobinPlacer(servers=servers, hosts=hosts, switches=switches, links=links)
+    assert [rr.place(s) for s in switches] == ["x", "y", "z", "x", "y", "z", "x"]
+    assert rr.place("b") == rr.place("s6") == "x"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_metis_crosses_less_capacity_than_block_or_round_robin_and_balances_cpu(n):
+    servers = [f"h{i}" for i in range(n)]
+    cost = {
+        rule: placing.crossing_mbps(CAMPUS, placing.place(CAMPUS, servers, rule))
+        for rule in ("block", "round-robin", "metis")
+    }
+    assert cost["metis"] <= min(cost["block"], cost["round-robin"]), cost
+    metis = placing.place(CAMPUS, servers, "metis")
+    assert placing.place(CAMPUS, servers, "metis") == metis  # the same every time
+    cpu = placing.cpu_by_server(CAMPUS, metis)
+    assert len(cpu) == n  # every host gets nodes
+    for node in CAMPUS.nodes:
+        assert metis[node.name] == metis[CAMPUS.access_link(node.name).other(node.name)]
+
+
+def test_metis_on_a_chain_cuts_its_thinnest_link():
+    from topologies import parse_topology
+
+    chain = parse_topology(
+        {
+            "name": "chain",
+            "switches": [{"name": f"s{i}"} for i in range(4)],
+            "nodes": [{"name": f"n{i}", "cpu": 1, "mem_mb": 512} for i in range(4)],
+            "links": [{"ends": [f"n{i}", f"s{i}"], "bw_mbps": 100} for i in range(4)]
+            + [
+                {"ends": ["s0", "s1"], "bw_mbps": 1000},
+                {"ends": ["s1", "s2"], "bw_mbps": 10},
+                {"ends": ["s2", "s3"], "bw_mbps": 1000},
+            ],
+        },
+        "chain",
+    )
+    p = placing.place(chain, ["a", "b"], "metis")
+    assert placing.crossing(chain, p) == {("a", "b"): [chain.links[5]]}
+    assert placing.summary(chain, p, ["a", "b"])["crossing_mbps"] == 10
+    assert set(placing.place(chain, ["solo"], "metis").values()) == {"solo"}
+
+
+def test_the_placement_summary_names_the_links_crossing_each_pair():
+    p = placing.place(CAMPUS, ["h1", "h2"], "block")
+    s = placing.summary(CAMPUS, p, ["h1", "h2"])
+    assert s["crossing_links"] == len(s["pairs"]["h1-h2"]["links"]) > 0
+    assert s["crossing_mbps"] == s["pairs"]["h1-h2"]["mbps"]
+    assert sum(v["nodes"] for v in s["servers"].values()) == len(CAMPUS.nodes)
+
+
+# --- budget --------------------------------------------------------------------------------------
+COST = HostCost("k", 2, "netdev", (5.0, 25.0, 200.0), (0.8, 0.8, 0.8), 0.05, "now")
+
+
+def test_an_underlay_line_names_the_links_and_the_least_dilation():
+    u = UnderlayLoad("h1 ↔ h2", (("core1–agg3", 1000.0), ("core2–agg3", 1000.0)), 500.0)
+    assert not u.fits(3.75) and u.fits(4.0) and u.least_k() == 4.0
+    line = u.line(1.0)
+    assert "core1–agg3 1000 + core2–agg3 1000 = 2000 Mbit/s" in line and "500" in line
+    many = UnderlayLoad("a ↔ b", tuple((f"l{i}", 10.0) for i in range(7)), 100.0)
+    assert "+ 3 more links" in many.line(1.0)
+
+
+def cluster_of(placement, machines, underlay, flows=(50.0,)) -> ClusterBudget:
+    return cluster_budget(
+        CAMPUS,
+        placement,
+        machines,
+        "m0",
+        [0.3, 0.3, 0.3],
+        [],
+        list(flows),
+        {n.name for n in CAMPUS.nodes},
+        COST,
+        underlay,
+    )
+
+
+def test_a_cluster_budget_pools_the_hosts_of_one_machine_and_checks_the_underlay():
+    p = placing.place(CAMPUS, ["h1", "h2"], "block")
+    crossing = placing.crossing_mbps(CAMPUS, p)
+    # two stand-ins on one 2-core machine: one budget for both
+    same = cluster_of(p, {"h1": ("m0", 2), "h2": ("m0", 2)}, {"h1": 1e5, "h2": 1e5})
+    assert list(same.machines) == ["h1+h2"]
+    # two machines: two budgets, the control plane on the first only
+    apart = cluster_of(p, {"h1": ("m0", 2), "h2": ("m1", 2)}, {"h1": 1e5, "h2": 1e5})
+    assert set(apart.machines) == {"h1", "h2"}
+    assert apart.machines["h1"].control > apart.machines["h2"].control
+    # an underlay carrying a quarter of the crossing: K = 4 at least, the line names the links
+    tight = cluster_of(p, {"h1": ("m0", 2), "h2": ("m1", 2)}, {"h1": crossing / 4, "h2": 1e5})
+    assert tight.dilation() is not None and tight.dilation() >= 4.0
+    assert not tight.fits(3.0)
+    line = tight.line(3.0)
+    assert line.startswith("underlay h1 ↔ h2: ") and "–" in line and "\n" not in line
+    hopeless = cluster_of(p, {"h1": ("m0", 2), "h2": ("m1", 2)}, {"h1": crossing / 20, "h2": 1e5})
+    assert hopeless.dilation() is None
+
+
+def test_a_machine_counts_the_switches_and_tunnels_on_its_hosts():
+    one = dict.fromkeys(placing.place(CAMPUS, ["h1"], "block"), "h1")
+    assert machine_switches(CAMPUS, one, {"h1"}) == pytest.approx(mean_switches(CAMPUS))
+    two = placing.place(CAMPUS, ["h1", "h2"], "round-robin")
+    both = machine_switches(CAMPUS, two, {"h1", "h2"})
+    assert both > mean_switches(CAMPUS)  # each crossing costs TUNNEL_SWITCHES on each side
+    assert machine_switches(CAMPUS, two, {"h1"}) + machine_switches(
+        CAMPUS, two, {"h2"}
+    ) == pytest.approx(both)
+    assert TUNNEL_SWITCHES > 0
+
+
+def test_a_cluster_run_is_judged_per_host():
+    before = {
+        "t": 0.0,
+        "cpu_s": {"control": 0.0, "host": 0.0},
+        "switch": {"rx_packets": 0, "rx_dropped": 0},
+        "switch_wait_s": None,
+        "hosts": {
+            "h1": {
+                "t": 100.0,
+                "cpu_s": {"host": 10.0, "switch": 1.0, "nodes": 2.0},
+                "switch_wait_s": 0.5,
+                "busy": [0.2],
+                "switch": {"rx_packets": 1000, "rx_dropped": 0},
+            },
+            "h2": {
+                "t": 100.0,
+                "cpu_s": {"host": 10.0, "switch": 1.0, "nodes": 2.0},
+                "switch_wait_s": 0.5,
+                "busy": [0.2],
+                "switch": {"rx_packets": 1000, "rx_dropped": 0},
+            },
+        },
+    }
+    after = {
+        "t": 10.0,
+        "cpu_s": {"control": 1.0, "host": 5.0},
+        "switch": {"rx_packets": 0, "rx_dropped": 0},
+        "switch_wait_s": None,
+        "hosts": {
+            "h1": {
+                "t": 110.0,
+                "cpu_s": {"host": 20.0, "switch": 3.0, "nodes": 6.0},
+                "switch_wait_s": 0.6,  # 1 % of the run
+                "busy": [0.2] + [0.5] * 10,
+                "switch": {"rx_packets": 11000, "rx_dropped": 0},
+            },
+            "h2": {
+                "t": 110.0,
+                "cpu_s": {"host": 30.0, "switch": 5.0, "nodes": 6.0},
+                "switch_wait_s": 3.5,  # 30 % of the run
+                "busy": [0.2] + [0.95] * 5 + [0.5] * 5,
+                "switch": {"rx_packets": 11000, "rx_dropped": 100},
+            },
+        },
+    }
+    u = usage(before, after)
+    h1, h2 = u["hosts"]["h1"], u["hosts"]["h2"]
+    assert h1["cpu_cores"]["switch"] == 0.2 and h1["switch_wait_share"] == 0.01
+    assert h2["host_busy"]["saturated_share"] == 0.5 and h2["switch_drops"]["rx_dropped"] == 100
+    run = {"jobs": [], **u}
+    v = verdict(run)
+    assert not v["faithful"] and v["hosts"]["h1"]["faithful"] and not v["hosts"]["h2"]["faithful"]
+    assert all(r.startswith("h2: ") for r in v["reasons"]) and len(v["reasons"]) == 3
+
+
+# --- what a host runs ----------------------------------------------------------------------------
+def facts(datapath: str = "netdev", mtu: int = 1500) -> HostFacts:
+    return HostFacts(
+        "20.10", "host", 2, 8000, 0.0, "ovs 3.1", datapath, "boot", "10.9.0.1/24", mtu, 500.0, 1,
+        False, False,
+    )  # fmt: skip
+
+
+def emulation(key: Path, dilation: float = 1.0, tunnel: str = "vxlan") -> ClusterEmulation:
+    inv = parse_cluster(doc(key, placement="block", tunnel=tunnel), Path("c.yaml"))
+    return ClusterEmulation(
+        CAMPUS,
+        servers=inv,
+        prefix="ces1a2b",
+        controller=("192.168.50.1", 6653),
+        image="ces-worker:x",
+        dilation=Dilation(dilation),
+        pki=Path("/pki"),
+        facts={"h1": facts(), "h2": facts(mtu=9000)},
+    )
+
+
+def test_each_link_between_hosts_is_a_keyed_tunnel_pair_shaped_where_it_leaves(key):
+    net = emulation(key, dilation=2.0)
+    assert net.mtu == 1500 - TUNNEL_OVERHEAD["vxlan"]
+    pairs = placing.crossing(CAMPUS, net.layout.placement)[("h1", "h2")]
+    s1, s2 = net.fabric_script("h1"), net.fabric_script("h2")
+    for i, lk in enumerate(pairs):
+        key_ = f"options:key={vni('ces1a2b', i)}"
+        assert s1.count(key_) == s2.count(key_) == 1  # one tunnel port at each end
+        assert "options:remote_ip=10.9.0.2" in s1 and "options:remote_ip=10.9.0.1" in s2
+        end1 = lk.a if net.layout.placement[lk.a] == "h1" else lk.b
+        dev = net.names.interface(end1, lk.port_of(end1))
+        rate = f"{lk.bw_mbps / 2 * 1000:.0f}kbit"  # the host's share at K = 2
+        assert f"class add dev {dev} parent 1: classid 1:ffff htb rate {rate}" in s1
+        assert f"ofport_request={lk.port_of(end1)}" in s1
+    assert len({vni("ces1a2b", i) for i in range(len(pairs))}) == len(pairs)
+    assert vni("ces1a2b", 0) != vni("ces1a2c", 0)  # two runs between the same hosts
+    assert f"mtu {net.mtu} type veth" in s1
+    # the userspace datapath: the underlay interface on a bridge of the run holding its address
+    assert "add-port ces1a2bu eth1" in s1 and "ip addr add 10.9.0.1/24 dev ces1a2bu" in s1
+    assert 'target="ssl:192.168.50.1:6653"' in s1 and "set-ssl $S/switch/key.pem" in s1
+    assert "datapath-id=0000000000000001" in s1 + s2
+    assert subprocess.run(["bash", "-n"], input=s1, text=True).returncode == 0
+
+
+def test_a_node_is_its_container_with_its_address_limits_and_shaped_link(key):
+    net = emulation(key, dilation=2.0)
+    host = net.layout.placement["srv1"]
+    script = net.nodes_script(host)
+    assert "--name ces1a2b-srv1 --hostname srv1 --network none" in script
+    assert "--cgroup-parent /ces1a2b-srv1" in script and "--memory 4096m" in script
+    srv1 = CAMPUS.node("srv1")
+    assert f"address {srv1.mac} netns" in script and f"addr add {srv1.ip}/16 dev eth0" in script
+    # the node's cgroup parent: 1.5 cores at K = 2 over a 200 ms period
+    assert "printf %s 150000 > /sys/fs/cgroup/cpu/ces1a2b-srv1/cpu.cfs_quota_us" in script
+    assert "printf %s 200000 > /sys/fs/cgroup/cpu/ces1a2b-srv1/cpu.cfs_period_us" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert f"mtu {net.mtu}" in script
+
+
+def test_gre_and_a_kernel_datapath(key):
+    net = emulation(key, tunnel="gre")
+    net.facts = {"h1": facts("system"), "h2": facts("system")}
+    net.plans = net._plans()
+    s = net.fabric_script("h1")
+    assert "type=gre" in s and "datapath_type=system" in s and "ces1a2bu" not in s
+    assert net.mtu == 1500 - TUNNEL_OVERHEAD["gre"]
+
+
+def test_the_cleanup_refuses_anything_but_one_runs_prefix():
+    for bad in ("ces", "ces1a2", "ces1a2bc", "x*", "ces1a2g"):
+        done = subprocess.run(
+            ["bash", "-s", bad], input=CLEANUP, text=True, capture_output=True, timeout=10
+        )
+        assert done.returncode == 2 and "bad prefix" in done.stderr
+
+
+def test_certificates_name_each_agents_host(key):
+    lay = Layout.make(parse_cluster(doc(key, placement="block"), Path("c.yaml")), CAMPUS)
+    names = parties(lay, CAMPUS)
+    for n in CAMPUS.nodes:
+        host = lay.inv.host(lay.placement[n.name])
+        assert names[f"agent-{n.name}"] == [n.name, host.address]
+    assert names["control"][0] == "192.168.50.1"
+    ports = {lay.agent_port(n.name) for n in CAMPUS.nodes if lay.placement[n.name] == "h1"}
+    assert len(ports) == len(lay.nodes_on("h1"))  # one port per agent on a host
