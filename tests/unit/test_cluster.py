@@ -391,3 +391,182 @@ def test_certificates_name_each_agents_host(key):
     assert names["control"][0] == "192.168.50.1"
     ports = {lay.agent_port(n.name) for n in CAMPUS.nodes if lay.placement[n.name] == "h1"}
     assert len(ports) == len(lay.nodes_on("h1"))  # one port per agent on a host
+
+
+# --- METIS against every placement of campus's switches ------------------------------------------
+def _front(topo, n: int) -> list[tuple[float, float]]:
+    """The placements of `topo`'s switches on `n` hosts no other beats on both the heaviest
+    host's weight (`vertex_weights`) and the capacity crossing hosts: [(weight, Mbit/s)]."""
+    import itertools
+
+    switches = [s.name for s in topo.switches]
+    index = {s: i for i, s in enumerate(switches)}
+    vw = [placing.vertex_weights(topo)[s] for s in switches]
+    edges = [(index[lk.a], index[lk.b], lk.bw_mbps) for lk in topo.links
+             if lk.a in index and lk.b in index]  # fmt: skip
+    best: dict[float, float] = {}
+    for parts in itertools.product(range(n), repeat=len(switches)):
+        if len(set(parts)) < n:
+            continue
+        load = [0.0] * n
+        for i, p in enumerate(parts):
+            load[p] += vw[i]
+        heaviest = round(max(load), 6)
+        cut = sum(w for a, b, w in edges if parts[a] != parts[b])
+        best[heaviest] = min(cut, best.get(heaviest, float("inf")))
+    front, least = [], float("inf")
+    for heaviest in sorted(best):
+        if best[heaviest] < least:
+            least = best[heaviest]
+            front.append((heaviest, least))
+    return front
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_no_placement_of_campus_beats_metis_on_both_crossing_and_balance(n):
+    servers = [f"h{i}" for i in range(n)]
+    p = placing.place(CAMPUS, servers, "metis")
+    vw = placing.vertex_weights(CAMPUS)
+    heaviest = max(sum(w for s, w in vw.items() if p[s] == h) for h in servers)
+    cut = placing.crossing_mbps(CAMPUS, p)
+    dominating = [
+        (w, c) for w, c in _front(CAMPUS, n) if w <= heaviest + 1e-6 and c < cut - 1e-6
+    ] + [(w, c) for w, c in _front(CAMPUS, n) if w < heaviest - 1e-6 and c <= cut + 1e-6]
+    assert not dominating, (heaviest, cut, dominating)
+    # and the least crossing of all is not bought with one host doing everything
+    assert heaviest <= sum(vw.values()) / n + max(vw.values())
+
+
+@pytest.mark.parametrize("spec", ["fattree", "topozoo/Abilene", "gen:internet:100"])
+def test_metis_crosses_least_on_the_figures_topologies(spec):
+    topo = load_topology(spec)
+    for n in (2, 3):
+        servers = [f"h{i}" for i in range(n)]
+        cost = {
+            rule: placing.crossing_mbps(topo, placing.place(topo, servers, rule))
+            for rule in ("block", "round-robin", "metis")
+        }
+        assert cost["metis"] < min(cost["block"], cost["round-robin"]), (spec, n, cost)
+        cpu = placing.cpu_by_server(topo, placing.place(topo, servers, "metis"))
+        mean = sum(n_.cpu for n_ in topo.nodes) / n
+        assert len(cpu) == n and max(cpu.values()) <= 1.1 * mean, (spec, n, cpu)
+
+
+def test_explicit_placement_by_zone_as_the_figure_writes_it():
+    from experiments.cluster_crossing import EXPLICIT
+
+    for (name, n), hosts in EXPLICIT.items():
+        topo = load_topology(name)
+        given = {sw: h for h, sws in hosts.items() for sw in sws}
+        p = placing.place(topo, [f"h{i}" for i in range(n)], "explicit", given)
+        assert {p[s.name] for s in topo.switches} == set(hosts)
+        assert p["srv1"] == given["acc4"]  # a node follows its access switch
+    with pytest.raises(placing.PlacementError, match="no server for switch"):
+        placing.place(CAMPUS, ["h0"], "explicit", {"core1": "h0"})
+
+
+# --- a host checked before the run ----------------------------------------------------------------
+class ScriptedHost:
+    """A `lab.ssh.Remote` whose commands answer as a host with `probe` fields would: the decisions
+    `lab.fabric.probe` takes on what a host says (the SSH path itself: tests/integration)."""
+
+    def __init__(self, host, **fields: str):
+        self.host = host
+        self.fields = {
+            "docker": "20.10.24",
+            "ovs": "ovs-vsctl (Open vSwitch) 3.1.0",
+            "ovs_up": "yes",
+            "iface_types": "[erspan, geneve, gre, internal, vxlan]",
+            "kmod": "0",
+            "exists": "yes",
+            "addrs": f"{host.underlay_ip}/24 ",
+            "mgmt_dev": "eth0",
+            "in_bridge": "",
+            "mtu": "1500",
+            "speed": "10000",
+            "boot_id": "b00t",
+            "cgroup2": "",
+            "driver": "cgroupfs",
+            "netem": "",
+            "missing": "",
+            **fields,
+        }
+
+    def ok(self, command: str, what: str, timeout_s: float = 60.0) -> str:
+        import time as _time
+
+        if "ovs_up=" in command:
+            return "".join(f"{k}={v}\n" for k, v in self.fields.items())
+        if command.startswith("date"):
+            return f"{_time.time():.6f}\n"
+        if "nproc" in command:
+            return "cpus=2\nquota=max\navail_kb=8000000\nmem_max=max\n"
+        if "mountinfo" in command:
+            return "host\n"
+        raise AssertionError(command)
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"exists": ""}, "underlay interface eth1 does not exist"),
+        ({"addrs": "10.9.9.9/24 "}, "underlay interface eth1 has 10.9.9.9/24, not 10.9.0.1"),
+        ({"in_bridge": "ces1a2bu"}, "is a port of Open vSwitch bridge ces1a2bu (a killed run's?"),
+        ({"mgmt_dev": "eth1"}, "also carries the management address"),
+        ({"ovs_up": ""}, "Open vSwitch does not answer"),
+        ({"docker": ""}, "no Docker engine answers"),
+        ({"iface_types": "[internal, patch]"}, "this Open vSwitch has no vxlan ports"),
+        ({"missing": "ethtool "}, "missing tools: ethtool"),
+    ],
+)
+def test_a_host_that_cannot_take_its_part_is_one_line_naming_it(key, fields, problem):
+    from lab.fabric import probe
+    from lab.ssh import HostError
+
+    inv = parse_cluster(doc(key), Path("c.yaml"))
+    with pytest.raises(HostError) as e:
+        probe(ScriptedHost(inv.host("h1"), **fields), inv.host("h1"), "vxlan", 512)  # type: ignore[arg-type]
+    msg = str(e.value)
+    assert msg.startswith("h1 (root@192.168.50.11:22): ") and problem in msg and "\n" not in msg
+
+
+def test_a_host_that_can_take_its_part(key):
+    from lab.fabric import probe
+
+    inv = parse_cluster(doc(key), Path("c.yaml"))
+    f = probe(ScriptedHost(inv.host("h1")), inv.host("h1"), "vxlan", 512)  # type: ignore[arg-type]
+    assert (f.datapath, f.underlay_cidr, f.underlay_mtu, f.underlay_mbps) == (
+        "netdev", "10.9.0.1/24", 1500, 10000.0,
+    )  # fmt: skip
+    # no speed from the kernel (a veth): the file must say it
+    with pytest.raises(Exception, match="reports no speed: give the host's underlay_mbps"):
+        probe(ScriptedHost(inv.host("h1"), speed="-1"), inv.host("h1"), "vxlan", 512)  # type: ignore[arg-type]
+    # too little memory for its nodes
+    with pytest.raises(Exception, match="too small for its nodes"):
+        probe(ScriptedHost(inv.host("h1")), inv.host("h1"), "vxlan", 10**6)  # type: ignore[arg-type]
+
+
+def test_run_refuses_an_unreachable_host_in_one_line_exit_2(key, tmp_path, capsys):
+    """The real SSH path to a port nobody listens on: run.py --cluster exits 2 before building
+    anything, one line per host."""
+    from experiments import run
+    from testbed.standin import new_key
+
+    new_key(key)  # a real key: the connection is what fails
+    d = doc(key)
+    for h in d["hosts"]:
+        h.update(address="127.0.0.1" if h["name"] == "h1" else "127.0.0.2", port=1)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(__import__("yaml").safe_dump(d))
+    token = tmp_path / "token"
+    token.write_text("x" * 32 + "\n")
+    token.chmod(0o600)
+    code = run.main(
+        ["--quick", "--cluster", str(cluster), "--token-file", str(token), "--insecure",
+         "--out", str(tmp_path / "out")]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 2 and all("unreachable over SSH" in line for line in err), err
+    assert err[0].startswith("error: h1 (root@127.0.0.1:1): ")
+    assert not (tmp_path / "out" / "results.json").exists()
