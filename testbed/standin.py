@@ -233,6 +233,7 @@ OVS_HOME = "/opt/ces-ovs"  # in a stand-in host: this machine's Open vSwitch, bi
 # The C library and its loader stay the container's (the same Debian release as this machine);
 # every other library the tools link comes from this machine with them.
 GLIBC = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so")
+HOST_CAPS = ("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "SYS_NICE", "IPC_LOCK")
 UNDERLAY_NET = "10.77.0"  # the stand-in underlay, /24: only the hosts' namespaces see it
 # What a VXLAN tunnel between two stand-in hosts carried of TCP at an inner MTU of 1400
 # (ENVIRONMENT.md: ~550 Mbit/s, both OVS instances' userspace datapaths on this machine's cores),
@@ -278,8 +279,8 @@ class ClusterHosts:
 
     A host runs its nodes' containers on this machine's Docker engine (its CLI and socket, as in
     `LabHosts`), in this machine's PID namespace (to move a veth into a node's namespace by its
-    pid, as a host's root shell does) and privileged, with this machine's cgroup tree (a node's
-    cgroup parent is where Docker makes it). Hosts on one machine share its kernel — one boot
+    pid, as a host's root shell does) with a root's capabilities (`HOST_CAPS`), with this
+    machine's cgroup tree (a node's cgroup parent is where Docker makes it). Hosts on one machine share its kernel — one boot
     id — and so its cores: the budget pools them. Named with the harness's prefix (≤ 6
     characters), removed by `stop()`."""
 
@@ -292,6 +293,12 @@ class ClusterHosts:
     mgmt: dict[str, str] = field(default_factory=dict)  # host -> management address
     underlay: dict[str, str] = field(default_factory=dict)  # host -> underlay address
     gateway: str = ""
+
+    def __post_init__(self) -> None:
+        # not a run's prefix (`ces` + hex): a run's cleanup must not take the hosts, and the
+        # hosts' removal (every interface named with the prefix) must not take a run's
+        if not 2 <= len(self.prefix) <= 6 or self.prefix.startswith("ces"):
+            raise ValueError(f"stand-in prefix {self.prefix!r}: 2-6 characters, not ces...")
 
     def __enter__(self) -> ClusterHosts:
         try:
@@ -340,7 +347,13 @@ class ClusterHosts:
                 environment={"PUBKEY": self.pubkey},
                 network=net.name,
                 volumes=volumes,
-                privileged=True,
+                # what a host's root does to build its part: interfaces, qdiscs, namespaces of
+                # other processes (nsenter), a tap per OVS internal port. Not --privileged: it
+                # asks for every capability, and a machine whose bounding set lacks one (this
+                # development VM: CAP_SYS_RESOURCE) cannot start such a container at all.
+                cap_add=list(HOST_CAPS),
+                security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+                devices=["/dev/net/tun:/dev/net/tun:rwm"],
                 pid_mode="host",
                 labels={"ces.test": self.prefix},
             )
