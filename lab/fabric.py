@@ -779,9 +779,10 @@ P=%(prefix)s
 while :; do
   sw=$( [ -n "$pid" ] && cut -d' ' -f14,15 /proc/$pid/stat 2>/dev/null || echo "0 0")
   wait=$( [ -n "$pid" ] && cut -d' ' -f2 /proc/$pid/schedstat 2>/dev/null || echo 0)
+  # %%.0f, not %%d: mawk (Debian's awk) caps %%d at 2^31 - 1, 2.1 s of CPU in nanoseconds
   nodes=$( (cat /sys/fs/cgroup/cpuacct/$P[-_]*/cpuacct.usage 2>/dev/null; \
-            awk '/^usage_usec/ {print $2 * 1000}' /sys/fs/cgroup/$P[-_]*/cpu.stat 2>/dev/null) \
-          | awk '{s += $1} END {printf "%%d", s}')
+            awk '/^usage_usec/ {printf "%%.0f\n", $2 * 1000}' /sys/fs/cgroup/$P[-_]*/cpu.stat 2>/dev/null) \
+          | awk '{s += $1} END {printf "%%.0f", s}')
   echo "$(date +%%s.%%N) $(head -1 /proc/stat | cut -d' ' -f2-) | $sw | $wait | $nodes"
   sleep 1
 done
@@ -828,6 +829,15 @@ class HostSampler:
                 if dt > 0:
                     self.busy.append((row[1] - self.rows[-1][1]) / dt / self.cores)
             self.rows.append(row)
+
+    def wait_first(self, timeout_s: float = 15.0) -> None:
+        """Until the first sample is in (a run's first counters need one from every host); a
+        HostError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not self.rows:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise HostError(self.remote.host, f"no CPU sample within {timeout_s:g} s")
+            time.sleep(0.1)
 
     def snapshot(self) -> dict:
         """Cumulative counters as of the last sample (host seconds), and every window so far."""

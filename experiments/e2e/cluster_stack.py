@@ -142,6 +142,11 @@ class ClusterStack(StackBase):
             self.samplers[h.name] = HostSampler(
                 self._remote_host(h.name), self.prefix, self.facts[h.name].cores
             ).start()
+        try:  # a run's first counters need a sample of every host (else it is judged without)
+            for sampler in self.samplers.values():
+                sampler.wait_first()
+        except HostError as e:
+            raise RunError(f"sampling the hosts: {e}") from None
         self.timings["up_s"] = time.monotonic() - t0
         self.console.print(
             f"  up in {self.timings['up_s']:.1f} s: the network on {len(hosts)} hosts in "
