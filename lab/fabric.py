@@ -780,13 +780,18 @@ while :; do
   sw=$( [ -n "$pid" ] && cut -d' ' -f14,15 /proc/$pid/stat 2>/dev/null || echo "0 0")
   wait=$( [ -n "$pid" ] && cut -d' ' -f2 /proc/$pid/schedstat 2>/dev/null || echo 0)
   # %%.0f, not %%d: mawk (Debian's awk) caps %%d at 2^31 - 1, 2.1 s of CPU in nanoseconds
-  nodes=$( (cat /sys/fs/cgroup/cpuacct/$P[-_]*/cpuacct.usage 2>/dev/null; \
-            awk '/^usage_usec/ {printf "%%.0f\n", $2 * 1000}' /sys/fs/cgroup/$P[-_]*/cpu.stat 2>/dev/null) \
+  nodes=$( (cat %(cgroups)s/cpuacct/$P[-_]*/cpuacct.usage 2>/dev/null; \
+            awk '/^usage_usec/ {printf "%%.0f\n", $2 * 1000}' %(cgroups)s/$P[-_]*/cpu.stat 2>/dev/null) \
           | awk '{s += $1} END {printf "%%.0f", s}')
   echo "$(date +%%s.%%N) $(head -1 /proc/stat | cut -d' ' -f2-) | $sw | $wait | $nodes"
   sleep 1
 done
 """
+
+
+def sampler_script(prefix: str, cgroups: str = "/sys/fs/cgroup") -> str:
+    """The sampler's script for run `prefix`, its nodes' cgroups under `cgroups`."""
+    return SAMPLER % {"pidfile": OVS_PIDFILE, "prefix": prefix, "cgroups": cgroups}
 
 
 class HostSampler:
@@ -806,9 +811,7 @@ class HostSampler:
         transport = self.remote.client.get_transport()
         assert transport is not None
         self._chan = transport.open_session()
-        self._chan.exec_command(
-            "bash -c " + shlex.quote(SAMPLER % {"pidfile": OVS_PIDFILE, "prefix": self.prefix})
-        )
+        self._chan.exec_command("bash -c " + shlex.quote(sampler_script(self.prefix)))
         self._thread.start()
         return self
 

@@ -570,3 +570,29 @@ def test_run_refuses_an_unreachable_host_in_one_line_exit_2(key, tmp_path, capsy
     assert len(err) == 2 and all("unreachable over SSH" in line for line in err), err
     assert err[0].startswith("error: h1 (root@127.0.0.1:1): ")
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_the_host_sampler_sums_nodes_cpu_beyond_32_bits(tmp_path):
+    """A node's cgroup past 2^31 ns (2.1 s of CPU) counts in full: Debian's awk (mawk) caps
+    printf %d there, and every host's nodes read 0 cores in a run before this was seen."""
+    from lab.fabric import sampler_script
+
+    for name, ns in (("ces1a2b-lab1", 3_000_000_000_000), ("ces1a2b_x.slice", 5)):
+        (tmp_path / "cpuacct" / name).mkdir(parents=True)
+        (tmp_path / "cpuacct" / name / "cpuacct.usage").write_text(f"{ns}\n")
+    (tmp_path / "ces1a2b-v2").mkdir()  # cgroup v2: cpu.stat in microseconds
+    (tmp_path / "ces1a2b-v2" / "cpu.stat").write_text("usage_usec 4000000000\nuser_usec 1\n")
+    (tmp_path / "cpuacct" / "ces1a2c-other").mkdir()  # another run's: not counted
+    (tmp_path / "cpuacct" / "ces1a2c-other" / "cpuacct.usage").write_text("7\n")
+    proc = subprocess.Popen(
+        ["bash", "-c", sampler_script("ces1a2b", str(tmp_path))], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
+    head, _, _, nodes = line.split("|")
+    assert int(nodes) == 3_000_000_000_000 + 5 + 4_000_000_000_000
+    assert float(head.split()[0]) > 0 and len(head.split()) > 4
