@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.common import RESULTS, require_root
+from experiments.common import REPO, RESULTS, require_root
 from experiments.machine import machine
 from lab.cluster import load_cluster
 from lab.fabric import ClusterEmulation
@@ -45,7 +45,6 @@ from testbed.names import new_prefix
 from testbed.standin import standin_cluster
 from topologies import parse_topology, topology_document
 
-REPO = Path(__file__).resolve().parent.parent
 RATES = (10.0, 50.0, 200.0)
 CEILING_MBPS = 10000.0
 
