@@ -62,6 +62,7 @@ from protocol.dilation import NONE, Dilation
 from protocol.tls import identity_files, switch_identity
 from testbed.cleanup import PID_LABEL
 from testbed.emulation import PROJECT_LABEL, TCP_CONGESTION_CONTROL
+from testbed.hostcost import busy_ticks
 from testbed.names import Names
 from topologies import Link, Topology
 
@@ -783,7 +784,7 @@ while :; do
   nodes=$( (cat %(cgroups)s/cpuacct/$P[-_]*/cpuacct.usage 2>/dev/null; \
             awk '/^usage_usec/ {printf "%%.0f\n", $2 * 1000}' %(cgroups)s/$P[-_]*/cpu.stat 2>/dev/null) \
           | awk '{s += $1} END {printf "%%.0f", s}')
-  echo "$(date +%%s.%%N) $(head -1 /proc/stat | cut -d' ' -f2-) | $sw | $wait | $nodes"
+  echo "$(date +%%s.%%N) $(head -1 /proc/stat) | $sw | $wait | $nodes"
   sleep 1
 done
 """
@@ -817,21 +818,27 @@ class HostSampler:
 
     def _read(self) -> None:
         assert self._chan is not None
-        for line in self._chan.makefile("r"):
+        self.parse(self._chan.makefile("r"))
+
+    def parse(self, lines: Iterable[str]) -> None:
+        """The sampler script's lines: the host's busy seconds count niced processes (the cores
+        used, as on one host), its windows do not (what the verdict judges: `busy_ticks`)."""
+        active_before = 0.0
+        for line in lines:
             try:
                 head, sw, wait, nodes = line.split("|")
-                fields = head.split()
-                t, stat = float(fields[0]), [int(x) for x in fields[1:]]
-                busy = (sum(stat) - stat[3] - stat[4]) / self.tick
-                row = (t, busy, sum(int(x) for x in sw.split()) / self.tick, int(wait) / 1e9,
-                       int(nodes or 0) / 1e9)  # fmt: skip
+                stamp, stat = head.split(maxsplit=1)
+                busy, active = (busy_ticks(stat, niced) / self.tick for niced in (True, False))
+                row = (float(stamp), busy, sum(int(x) for x in sw.split()) / self.tick,
+                       int(wait) / 1e9, int(nodes or 0) / 1e9)  # fmt: skip
             except (ValueError, IndexError):
                 continue
             if self.rows:
                 dt = row[0] - self.rows[-1][0]
                 if dt > 0:
-                    self.busy.append((row[1] - self.rows[-1][1]) / dt / self.cores)
+                    self.busy.append((active - active_before) / dt / self.cores)
             self.rows.append(row)
+            active_before = active
 
     def wait_first(self, timeout_s: float = 15.0) -> None:
         """Until the first sample is in (a run's first counters need one from every host); a

@@ -107,18 +107,23 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def busy_seconds(niced: bool = True) -> float:
-    """CPU seconds the host's cores have been busy since boot: user, system, interrupts and
-    steal (/proc/stat; guest time is already in user and nice), and with `niced` the time of
-    processes at a positive nice. Without it, what a run's verdict counts: a process at nice 19
-    gets about 1.5 % of a core another wants (CFS weights 15 against 1024), so its time was the
-    emulation's for the asking, and a run beside a niced build or test is not short of CPU for
-    it (the emulation's own processes run at nice 0, ovs-vswitchd at -10)."""
+def busy_ticks(stat_line: str, niced: bool = True) -> int:
+    """Clock ticks the cores have been busy, from /proc/stat's first line ("cpu user nice ..."):
+    user, system, interrupts and steal (guest time is already in user and nice), and with
+    `niced` the time of processes at a positive nice. Without it, what a run's verdict counts: a
+    process at nice 19 gets about 1.5 % of a core another wants (CFS weights 15 against 1024),
+    so its time was the emulation's for the asking, and a run beside a niced build or test is
+    not short of CPU for it (the emulation's own processes run at nice 0, ovs-vswitchd at -10)."""
     user, nice, system, _idle, _iowait, irq, softirq, steal = (
-        int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]
+        int(x) for x in stat_line.split()[1:9]
     )
-    busy = user + system + irq + softirq + steal + (nice if niced else 0)
-    return busy / os.sysconf("SC_CLK_TCK")
+    return user + system + irq + softirq + steal + (nice if niced else 0)
+
+
+def busy_seconds(niced: bool = True) -> float:
+    """CPU seconds this host's cores have been busy since boot (`busy_ticks`)."""
+    line = Path("/proc/stat").read_text().splitlines()[0]
+    return busy_ticks(line, niced) / os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_s(pid: int) -> float:

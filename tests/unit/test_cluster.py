@@ -5,6 +5,7 @@ link), the scripts a host runs (tunnels, shaping, MTU, keys), per-host usage and
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -596,3 +597,22 @@ def test_the_host_sampler_sums_nodes_cpu_beyond_32_bits(tmp_path):
     head, _, _, nodes = line.split("|")
     assert int(nodes) == 3_000_000_000_000 + 5 + 4_000_000_000_000
     assert float(head.split()[0]) > 0 and len(head.split()) > 4
+
+
+def test_the_host_sampler_judges_busy_windows_without_niced_processes():
+    """A niced build beside a run yields its cores on demand: the host's busy windows leave its
+    time out (as one host's verdict does), the host's cores used count it."""
+    from lab.fabric import HostSampler
+
+    tick = os.sysconf("SC_CLK_TCK")
+    sampler = HostSampler(None, "ces1a2b", cores=2)  # type: ignore[arg-type]
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice; 1 s apart
+    sampler.parse(
+        [
+            f"100.0 cpu {10 * tick} 0 {tick} 0 0 0 0 0 0 0 | 0 | 0 | 0\n",
+            "garbage\n",
+            f"101.0 cpu {int(10.5 * tick)} {int(1.5 * tick)} {tick} 0 0 0 0 0 0 0 | 0 | 0 | 0\n",
+        ]
+    )
+    assert sampler.busy == [pytest.approx(0.25)]  # 0.5 of 2 cores; the niced 1.5 left out
+    assert sampler.snapshot()["cpu_s"]["host"] == pytest.approx(13.0)  # 10.5 + 1.5 + 1
