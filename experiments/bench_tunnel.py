@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A link between hosts holding its shaped rate (issue 50): wire/grant of one emulated link that
-is a VXLAN tunnel between two stand-in hosts, at 10, 50 and 200 Mbit/s.
+is a tunnel between two stand-in hosts, at 10, 50 and 200 Mbit/s.
 
-    sudo python experiments/bench_tunnel.py [--seconds 8] [--rates 10,50,200]
-        # → results/cluster/tunnel.json
+    sudo python experiments/bench_tunnel.py [--seconds 8] [--rates 10,50,200] [--tunnel vxlan]
+        # → results/cluster/tunnel.json (VXLAN), tunnel-geneve.json, tunnel-gre.json
 
 Two stand-in hosts (`testbed.standin.ClusterHosts`: containers with sshd and an Open vSwitch of
 their own, a veth underlay between them) and the SDN app on this machine; per rate R a topology
@@ -36,7 +36,7 @@ import yaml
 
 from experiments.common import REPO, RESULTS, require_root
 from experiments.machine import machine
-from lab.cluster import load_cluster
+from lab.cluster import TUNNELS, load_cluster
 from lab.fabric import ClusterEmulation
 from protocol.http import free_port
 from sdn_app.client import SdnClient, SdnError
@@ -167,24 +167,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
     p.add_argument("--seconds", type=float, default=8.0, help="iperf3 duration (after 1 s omitted)")
     p.add_argument("--no-one-host", action="store_true", help="only the tunnel, not one host")
-    p.add_argument("--out", type=Path, default=RESULTS / "cluster" / "tunnel.json")
+    p.add_argument("--tunnel", choices=TUNNELS, default=TUNNELS[0], help="the cluster's tunnel")
+    p.add_argument("--out", type=Path, help="default results/cluster/tunnel[-TUNNEL].json")
     a = p.parse_args(argv)
     require_root("stand-in hosts: containers, network namespaces, veths")
     # SIGTERM (timeout, kill) unwinds like Ctrl-C: the hosts and the runs on them are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rates = [float(r) for r in a.rates.split(",")]
+    out = a.out or RESULTS / "cluster" / (
+        "tunnel.json" if a.tunnel == "vxlan" else f"tunnel-{a.tunnel}.json"
+    )
     image = ensure()
     doc: dict = {
         "machine": machine(),
         "seconds": a.seconds,
-        "tunnel": "vxlan",
+        "tunnel": a.tunnel,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "tunnel_link": [],
         "one_host": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench_tunnel-") as tmp:
         work = Path(tmp)
-        with standin_cluster(work, ("h1", "h2"), image, f"tn{secrets.token_hex(2)}") as (_, path):
+        with standin_cluster(
+            work, ("h1", "h2"), image, f"tn{secrets.token_hex(2)}", tunnel=a.tunnel
+        ) as (
+            _,
+            path,
+        ):
             one = work / "one-host.yaml"
             d = yaml.safe_load(path.read_text())
             one.write_text(yaml.safe_dump({**d, "hosts": d["hosts"][:1]}, sort_keys=False))
@@ -200,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"one host {rate:>6g} Mbit/s: {r['mbps']:>7.1f} received "
                           f"(wire/grant {r['wire_over_grant']:.3f}, {r['retransmits']} "
                           "retransmits)", flush=True)  # fmt: skip
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {a.out}", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 
