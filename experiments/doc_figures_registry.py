@@ -1806,6 +1806,147 @@ E2E_TABLES = [
 ]
 
 
+# --- docs/cluster.md ---------------------------------------------------------------------------
+CLUSTER = "docs/cluster.md"
+CROSSING = "results/cluster/crossing.json"
+TUNNEL = "results/cluster/tunnel.json"
+CLUSTER_QUICK = "results/cluster/quick/compare.json"
+BRINGUP = "results/cluster/bringup.json"
+
+
+def _crossing_table(doc: dict) -> str:
+    """Capacity crossing hosts under each placement rule (Mbit/s, share, heaviest host/mean)."""
+    rows = []
+    for name, t in doc["topologies"].items():
+        for n in doc["hosts"]:
+            cells = []
+            for rule in ("block", "round-robin", "metis", "explicit"):
+                c = t[f"{n} hosts"].get(rule)
+                cells.append(
+                    "—"
+                    if c is None
+                    else f"{c['crossing_mbps']:.0f} ({c['crossing_share']:.0%}), "
+                    f"×{c['cpu_imbalance']:.2f}"
+                )
+            rows.append([f"{name} ({t['switches']}, {t['nodes']})", n, *cells])
+    header = ["topology (switches, nodes)", "hosts", "block", "round-robin", "metis"]
+    return md_table([*header, "explicit (by zone)"], rows)
+
+
+def _tunnel_table(doc: dict) -> str:
+    """A tunnel link's wire/grant against the same link on one host."""
+    one = {r["grant_mbps"]: r for r in doc["one_host"]}
+    rows = []
+    for r in doc["tunnel_link"]:
+        o = one.get(r["grant_mbps"])
+        ceiling = r["wire_over_grant"] < 0.5  # the link unshaped: what the datapaths carry
+        grant = (
+            f"unshaped ({r['grant_mbps']:,.0f})".replace(",", " ")
+            if ceiling
+            else (f"{r['grant_mbps']:g}")
+        )
+        tunnel = (
+            f"{r['mbps']:.1f} ({r['retransmits']} retransmits): the ceiling"
+            if ceiling
+            else f"{r['mbps']:.1f} ({r['wire_over_grant']:.3f}, {r['retransmits']})"
+        )
+        here = (
+            "—"
+            if o is None
+            else (
+                f"{o['mbps']:.1f}" if ceiling else f"{o['mbps']:.1f} ({o['wire_over_grant']:.3f})"
+            )
+        )
+        rows.append([grant, tunnel, here])
+    table = md_table(
+        [
+            "grant (Mbit/s)",
+            f"{doc['tunnel'].upper()} tunnel between hosts: received (wire/grant, retransmits)",
+            "one host: received (wire/grant)",
+        ],
+        rows,
+    )
+    mtu = same(0, *(r["inner_mtu"] for r in doc["tunnel_link"]))
+    return table + (
+        f"\n({doc['seconds']:g} s per transfer after 1 s omitted, inner MTU {mtu}, "
+        f"{doc['started']}.)\n"
+    )
+
+
+def _cluster_quick(doc: dict) -> str:
+    """Each job's TTA on one host and over 2 and 3 hosts, and the placements."""
+    rows = []
+    for label, c in doc["clusters"].items():
+        for j in c["jobs"]:
+            rows.append(
+                [
+                    label.replace("-", " "),
+                    j["scheduler"],
+                    j["job"],
+                    _tta_cell(j["one_host"]),
+                    _tta_cell(j["cluster"]),
+                    _yes_no(j["cluster_mean_in_one_host_interval"]),
+                    _yes_no(j["one_host_mean_in_cluster_interval"]),
+                ]
+            )
+    return md_table(
+        [
+            "over",
+            "scheduler",
+            "job",
+            "one host: TTA s (runs)",
+            "over the hosts: TTA s (runs)",
+            "its mean in one host's interval",
+            "one host's mean in its interval",
+        ],
+        rows,
+    )
+
+
+def _tta_cell(x: dict) -> str:
+    half = "–" if x["half_s"] is None else f"{x['half_s']:.2f}"
+    return f"{x['mean_s']:.2f} ± {half} ({x['runs']})"
+
+
+def _yes_no(x: bool | None) -> str:
+    return "–" if x is None else ("yes" if x else "**no**")
+
+
+def _bringup_table(doc: dict) -> str:
+    """Bring-up and teardown seconds per host count (every repeat)."""
+    by: dict[int, list[dict]] = {}
+    for r in doc["runs"]:
+        by.setdefault(r["hosts"], []).append(r)
+    rows = [
+        [
+            n,
+            len(rs),
+            ", ".join(f"{r['up_s']:.1f}" for r in rs),
+            ", ".join(f"{r['built_s']:.1f}" for r in rs),
+            ", ".join(f"{r['down_s']:.1f}" for r in rs),
+        ]
+        for n, rs in sorted(by.items())
+    ]
+    return md_table(
+        [
+            "stand-in hosts",
+            "repeats",
+            "up s (every switch at the SDN app, pings pass)",
+            "of which built s",
+            "teardown s",
+        ],
+        rows,
+    )
+
+
+CLUSTER_TABLES = [
+    Table("cluster-crossing", CLUSTER, (CROSSING,), _crossing_table),
+    Table("cluster-tunnel", CLUSTER, (TUNNEL,), _tunnel_table),
+    Table("cluster-quick", CLUSTER, (CLUSTER_QUICK,), _cluster_quick),
+    Table("cluster-bringup", CLUSTER, (BRINGUP,), _bringup_table),
+]
+
+
 # --- everything --------------------------------------------------------------------------------
 TABLES: list[Table] = [
     *EADE_TABLES,
@@ -1816,6 +1957,7 @@ TABLES: list[Table] = [
     *WORK_TABLES,
     *LAB_TABLES,
     *E2E_TABLES,
+    *CLUSTER_TABLES,
 ]
 QUOTES: list[Quote] = [
     *EADE_QUOTES,
