@@ -1883,10 +1883,10 @@ def _cluster_quick(doc: dict) -> str:
                     label.replace("-", " "),
                     j["scheduler"],
                     j["job"],
-                    _tta_cell(j["one_host"]),
-                    _tta_cell(j["cluster"]),
-                    _yes_no(j["cluster_mean_in_one_host_interval"]),
-                    _yes_no(j["one_host_mean_in_cluster_interval"]),
+                    _cluster_tta(j["one_host"]),
+                    _cluster_tta(j["cluster"]),
+                    _inside_cell(j["cluster_mean_in_one_host_interval"]),
+                    _inside_cell(j["one_host_mean_in_cluster_interval"]),
                 ]
             )
     return md_table(
@@ -1903,12 +1903,12 @@ def _cluster_quick(doc: dict) -> str:
     )
 
 
-def _tta_cell(x: dict) -> str:
+def _cluster_tta(x: dict) -> str:
     half = "–" if x["half_s"] is None else f"{x['half_s']:.2f}"
     return f"{x['mean_s']:.2f} ± {half} ({x['runs']})"
 
 
-def _yes_no(x: bool | None) -> str:
+def _inside_cell(x: bool | None) -> str:
     return "–" if x is None else ("yes" if x else "**no**")
 
 
