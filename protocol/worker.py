@@ -11,6 +11,9 @@ the training program (`workloads.train`, or a job's own command).
 - Rank 0 listens for the rendezvous on `RENDEZVOUS_PORT` unless told otherwise (the Master gives
   every attempt a port of its own, counting up from here).
 - Options travel as command-line flags built by `option_flags`.
+- The job's communication graph is the scheduler's (`scheduler.jobs`), task i being rank i: the
+  worker sends along exactly the flows the scheduler routed. A tree's shape is `tree_parent`; a
+  custom graph's flows travel as `--flows` values in `flow_option`'s format.
 """
 
 from __future__ import annotations
@@ -39,3 +42,29 @@ def option_flags(options: Mapping[str, Any]) -> list[str]:
         else:
             args += [flag, str(value)]
     return args
+
+
+def tree_parent(rank: int) -> int:
+    """The parent of a rank (> 0) in a tree job: a binary tree rooted at rank 0."""
+    return (rank - 1) // 2
+
+
+def flow_option(src: int, dst: int, nbytes: int) -> str:
+    """One flow of a custom graph as a worker option value: `SRC>DST:BYTES` (ranks, bytes per
+    iteration)."""
+    return f"{src}>{dst}:{nbytes}"
+
+
+def parse_flow(text: str) -> tuple[int, int, int]:
+    """(src, dst, bytes) from `flow_option`'s format; ValueError says what is wrong."""
+    ends, sep, nbytes = text.partition(":")
+    src, arrow, dst = ends.partition(">")
+    try:
+        if not (sep and arrow):
+            raise ValueError
+        flow = int(src), int(dst), int(nbytes)
+    except ValueError:
+        raise ValueError(f"flow '{text}': expected SRC>DST:BYTES (ranks, bytes)") from None
+    if min(flow) < 0 or flow[0] == flow[1]:
+        raise ValueError(f"flow '{text}': ranks and bytes must be >= 0, SRC different from DST")
+    return flow

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.worker import tree_parent
 from topologies import is_number, read_yaml
 
 from .model import Job, LogicalFlow, Resources, Task
@@ -23,7 +24,14 @@ from .perfmodel import COLLECTIVES, flow_bytes
 
 BYTES_PER_PARAM = 4  # float32 parameters/gradients
 MAX_TASKS = 256  # per job: an all-to-all job of k workers has k(k-1) flows
-WORKLOAD_COLLECTIVE = {"ring": "ring", "star": "ps"}  # job collective -> the worker's --collective
+# job collective -> the worker's --collective (workloads.collectives)
+WORKLOAD_COLLECTIVE = {
+    "ring": "ring",
+    "star": "ps",
+    "tree": "tree",
+    "all-to-all": "all-to-all",
+    "custom": "custom",
+}
 
 
 class JobError(ValueError):
@@ -107,13 +115,13 @@ def tree_job(
     demand_mbps: float,
     **fields: Any,
 ) -> Job:
-    """Binary reduction tree rooted at w0 (parent of w_i is w_{(i-1)//2}); reduce up and broadcast
-    down, M bytes per flow and direction."""
+    """Binary reduction tree rooted at w0 (parent of w_i is w_{(i-1)//2}, `tree_parent`, the
+    worker's tree); reduce up and broadcast down, M bytes per flow and direction."""
     tasks = worker_tasks(workers, demand)
     pairs = [
         p
         for i in range(1, workers)
-        for p in ((f"w{i}", f"w{(i - 1) // 2}"), (f"w{(i - 1) // 2}", f"w{i}"))
+        for p in ((f"w{i}", f"w{tree_parent(i)}"), (f"w{tree_parent(i)}", f"w{i}"))
     ]
     return Job(
         name,

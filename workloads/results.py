@@ -20,7 +20,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
         "process_start",
         "container_start",
     ),
-    "data": ("dataset", "train", "test", "shard_eval"),
+    "data": ("dataset", "synthetic", "train", "test", "shard_eval"),
     "iter": (
         "iter",
         "loss",
@@ -31,6 +31,8 @@ SCHEMA: dict[str, tuple[str, ...]] = {
         "rx_bytes",
         "payload_tx_bytes",
         "payload_rx_bytes",
+        "payload_tx_by_peer",
+        "payload_rx_by_peer",
     ),
     "eval": ("iter", "elapsed_s", "eval_s", "accuracy"),
     "end": (
@@ -39,6 +41,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
         "tta_iter",
         "target_acc",
         "stop_reason",
+        "synthetic",
         "iters",
         "train_s",
         "clock_start",
@@ -119,6 +122,10 @@ class JobSummary:
     comm_s: float
     payload_tx_bytes: float  # per iteration, the busiest task
     iface_tx_bytes: float | None  # per iteration, the busiest interface
+    # per iteration and flow ("SRC>DST" ranks), as its source counted it: compare with the
+    # model's `scheduler.perfmodel.flow_bytes`
+    flow_bytes: dict[str, float]
+    synthetic: bool  # random data of the dataset's shapes: iteration times only
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -160,6 +167,14 @@ def summarize_job(logs: list[TaskLog]) -> JobSummary:
         comm_s=worst_median("comm_s"),
         payload_tx_bytes=worst_median("payload_tx_bytes"),
         iface_tx_bytes=max(_median(x) for x in iface) if all(iface) else None,
+        flow_bytes={
+            f"{t.rank}>{peer}": _median(
+                [r["payload_tx_by_peer"].get(peer, 0) for r in t.iters[WARMUP_ITERS:] or t.iters]
+            )
+            for t in logs
+            for peer in sorted({p for r in t.iters for p in r["payload_tx_by_peer"]}, key=int)
+        },
+        synthetic=any(t.end["synthetic"] for t in logs),
     )
 
 

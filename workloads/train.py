@@ -3,7 +3,7 @@
     python -m workloads.train --rank R --world-size K --master-addr IP --master-port P \\
         --iface eth0 --model cnn --dataset digits --collective ring --target-acc 0.95 \\
         --eval-every 10 --max-iters 2000 --max-seconds 600 --batch-size 32 --lr 0.05 \\
-        --seed 0 --out /results/rank0.jsonl
+        --seed 0 --out /results/rank0.jsonl [--flows 0>1:4000000 1>0:4000000 ...]
 
 Rendezvous is at rank 0's testbed address and gloo is bound to `--iface`, so every byte of the
 job crosses the emulated links. Timing (MLPerf training rules): the clock starts after the
@@ -11,17 +11,25 @@ process group and the model exist and before any data is touched; evaluation run
 cadence inside the clock; the clock stops at the first evaluation that reaches the target. A run
 that hits --max-iters / --max-seconds first reports `reached_target: false` and no time.
 
+--collective is one of `workloads.collectives`: ring, ps (the job model's star), tree, all-to-all
+or custom, whose graph is given by --flows (`protocol.worker.flow_option`: SRC>DST:BYTES per
+iteration, ranks). A dataset read from files (mnist, cifar10) that is absent is replaced by random
+data of its shapes (`data.synthetic_dataset`): iteration times only, never a time-to-accuracy;
+--require-data makes its absence an error instead.
+
 JSON lines written to --out (one file per task), each with a "type":
   start  configuration, model size, threads, clocks, dilation (K: 1 unless the worker runs under
          time dilation, `protocol.worker` DILATION_ENV; then every time below is emulated), cpu
          (as in end: what start-up took; the data line has it at the clock's start)
-  data   dataset, sizes of the splits and of this rank's evaluation shard, clock_start (the
-         wall clock when the clock started: evaluations are at clock_start + elapsed_s)
+  data   dataset, synthetic (random data of its shapes), sizes of the splits and of this
+         rank's evaluation shard, clock_start (the wall clock when the clock started:
+         evaluations are at clock_start + elapsed_s)
   iter   iter, loss, iter_s, compute_s, comm_s, tx_bytes, rx_bytes (interface counters),
-         payload_tx_bytes, payload_rx_bytes (what the collective sent)
+         payload_tx_bytes, payload_rx_bytes (what the collective sent), payload_tx_by_peer,
+         payload_rx_by_peer (the same per peer rank: the bytes of each of the job's flows)
   eval   iter, elapsed_s, eval_s, accuracy (over the whole held-out split), tcp and cpu (as in
          end: so far, for a task that is stopped before it ends)
-  end    reached_target, tta_s, tta_iter, stop_reason, iters, train_s, init_s, startup_s,
+  end    reached_target, tta_s, tta_iter, stop_reason, synthetic, iters, train_s, init_s, startup_s,
          container_startup_s, jct_s, param_sum, tcp (the kernel's counters of this task's
          connections per peer address, `metrics.tcp_send_counters`), cpu (what the host's
          scheduler gave this process, in host seconds: `metrics.cpu_counters`)
@@ -46,16 +54,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from protocol.worker import METRICS_OUT, RENDEZVOUS_PORT
+from protocol.worker import METRICS_OUT, RENDEZVOUS_PORT, parse_flow
 
-from .collectives import COLLECTIVES, make_collective
+from .collectives import COLLECTIVES, check_flows, make_collective
 from .data import (
     DATASET_SHAPES,
     DATASETS,
     DEFAULT_DATA_DIR,
+    FILE_DATASETS,
     DatasetError,
+    as_float,
     check_available,
     load_dataset,
+    synthetic_dataset,
 )
 from .metrics import (
     InterfaceCounters,
@@ -92,6 +103,8 @@ class TrainConfig:
     threads: int = 0  # 0: one per core of the CPU quota
     timeout_s: float = 300.0  # rendezvous and per-collective timeout
     data_dir: str = DEFAULT_DATA_DIR
+    require_data: bool = False  # absent files are an error, not synthetic data
+    flows: tuple[str, ...] = ()  # a custom graph's, `protocol.worker.flow_option`
     out: str = METRICS_OUT
 
 
@@ -170,7 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data-dir",
         default=DEFAULT_DATA_DIR,
-        help="where optional local datasets (torchvision MNIST raw files) live",
+        help="where local datasets live (MNIST/raw/*-idx?-ubyte[.gz], cifar-10-batches-py/)",
+    )
+    p.add_argument(
+        "--require-data",
+        action="store_true",
+        help="fail if the dataset's files are absent (default: random data of its shapes)",
+    )
+    p.add_argument(
+        "--flows",
+        nargs="*",
+        default=(),
+        metavar="SRC>DST:BYTES",
+        help="a custom graph's flows: ranks and bytes per iteration",
     )
     p.add_argument("--out", default=METRICS_OUT, help="JSON-lines output file ('-': stdout)")
     return p
@@ -179,16 +204,31 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     """Parse and validate; on bad input print a clear message and exit 2 (argparse's way)."""
     parser = build_parser()
-    cfg = TrainConfig(**vars(parser.parse_args(argv)))
+    args = vars(parser.parse_args(argv))
+    cfg = TrainConfig(**{**args, "flows": tuple(args["flows"])})
     if cfg.rank >= cfg.world_size:
         parser.error(f"--rank {cfg.rank} is outside the job (world size {cfg.world_size})")
     if not (Path("/sys/class/net") / cfg.iface).exists():
         parser.error(f"--iface {cfg.iface}: no such network interface here")
     try:
+        check_flows(cfg.collective, cfg.world_size, [parse_flow(f) for f in cfg.flows])
+    except ValueError as e:
+        parser.error(f"--flows: {e}")
+    if cfg.require_data or cfg.dataset not in FILE_DATASETS:
+        try:
+            check_available(cfg.dataset, cfg.data_dir)
+        except DatasetError as e:
+            parser.error(str(e))
+    return cfg
+
+
+def _data_absent(cfg: TrainConfig) -> str | None:
+    """Why the dataset's files are absent (then the run uses synthetic data), None if present."""
+    try:
         check_available(cfg.dataset, cfg.data_dir)
     except DatasetError as e:
-        parser.error(str(e))
-    return cfg
+        return str(e)
+    return None
 
 
 # --- the training run -------------------------------------------------------------------------
@@ -213,10 +253,14 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     except (RuntimeError, ValueError) as e:
         raise JobError(f"rendezvous at {cfg.master_addr}:{cfg.master_port} failed: {e}") from e
 
-    torch.manual_seed(cfg.seed)
+    absent = _data_absent(cfg)
+    if absent:
+        print(f"rank {cfg.rank}: {absent}; training on synthetic data", file=sys.stderr)
+    torch.manual_seed(cfg.seed)  # the same on every rank: replicas start equal
     shape, classes = DATASET_SHAPES[cfg.dataset]
     model = build_model(cfg.model, shape, classes)
-    collective = make_collective(cfg.collective, cfg.rank, cfg.world_size)
+    flows = [parse_flow(f) for f in cfg.flows]
+    collective = make_collective(cfg.collective, cfg.rank, cfg.world_size, flows)
     net = collective.wrap(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     log.write(
@@ -238,7 +282,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     # ---- the clock starts: from here on everything counts toward time-to-accuracy ----
     t0 = time.perf_counter()
     clock_start = clock.time()
-    data = load_dataset(cfg.dataset, cfg.data_dir)
+    data = synthetic_dataset(cfg.dataset) if absent else load_dataset(cfg.dataset, cfg.data_dir)
     x_eval, y_eval = (
         data.x_test[cfg.rank :: cfg.world_size],
         data.y_test[cfg.rank :: cfg.world_size],
@@ -247,6 +291,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
     log.write(
         "data",
         dataset=data.name,
+        synthetic=data.synthetic,
         train=len(data.y_train),
         test=len(data.y_test),
         shard_eval=len(y_eval),
@@ -267,9 +312,9 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
             first_iter_wall = clock.time()
         x, y = next(batches)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
+        loss = loss_fn(net(as_float(x)), y)
         loss.backward()  # DDP: returns once every gradient bucket is all-reduced
-        collective.after_backward(model)  # PS: the star exchange
+        collective.after_backward(model)  # the others: their exchange
         t_synced = time.perf_counter()
         optimizer.step()
         t_end = time.perf_counter()
@@ -289,6 +334,8 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
             rx_bytes=rx,
             payload_tx_bytes=window.payload_tx,
             payload_rx_bytes=window.payload_rx,
+            payload_tx_by_peer={str(r): n for r, n in sorted(window.tx_by_peer.items()) if n},
+            payload_rx_by_peer={str(r): n for r, n in sorted(window.rx_by_peer.items()) if n},
         )
 
         if it % cfg.eval_every == 0 or it == cfg.max_iters:
@@ -307,7 +354,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
                 cpu=cpu_counters(),
             )
             counters.delta()  # evaluation traffic is not the next iteration's
-            if accuracy >= cfg.target_acc:
+            if accuracy >= cfg.target_acc and not data.synthetic:  # random labels: no TTA
                 tta_s, tta_iter, stop_reason = elapsed, it, "target"
                 break
             if over_time:
@@ -322,6 +369,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
         "tta_iter": tta_iter,
         "target_acc": cfg.target_acc,
         "stop_reason": stop_reason,
+        "synthetic": data.synthetic,
         "iters": it,
         "train_s": em(t_finish - t0),
         "clock_start": clock_start,
@@ -365,6 +413,11 @@ def _batches(
         epoch += 1
 
 
+# Images scored at once: ResNet-18 keeps ~1 MB of activations per 32x32 image, so a whole
+# 10k-image shard at once would not fit a worker's memory.
+EVAL_CHUNK = 256
+
+
 @torch.no_grad()
 def _evaluate(
     model: nn.Module, collective, x: torch.Tensor, y: torch.Tensor, over_time: bool
@@ -373,7 +426,10 @@ def _evaluate(
     summed over the job's own pattern), and whether any rank is past --max-seconds: all ranks
     get the same answers, so they stop at the same iteration."""
     model.eval()
-    correct = int((model(x).argmax(dim=1) == y).sum()) if len(y) else 0
+    correct = sum(
+        int((model(as_float(x[i : i + EVAL_CHUNK])).argmax(dim=1) == y[i : i + EVAL_CHUNK]).sum())
+        for i in range(0, len(y), EVAL_CHUNK)
+    )
     model.train()
     counts = torch.tensor([correct, len(y), int(over_time)], dtype=torch.float64)
     collective.sum_(counts)

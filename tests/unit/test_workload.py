@@ -110,6 +110,29 @@ def test_time_limit_stops_every_rank_at_the_same_evaluation(tmp_path):
     assert all(e["train_s"] >= 0.5 for e in ends)
 
 
+def test_absent_dataset_files_give_synthetic_data_and_no_time(tmp_path):
+    """CIFAR-10 absent: random images of its shapes, the run says so, and no time-to-accuracy is
+    reported even where random labels reach the target (10 % of 10 classes)."""
+    paths = run_local(
+        1,
+        tmp_path,
+        deadline_s=120,
+        model="cnn",
+        data_dir=tmp_path / "nothing-here",
+        target_acc=0.01,
+        max_iters=4,
+        **{**FAST, "dataset": "cifar10", "eval_every": 2},
+    )
+    log = read_task_log(paths[0])
+    assert log.data["synthetic"] and (log.data["train"], log.data["test"]) == (50_000, 10_000)
+    assert all(ev["accuracy"] >= 0.01 for ev in log.evals)  # the target, by chance
+    assert log.end["synthetic"] and not log.end["reached_target"] and log.end["tta_s"] is None
+    assert log.end["stop_reason"] == "max_iters" and log.end["iters"] == 4
+    assert "training on synthetic data" in (tmp_path / "rank0.stderr").read_text()
+    summary = read_job(paths)
+    assert summary.synthetic and summary.tta_s is None
+
+
 def test_container_start_is_taken_from_the_launcher(tmp_path, monkeypatch):
     launched = time.time() - 5.0
     monkeypatch.setenv("CES_CONTAINER_START", repr(launched))
@@ -133,7 +156,14 @@ def test_container_start_is_taken_from_the_launcher(tmp_path, monkeypatch):
         (["--lr", "abc"], "expected float, got 'abc'"),
         (["--master-port", "70000"], "port must be in [1, 65535]"),
         (["--iface", "nosuch0"], "--iface nosuch0: no such network interface"),
-        (["--dataset", "mnist", "--data-dir", "/nonexistent"], "raw MNIST files"),
+        (
+            ["--dataset", "mnist", "--data-dir", "/nonexistent", "--require-data", ""],
+            "raw MNIST files",
+        ),
+        (["--flows", "0>1:8"], "--flows: flows are a custom graph's; the ring collective"),
+        (["--collective", "custom", "--flows", "0>2:8"], "names a rank outside the job"),
+        (["--collective", "custom", "--flows", "0-1:8"], "expected SRC>DST:BYTES"),
+        (["--collective", "custom", "--flows", "1>1:8"], "SRC different from DST"),
     ],
 )
 def test_bad_parameters_exit_2_with_a_clear_message(args, message, capsys):
@@ -141,7 +171,7 @@ def test_bad_parameters_exit_2_with_a_clear_message(args, message, capsys):
     for flag, value in zip(args[::2], args[1::2]):
         base[flag] = value
     with pytest.raises(SystemExit) as exc:
-        main([x for kv in base.items() for x in kv])
+        main([x for kv in base.items() for x in kv if x])  # "": a bare flag
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -209,6 +239,7 @@ def test_failing_rank_fails_the_local_job(tmp_path):
             deadline_s=60,
             dataset="mnist",
             data_dir="/nonexistent",
+            require_data=True,
             **{k: v for k, v in FAST.items() if k != "dataset"},
         )
 

@@ -241,6 +241,8 @@ def _task(path, rank, iter_s, tta):
                 "rx_bytes": 100,
                 "payload_tx_bytes": 40,
                 "payload_rx_bytes": 40,
+                "payload_tx_by_peer": {str(1 - rank): 40},
+                "payload_rx_by_peer": {str(1 - rank): 40},
             },
         )
         for i, s in enumerate(iter_s, 1)
@@ -251,6 +253,7 @@ def _task(path, rank, iter_s, tta):
         "tta_iter": 10,
         "target_acc": 0.9,
         "stop_reason": "target",
+        "synthetic": False,
         "iters": len(iter_s),
         "train_s": 3.0,
         "clock_start": 0.0,
@@ -274,6 +277,7 @@ def test_job_summary_takes_the_slowest_task_after_warm_up(tmp_path):
     s = summarize_job([a, b])
     assert s.iter_s == 2.0 and s.comm_s == 1.0  # warm-up iterations excluded, slowest rank
     assert s.tta_s == 2.5 and s.startup_s == 2.5 and s.reached_target
+    assert s.flow_bytes == {"0>1": 40, "1>0": 40} and not s.synthetic
     c = _task(tmp_path / "c.jsonl", 1, [1.0] * 5, None)
     assert summarize_job([a, c]).tta_s is None
 

@@ -1,0 +1,130 @@
+"""Every collective of the job model as the real worker program runs it: 2-4 local processes over
+gloo on loopback, a few iterations of a small model. The bytes each flow carried (counted by its
+source and by its destination) must be the scheduler's model of that job (`scheduler.jobs`,
+`perfmodel.flow_bytes`), and no other pair may talk; where the collective averages, the replicas
+must end identical."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from protocol.worker import flow_option
+from scheduler.jobs import all_to_all_job, load_jobs, ring_job, star_job, tree_job
+from scheduler.model import Job, Resources
+from workloads.launch import PACKAGE_ROOT, run_local
+from workloads.results import read_job, read_task_log
+
+FAST = {
+    "threads": 1,
+    "model": "mlp-small",
+    "dataset": "digits",
+    "target_acc": 1.0,
+    "max_iters": 4,
+    "eval_every": 2,
+    "timeout_s": 60,
+}
+R = Resources(0.5, 256)
+
+
+def _run(tmp_path, world_size: int, collective: str, **options):
+    paths = run_local(
+        world_size, tmp_path, deadline_s=180, collective=collective, **{**FAST, **options}
+    )
+    return sorted((read_task_log(p) for p in paths), key=lambda t: t.rank), paths
+
+
+def _model_flows(job: Job) -> dict[tuple[int, int], float]:
+    """The job's flows by rank (task i is rank i) → bytes per iteration."""
+    rank = {t.name: r for r, t in enumerate(job.tasks)}
+    return {(rank[f.src], rank[f.dst]): f.bytes_per_iter for f in job.flows}
+
+
+def _measured(logs) -> list[dict[tuple[int, int], tuple[int, int]]]:
+    """Per iteration: (src, dst) → (bytes src counted sent to dst, bytes dst counted from src)."""
+    per_iter = []
+    for i in range(len(logs[0].iters)):
+        flows: dict[tuple[int, int], tuple[int, int]] = {}
+        for t in logs:
+            for peer, n in t.iters[i]["payload_tx_by_peer"].items():
+                rx = logs[int(peer)].iters[i]["payload_rx_by_peer"].get(str(t.rank), 0)
+                flows[(t.rank, int(peer))] = (n, rx)
+        per_iter.append(flows)
+    return per_iter
+
+
+def _gradient_bytes(logs) -> int:
+    grad = logs[0].start["gradient_bytes"]
+    assert all(t.start["gradient_bytes"] == grad for t in logs)
+    return grad
+
+
+@pytest.mark.parametrize(
+    "collective, world_size, build",
+    [
+        ("ring", 3, lambda k, m: ring_job("j", k, R, m, 10)),
+        ("ps", 3, lambda k, m: star_job("j", k - 1, R, m, 10)),  # ps + 2 workers
+        ("tree", 4, lambda k, m: tree_job("j", k, R, m, 10)),  # rank 3 under 1 under 0
+        ("all-to-all", 3, lambda k, m: all_to_all_job("j", k, R, m, 10)),
+    ],
+)
+def test_averaging_collectives_carry_the_models_bytes_on_its_flows(
+    tmp_path, collective, world_size, build
+):
+    logs, paths = _run(tmp_path, world_size, collective)
+    grad = _gradient_bytes(logs)
+    model = _model_flows(build(world_size, grad))
+    for flows in _measured(logs):
+        assert set(flows) == set(model)  # every flow of the model, and no other pair
+        for pair, (tx, rx) in flows.items():
+            assert tx == rx == model[pair], pair
+    assert len({t.end["param_sum"] for t in logs}) == 1  # replicas identical
+    assert all(r["comm_s"] > 0 and r["iter_s"] > 0 for t in logs for r in t.iters)
+    summary = read_job(paths)
+    assert summary.flow_bytes == {f"{s}>{d}": n for (s, d), n in model.items()}
+    assert summary.collective == collective and not summary.synthetic
+
+
+def test_all_to_all_shares_differ_by_one_element_when_k_does_not_divide(tmp_path):
+    """85,002 parameters over 4 ranks: shares of 21,251, 21,251, 21,250, 21,250 elements. Each
+    flow i→j carries share j (reduce-scatter) and share i (all-gather): within 8 bytes of the
+    model's 2M/k, and all flows together carry exactly the model's 2(k-1)·M."""
+    logs, _ = _run(tmp_path, 4, "all-to-all")
+    grad = _gradient_bytes(logs)
+    model = _model_flows(all_to_all_job("j", 4, R, grad, 10))
+    shares = [4 * (grad // 4 // 4 + (i < grad // 4 % 4)) for i in range(4)]
+    for flows in _measured(logs):
+        assert set(flows) == set(model)
+        for (src, dst), (tx, rx) in flows.items():
+            assert tx == rx == shares[src] + shares[dst]
+            assert abs(tx - model[(src, dst)]) <= 8
+        assert sum(tx for tx, _ in flows.values()) == sum(model.values()) == 6 * grad
+    assert len({t.end["param_sum"] for t in logs}) == 1
+
+
+def test_a_cyclic_custom_graph_sends_each_flows_bytes_every_iteration(tmp_path):
+    """workloads/jobs/custom-cycle.yaml: a→b→c→a and a→c→d→a, 0.5-4 MB per flow, more than the
+    340 kB gradient (cut or repeated to size)."""
+    (job,) = [j for j in load_jobs(PACKAGE_ROOT / "workloads" / "jobs") if j.name == "custom-cycle"]
+    model = _model_flows(job)
+    flows = [flow_option(s, d, round(n)) for (s, d), n in model.items()]
+    logs, _ = _run(tmp_path, len(job.tasks), "custom", flows=flows)
+    for measured in _measured(logs):
+        assert set(measured) == set(model)
+        for pair, (tx, rx) in measured.items():
+            assert tx == rx == model[pair], pair
+    # Gossip: each task mixes only what reached it, so the replicas drift apart.
+    sums = [t.end["param_sum"] for t in logs]
+    assert all(math.isfinite(s) for s in sums) and len(set(sums)) > 1
+
+
+def test_a_custom_two_way_flow_of_the_whole_gradient_is_an_all_reduce(tmp_path):
+    """Two tasks that send each other their whole gradient average it exactly: the replicas stay
+    identical, as under the averaging collectives."""
+    grad = 4 * 85002  # mlp-small on digits
+    flows = [flow_option(0, 1, grad), flow_option(1, 0, grad)]
+    logs, _ = _run(tmp_path, 2, "custom", flows=flows)
+    assert _gradient_bytes(logs) == grad
+    assert all(f == {(0, 1): (grad, grad), (1, 0): (grad, grad)} for f in _measured(logs))
+    assert len({t.end["param_sum"] for t in logs}) == 1
