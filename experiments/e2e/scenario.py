@@ -19,7 +19,7 @@ from lab.inventory import Inventory, load_inventory
 from master.scheduling import QUEUES
 from scheduler import compose
 from scheduler.instances import background_load
-from scheduler.jobs import WORKLOAD_COLLECTIVE, JobDocument, JobError, load_job_documents, parse_job
+from scheduler.jobs import JobDocument, JobError, load_job_documents, parse_job
 from scheduler.metrics import packable
 from scheduler.model import Cluster
 from scheduler.multi import make_policy
@@ -233,8 +233,8 @@ def scenario_path(args: argparse.Namespace) -> Path:
 def plan(args: argparse.Namespace) -> Plan:
     """Resolve and check every input; any problem is a ScenarioError/TopologyError/JobError
     (InventoryError for `--hosts`, checked against the topology).
-    What could only fail later — a job no node can hold, one the worker program cannot run, a
-    background flow its nodes cannot send or its path cannot carry — is refused here."""
+    What could only fail later — a job no node can hold, a background flow its nodes cannot
+    send or its path cannot carry — is refused here."""
     scenario = load_scenario(scenario_path(args))
     seeds = scenario.seeds if args.seeds is None else args.seeds
     if seeds < 1:
@@ -511,14 +511,9 @@ def _not_at_once(docs: list[JobDocument], cluster: Cluster) -> list[str]:
 
 
 def _check_runnable(d: JobDocument, cluster: Cluster, topo: str, cordoned: set[str]) -> None:
-    """Refuse a job the worker program cannot run or whose tasks fit on no set of the online
-    nodes of `cluster` (topology `topo`, the `cordoned` nodes offline)."""
+    """Refuse a job whose tasks fit on no set of the online nodes of `cluster` (topology `topo`,
+    the `cordoned` nodes offline)."""
     job = d.job
-    if job.collective not in WORKLOAD_COLLECTIVE and not job.command:
-        raise ScenarioError(
-            f"{d.source}: job '{job.name}': the worker program runs ring and "
-            f"star jobs only; a {job.collective} job needs a `command`"
-        )
     if packable(cluster, job, budget=20_000) is False:
         raise ScenarioError(
             f"{d.source}: job '{job.name}': its tasks fit on no set of "

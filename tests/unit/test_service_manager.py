@@ -4,13 +4,17 @@ the worker command line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from master.compute import ComputeController, worker_command, worker_image
 from master.manager import Manager, ManagerError, Phase
 from protocol.messages import Heartbeat, Registration, Usage, WorkerState
-from scheduler.jobs import ring_job, star_job
+from scheduler.jobs import load_job_documents, ring_job, star_job
 from scheduler.model import Decision, Resources
+
+JOBS = Path(__file__).resolve().parents[2] / "workloads" / "jobs"
 
 
 class Clock:
@@ -207,8 +211,24 @@ def test_worker_command_from_the_workload_mapping():
     with pytest.raises(ValueError, match="placeholders"):
         worker_command(j, 0, "10.0.0.7", 9, "eth0", 0)
     j.command, j.collective = "", "tree"
-    with pytest.raises(ValueError, match="needs a `command`"):
-        worker_command(j, 0, "10.0.0.7", 9, "eth0", 0)
+    cmd = worker_command(j, 0, "10.0.0.7", 9, "eth0", 0)
+    assert cmd[cmd.index("--collective") + 1] == "tree" and "--flows" not in cmd
+
+
+def test_a_custom_job_gives_its_workers_its_flows_by_rank():
+    (doc,) = load_job_documents(JOBS / "custom-cycle.yaml")
+    cmd = worker_command(doc.job, 2, "10.0.0.7", 9, "eth0", 0)
+    at = cmd.index("--flows")
+    # tasks a, b, c, d are ranks 0-3; c -> a carries 4 MB, a -> b the job's model_bytes
+    assert cmd[at + 1 : at + 7] == [
+        "0>1:2000000",
+        "1>2:2000000",
+        "2>0:4000000",
+        "0>2:2000000",
+        "2>3:500000",
+        "3>0:500000",
+    ]
+    assert cmd[cmd.index("--collective") + 1] == "custom"
 
 
 def test_worker_image():
