@@ -8,7 +8,9 @@ measurements (`experiments/calibrate_perfmodel.py` fits `IterationModel`'s const
 The collective is expressed as bytes per logical flow per iteration; flows run in parallel, so the
 collective takes as long as its slowest flow: max_f bytes_f / rate_f. For gloo's ring all-reduce
 of M bytes over k workers each rank sends 2(k-1)/k·M to its ring neighbour, which gives the
-bandwidth bound 2(k-1)/k · M / b_min.
+bandwidth bound 2(k-1)/k · M / b_min. The worker's star and tree send their reduction and then
+their broadcast, one after the other, so their flows do not all run at once: the calibration
+(`experiments/calibrate_perfmodel.py`) checks every collective's prediction on the testbed.
 """
 
 from __future__ import annotations
@@ -57,7 +59,18 @@ def compute_time_s(compute_s: float, speed: float, cpu: float) -> float:
 
 @dataclass(frozen=True)
 class IterationModel:
-    """Constants fitted against the testbed (see `experiments/calibrate_perfmodel.py`)."""
+    """The constants of the iteration-time model.
+
+    The defaults are round values, not a fit: the simulator, the schedulers and the trained
+    policies (CES-PPO's checkpoint, TapFinger's, EADE's) all use them, so that a decision does
+    not depend on which machine last ran the calibration. `experiments/calibrate_perfmodel.py`
+    measures the constants on the testbed and `from_calibration()` reads them; the committed fit
+    (results/calibration.json, the development VM) is efficiency 0.947, 0.41 ms per message,
+    0.37 ms of overhead and 492 Mbit/s of goodput per worker. Against it the defaults' transfers
+    take 3 % longer (efficiency 0.92), each message 0.09 ms longer, the overhead is left out,
+    and there is no stack bound: above about 520 Mbit/s per flow (492 / 0.947) the defaults
+    predict collectives faster than that machine ran them.
+    """
 
     efficiency: float = 0.92  # goodput / granted rate of a metered/shaped TCP flow
     per_message_latency_s: float = 0.0005  # per collective step (framing, syscalls, RTT)
@@ -113,8 +126,29 @@ class IterationModel:
 
 
 def collective_steps(collective: str, workers: int) -> int:
-    """Sequential message rounds of one collective (latency term of the model)."""
+    """Sequential message rounds of one collective of `workers` tasks (the latency term of the
+    model), as the worker runs it (`workloads.collectives`):
+
+    ring: gloo's reduce-scatter then all-gather, k-1 steps each: 2(k-1);
+    star: the workers' gradients to the server, then the average back: 2 (the server task is
+    one of the `workers`);
+    tree: the binary tree of `protocol.worker.tree_parent` has depth ⌊log2 k⌋; the sums go up
+    level by level and the average comes down the same way: 2⌊log2 k⌋;
+    all-to-all: every share at once to its owner, then every averaged share at once to the
+    others: 2;
+    custom: every flow's bytes sent at once, each task averaging what it received: 1.
+    """
     k = max(workers, 1)
     if k == 1:
         return 0
-    return {"ring": 2 * (k - 1), "star": 2, "tree": 2, "all-to-all": 2}.get(collective, 2)
+    if collective == "ring":
+        return 2 * (k - 1)
+    if collective == "tree":
+        return 2 * (k.bit_length() - 1)
+    if collective == "custom":
+        return 1
+    if collective in ("star", "all-to-all"):
+        return 2
+    raise ValueError(
+        f"unknown collective '{collective}' (expected one of {', '.join(COLLECTIVES)})"
+    )

@@ -333,11 +333,12 @@ def test_same_seed_same_run_different_seed_different_run():
 
 def test_nominal_iteration_uses_speed_one_and_demanded_rates():
     job = pair_job()
-    # compute 0.1 s on 1 core + 1 MB at 100 Mbit/s × efficiency, plus one collective step.
+    # compute 0.1 s on 1 core + 1 MB at 100 Mbit/s × efficiency, plus the custom graph's one
+    # round (every flow sent at once).
     from scheduler.perfmodel import IterationModel
 
     m = IterationModel()
-    comm = 1e6 * 8 / (min(100 * m.efficiency, m.max_rate_mbps) * 1e6) + 2 * m.per_message_latency_s
+    comm = 1e6 * 8 / (min(100 * m.efficiency, m.max_rate_mbps) * 1e6) + m.per_message_latency_s
     assert estimated_iteration_s(job) == pytest.approx(0.1 + comm)
 
 

@@ -7,12 +7,18 @@ must end identical."""
 from __future__ import annotations
 
 import math
+import queue
+import threading
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from protocol.worker import flow_option
 from scheduler.jobs import all_to_all_job, load_jobs, ring_job, star_job, tree_job
 from scheduler.model import Job, Resources
+from scheduler.perfmodel import collective_steps
+from workloads import collectives
 from workloads.launch import PACKAGE_ROOT, run_local
 from workloads.results import read_job, read_task_log
 
@@ -128,3 +134,68 @@ def test_a_custom_two_way_flow_of_the_whole_gradient_is_an_all_reduce(tmp_path):
     assert _gradient_bytes(logs) == grad
     assert all(f == {(0, 1): (grad, grad), (1, 0): (grad, grad)} for f in _measured(logs))
     assert len({t.end["param_sum"] for t in logs}) == 1
+
+
+class _LamportNet:
+    """A stand-in for torch.distributed's isend/irecv between threads, one per rank. Every
+    message carries its sender's clock + 1 and a receiver's clock becomes the largest it
+    received: the clocks end at the length of the longest chain of messages each waited for,
+    the sequential rounds the collective took."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.pipes: dict[tuple[int, int], queue.Queue] = {}
+        self.lock = threading.Lock()
+
+    def _pipe(self, src: int, dst: int) -> queue.Queue:
+        with self.lock:
+            return self.pipes.setdefault((src, dst), queue.Queue())
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> SimpleNamespace:
+        me = self.local
+        self._pipe(me.rank, dst).put((tensor.clone(), me.clock + 1))
+        return SimpleNamespace(wait=lambda: None)
+
+    def irecv(self, tensor: torch.Tensor, src: int) -> SimpleNamespace:
+        me = self.local
+        pipe = self._pipe(src, me.rank)
+
+        def wait() -> None:
+            data, clock = pipe.get(timeout=10)
+            tensor.copy_(data)
+            me.clock = max(me.clock, clock)
+
+        return SimpleNamespace(wait=wait)
+
+
+@pytest.mark.parametrize(
+    "collective, world_size",
+    [(c, k) for c in ("ps", "tree", "all-to-all") for k in range(2, 10)] + [("custom", 4)],
+)
+def test_the_model_counts_the_sequential_rounds_the_worker_runs(
+    monkeypatch, collective, world_size
+):
+    """`perfmodel.collective_steps` is the longest chain of messages one reduction of the
+    worker's collective waits for (gloo's ring is 2(k-1) by its algorithm and is not re-run
+    here). The custom graph is custom-cycle.yaml's."""
+    net = _LamportNet()
+    monkeypatch.setattr(collectives, "dist", net)
+    (cycle,) = [
+        j for j in load_jobs(PACKAGE_ROOT / "workloads" / "jobs") if j.name == "custom-cycle"
+    ]
+    flows = list(_model_flows(cycle)) if collective == "custom" else []
+    clocks = [0] * world_size
+
+    def rank(r: int) -> None:
+        net.local.rank, net.local.clock = r, 0
+        c = collectives.make_collective(collective, r, world_size, [(s, d, 64) for s, d in flows])
+        c._reduce(torch.ones(16), average=True)
+        clocks[r] = net.local.clock
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    job_collective = {"ps": "star"}.get(collective, collective)
+    assert max(clocks) == collective_steps(job_collective, world_size)
