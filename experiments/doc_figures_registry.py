@@ -1286,8 +1286,17 @@ def _secs(x: float) -> str:
     return f"{x:.2f}" if x >= 10 else f"{x:.3f}"
 
 
+def _ring_checks(doc: dict) -> list[dict]:
+    """The check points of the ring fit's models (runs before the collective checks have no
+    `collective`: they were all rings)."""
+    models = doc["settings"]["models"]
+    return [
+        c for c in doc["check"] if c.get("collective", "ring") == "ring" and c["model"] in models
+    ]
+
+
 def _calibration_table(doc: dict) -> str:
-    checks = {(c["model"], c["mbps"]): c for c in doc["check"]}
+    checks = {(c["model"], c["mbps"]): c for c in _ring_checks(doc)}
     mbps = doc["settings"]["check_mbps"]
     rows = []
     for model in doc["settings"]["models"]:
@@ -1324,7 +1333,7 @@ def _startups(doc: dict) -> list[tuple[str, float, float]]:
 
 
 def _largest_error(doc: dict) -> dict:
-    return max(doc["check"], key=lambda c: abs(c["error"]))
+    return max(_ring_checks(doc), key=lambda c: abs(c["error"]))
 
 
 WORK_TABLES = [
@@ -1341,7 +1350,9 @@ WORK_QUOTES = [
         e=("fitted_model", "efficiency"),
         l=lambda d: 1000 * d["fitted_model"]["per_message_latency_s"],
         r=("fitted_model", "max_rate_mbps"),
-        n=lambda d: same(0, len(d["check"]), sum(c["within_tolerance"] for c in d["check"])),
+        n=lambda d: same(
+            0, len(_ring_checks(d)), sum(c["within_tolerance"] for c in _ring_checks(d))
+        ),
         tol=lambda d: 100 * d["settings"]["tolerance"],
         err=lambda d: (
             ("+" if _largest_error(d)["error"] >= 0 else "−")
@@ -1349,8 +1360,8 @@ WORK_QUOTES = [
         ),
         m=lambda d: _largest_error(d)["model"],
         b=lambda d: _largest_error(d)["mbps"],
-        lo=lambda d: min(c["comm_over_bound"] for c in d["check"]),
-        hi=lambda d: max(c["comm_over_bound"] for c in d["check"]),
+        lo=lambda d: min(c["comm_over_bound"] for c in _ring_checks(d)),
+        hi=lambda d: max(c["comm_over_bound"] for c in _ring_checks(d)),
     ),
     Q(
         WORK,

@@ -26,8 +26,8 @@ from protocol.messages import (
     to_json,
 )
 from protocol.tls import Tls
-from protocol.worker import METRICS_OUT, flow_option, option_flags
-from scheduler.jobs import WORKLOAD_COLLECTIVE
+from protocol.worker import METRICS_OUT, option_flags
+from scheduler.jobs import WORKLOAD_COLLECTIVE, worker_flows
 from scheduler.model import Job
 
 
@@ -199,7 +199,7 @@ def worker_command(
     `python3 -m workloads.train`) and gets the rendezvous options plus the job's `workload:`
     mapping as options (key `max_iters` -> `--max-iters VALUE`, a true boolean as a bare flag, a
     list as several values), completed from the job's `target_accuracy`, `iterations` and
-    collective, and for a custom job its flows (task i is rank i, `protocol.worker.flow_option`).
+    collective, and for a custom job its flows (`scheduler.jobs.worker_flows`).
     """
     fill = dict(
         rank=rank,
@@ -220,10 +220,7 @@ def worker_command(
             ) from None
     options: dict[str, object] = {"collective": WORKLOAD_COLLECTIVE[job.collective]}
     if job.collective == "custom":
-        rank_of = {t.name: r for r, t in enumerate(job.tasks)}
-        options["flows"] = [
-            flow_option(rank_of[f.src], rank_of[f.dst], round(f.bytes_per_iter)) for f in job.flows
-        ]
+        options["flows"] = worker_flows(job)
     if job.target_accuracy is not None:
         options["target_acc"] = job.target_accuracy
     if job.iterations is not None:

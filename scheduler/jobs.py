@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.worker import tree_parent
+from protocol.worker import flow_option, tree_parent
 from topologies import is_number, read_yaml
 
 from .model import Job, LogicalFlow, Resources, Task
@@ -162,6 +162,13 @@ def custom_job(
 
 
 BUILDERS = {"ring": ring_job, "star": star_job, "tree": tree_job, "all-to-all": all_to_all_job}
+
+
+def worker_flows(job: Job) -> list[str]:
+    """A custom job's flows as the worker's `--flows` values: task i is rank i, each flow's
+    bytes per iteration (`protocol.worker.flow_option`)."""
+    rank_of = {t.name: r for r, t in enumerate(job.tasks)}
+    return [flow_option(rank_of[f.src], rank_of[f.dst], round(f.bytes_per_iter)) for f in job.flows]
 
 
 # --- YAML job files -------------------------------------------------------------------------------
