@@ -364,7 +364,9 @@ def fit(runs: list[dict], s: Settings, fit_points: set[float]) -> tuple[Iteratio
 
     def residuals(p: np.ndarray) -> np.ndarray:
         m = model_of(p)
-        return np.array([m.communication_s(_flows(r, s), steps) / r["comm_s"] - 1 for r in pts])
+        return np.array(
+            [m.communication_s(_flows(r, s), steps=steps) / r["comm_s"] - 1 for r in pts]
+        )
 
     # min(B·efficiency, max rate) has a kink and the latency term can stand in for the stack
     # bound, so one start may end in a poor local minimum (measured: cost 0.129 vs 0.0086):

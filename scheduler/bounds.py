@@ -17,8 +17,9 @@ most its demand and what the links around its ends leave. Per collective:
   star — the parameter server's node n receives the gradients of every worker it cannot hold
     itself through its one access link: r_n ≥ k − (workers that fit beside the server on n), so
         T ≥ min_{n hosts ps} b_w / min(d, residual of n's link / r_n)   (in, and as much out).
-The collective's time divides by the model's efficiency and caps at its per-worker goodput,
-plus its step latency (the round trip of a path counts at zero: no path is shorter than none).
+The collective's time divides by the model's efficiency and caps at its per-worker goodput
+(one phase: a star's or a tree's phases, `perfmodel.collective_phases`, only add to it), plus
+its step latency (the round trip of a path counts at zero: no path is shorter than none).
 Every term is a relaxation of what any placement, path and rate must pay, so the sum is a lower
 bound of `predicted_iteration_s` of every feasible decision (a test checks it against the exact
 reference).

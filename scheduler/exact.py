@@ -12,7 +12,10 @@ the iteration time is  C + max(T/η, b_max/g) + s·(ℓ + R) + overhead  with C 
 compute, η the model's efficiency, g its per-worker goodput cap (`max_rate_mbps`), b_max the
 largest inter-node flow, ℓ the per-message latency, s the collective's step count and R the round
 trip of the longest path. The rates granted are `paths.fair_rates` weighted by bytes, which reach
-exactly this T (its first filling level) and give any slack to flows up to their demand.
+exactly this T (its first filling level) and give any slack to flows up to their demand. A
+collective of several sequential phases (star, tree: `perfmodel.collective_phases`) takes the
+sum of its phases' times, which has no such closed form: there T only bounds the search, and each
+complete solution is valued by the model at the rates granted.
 
 Search: depth-first branch and bound over task placements (tasks in `placement_order`) and then
 over one path per inter-node flow among the `max_paths` shortest loop-free paths with residual > 0
@@ -34,7 +37,7 @@ from .baselines import placement_order, register
 from .metrics import DEFAULT_MODEL, path_delay_ms
 from .model import EPS, CannotPlace, Cluster, Decision, FlowAssignment, Job, LogicalFlow
 from .paths import NoPath, candidate_paths, fair_rates, links
-from .perfmodel import IterationModel, collective_steps, compute_time_s
+from .perfmodel import IterationModel, collective_phases, collective_steps, compute_time_s
 
 
 @dataclass(frozen=True)
@@ -80,18 +83,25 @@ class Exact:
         self.last_objective_s = search.best_value
         placement, chosen = search.best
         crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
-        top = max((f.bytes_per_iter for f in crossing), default=1.0) or 1.0
-        rates = fair_rates(
-            cluster,
-            chosen,
-            {(f.src, f.dst): f.demand_mbps for f in crossing},
-            {(f.src, f.dst): max(f.bytes_per_iter, 1e-9 * top) for f in crossing},
-        )
+        rates = grant(cluster, chosen, crossing)
         flows = [
             FlowAssignment(f.src, f.dst, chosen[f.src, f.dst], rates[f.src, f.dst])
             for f in crossing
         ]
         return Decision(job.name, placement, flows, time.perf_counter() - start)
+
+
+def grant(
+    cluster: Cluster, chosen: dict[tuple[str, str], tuple[str, ...]], crossing: list[LogicalFlow]
+) -> dict[tuple[str, str], float]:
+    """The rates of the inter-node flows on their chosen paths: the bytes-weighted split."""
+    top = max((f.bytes_per_iter for f in crossing), default=1.0) or 1.0
+    return fair_rates(
+        cluster,
+        chosen,
+        {(f.src, f.dst): f.demand_mbps for f in crossing},
+        {(f.src, f.dst): max(f.bytes_per_iter, 1e-9 * top) for f in crossing},
+    )
 
 
 class _Search:
@@ -118,6 +128,9 @@ class _Search:
             for t in job.tasks
         }
         self.steps = collective_steps(job.collective, len(job.tasks))
+        self.rank = {t.name: r for r, t in enumerate(job.tasks)}
+        every = [(self.rank[f.src], self.rank[f.dst], f) for f in job.flows]
+        self.phased = len(collective_phases(job.collective, every)) > 1
         self.signature = {n: self._signature(n) for n in self.nodes}
         self._paths: dict[tuple[str, str], list[_Path]] = {}
         self.best: tuple[dict[str, str], dict[tuple[str, str], tuple[str, ...]]] | None = None
@@ -168,6 +181,27 @@ class _Search:
             if biggest > 0
             else 0.0
         )
+        return compute + comm + self.model.overhead_s
+
+    def phased_value(
+        self,
+        placement: dict[str, str],
+        chosen: dict[tuple[str, str], tuple[str, ...]],
+        compute: float,
+        rtt: float,
+        crossing: list[LogicalFlow],
+    ) -> float:
+        """The iteration time of a collective of several phases on these paths at the rates
+        `Exact.place` grants (`grant`): no closed form, the model's own sum over the phases."""
+        rates = grant(self.cluster, chosen, crossing)
+        phases = collective_phases(
+            self.job.collective,
+            [
+                (self.rank[f.src], self.rank[f.dst], (f.bytes_per_iter, rates[f.src, f.dst]))
+                for f in crossing
+            ],
+        )
+        comm = self.model.communication_s(*phases, steps=self.steps, rtt_s=rtt)
         return compute + comm + self.model.overhead_s
 
     def flow_alone(self, f: LogicalFlow, a: str, b: str) -> tuple[float, float] | None:
@@ -258,8 +292,12 @@ class _Search:
             ):
                 return
             if j == len(crossing):
-                self.best_value = self.value(compute, transfer, rtt, biggest)
-                self.best = (dict(placement), dict(chosen))
+                found = self.value(compute, transfer, rtt, biggest)
+                if self.phased:  # the closed form was a lower bound: the model itself
+                    found = self.phased_value(placement, chosen, compute, rtt, crossing)
+                if found < self.best_value - 1e-12:
+                    self.best_value = found
+                    self.best = (dict(placement), dict(chosen))
                 return
             f = crossing[j]
             mbit = 8 * f.bytes_per_iter / 1e6

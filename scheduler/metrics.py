@@ -4,8 +4,10 @@ experiments all call these).
 Per decision (one job placed on the cluster *before* it is allocated):
   predicted_iteration_s   the shared iteration-time model (`perfmodel`): the slowest task's compute
                           (job.compute_s on the task's cpu quota at its node's speed) plus the
-                          collective: max over inter-node flows of bytes/rate, plus per-step latency
-                          and the round trip of the longest path. Co-located flows cost nothing.
+                          collective: over its sequential phases (`perfmodel.collective_phases`),
+                          the sum of each phase's max over inter-node flows of bytes/rate, plus
+                          per-step latency and the round trip of the longest path. Co-located
+                          flows cost nothing.
   spare_iteration_s       the same with each inter-node flow at its share of its path's residual,
                           not capped at its demand (what a work-conserving network gives it).
   Rank                    how CES orders the decisions of one job: predicted_iteration_s, then,
@@ -41,7 +43,7 @@ from functools import cached_property
 
 from .model import RESOURCES, Cluster, Decision, Job
 from .paths import fair_rates, split_weights
-from .perfmodel import IterationModel, collective_steps, compute_time_s
+from .perfmodel import IterationModel, collective_phases, collective_steps, compute_time_s
 
 DEFAULT_MODEL = IterationModel()
 SIGNIFICANT = 1e-9  # relative: a time lower by no more than this is the same time
@@ -60,17 +62,19 @@ def predicted_iteration_s(
         for t, node in decision.placement.items()
     ]
     by_pair = {(f.src, f.dst): f for f in decision.flows}
+    rank = {t.name: r for r, t in enumerate(job.tasks)}
     flows, rtt_s = [], 0.0
     for lf in job.flows:
         if decision.placement[lf.src] == decision.placement[lf.dst]:
             continue
         fa = by_pair.get((lf.src, lf.dst))
         rate = fa.rate_mbps if fa else 0.0
-        flows.append((lf.bytes_per_iter, rate))
+        flows.append((rank[lf.src], rank[lf.dst], (lf.bytes_per_iter, rate)))
         if fa:
             rtt_s = max(rtt_s, 2 * path_delay_ms(cluster, fa.path) / 1000)
     steps = collective_steps(job.collective, len(job.tasks)) if flows else 0
-    return model.iteration_s(compute, flows, steps=steps, rtt_s=rtt_s)
+    phases = collective_phases(job.collective, flows)
+    return model.iteration_s(compute, *phases, steps=steps, rtt_s=rtt_s)
 
 
 def spare_iteration_s(

@@ -386,7 +386,9 @@ def route_placement(
     collective, as `metrics.predicted_iteration_s` counts them; ties to the fewest hops weighted
     by bytes: flows placed largest first on their best path given the earlier ones, then one
     flow at a time moved while that lowers the time (at most `sweeps` rounds). The rates are the
-    rate split on those paths. Raises `NoPath` when a flow has no usable path."""
+    rate split on those paths. For a star or a tree, whose phases run one after the other
+    (`perfmodel.collective_phases`), T, the slowest flow of all, stands in for the sum of the
+    phases' slowest flows that the model counts. Raises `NoPath` when a flow has no usable path."""
     crossing = [f for f in job.flows if placement[f.src] != placement[f.dst]]
     if not crossing:
         return []

@@ -5,12 +5,17 @@ measurements (`experiments/calibrate_perfmodel.py` fits `IterationModel`'s const
 
     iteration = slowest task's compute + collective time / efficiency + fixed overhead
 
-The collective is expressed as bytes per logical flow per iteration; flows run in parallel, so the
-collective takes as long as its slowest flow: max_f bytes_f / rate_f. For gloo's ring all-reduce
-of M bytes over k workers each rank sends 2(k-1)/k·M to its ring neighbour, which gives the
-bandwidth bound 2(k-1)/k · M / b_min. The worker's star and tree send their reduction and then
-their broadcast, one after the other, so their flows do not all run at once: the calibration
-(`experiments/calibrate_perfmodel.py`) checks every collective's prediction on the testbed.
+The collective is expressed as bytes per logical flow per iteration, grouped into the phases the
+worker (`workloads.collectives`) runs one after the other (`collective_phases`). The flows of a
+phase run in parallel, so a phase takes as long as its slowest flow, and the collective as long
+as its phases together: Σ_phases max_{f in phase} bytes_f / rate_f. For gloo's ring all-reduce
+of M bytes over k workers (one phase: the ring is pipelined) each rank sends 2(k-1)/k·M to its
+ring neighbour, which gives the bandwidth bound 2(k-1)/k · M / b_min. The star sends every
+worker's gradient to the server and only then the average back (two phases), the tree sums up
+level by level and brings the average down the same way (2⌊log2 k⌋ phases); all-to-all (its
+flow's 2M/k covers both of its rounds on the pair) and a custom graph are one phase. The
+calibration (`experiments/calibrate_perfmodel.py`) checks every collective's prediction on the
+testbed.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TypeVar
+
+from protocol.worker import tree_parent
 
 COLLECTIVES = ("ring", "star", "tree", "all-to-all", "custom")
 # Written by experiments/calibrate_perfmodel.py (measured on the testbed, with the machine).
 CALIBRATION_FILE = Path(__file__).resolve().parent.parent / "results" / "calibration.json"
+Transfer = tuple[float, float]  # one flow of a collective: (bytes per iteration, rate in Mbit/s)
+T = TypeVar("T")
 
 
 def flow_bytes(collective: str, workers: int, model_bytes: float) -> float:
@@ -90,15 +100,9 @@ class IterationModel:
                 f"{path}: no fitted IterationModel ({e}); run experiments/calibrate_perfmodel.py"
             ) from e
 
-    def communication_s(
-        self, flows: Iterable[tuple[float, float]], steps: int = 1, rtt_s: float = 0.0
-    ) -> float:
-        """Collective time for (bytes, rate_mbps) pairs running in parallel.
-
-        `steps` is the number of sequential messages the collective needs (2(k-1) for a ring),
-        each paying the per-message latency plus the path's round-trip time.
-        A flow with a zero rate never finishes: the result is infinite.
-        """
+    def transfer_s(self, flows: Iterable[Transfer]) -> float:
+        """Time of one phase: (bytes, rate_mbps) pairs running in parallel take as long as the
+        slowest. A flow with a zero rate never finishes: the result is infinite."""
         worst = 0.0
         for nbytes, rate_mbps in flows:
             if nbytes <= 0:
@@ -107,22 +111,88 @@ class IterationModel:
                 return float("inf")
             goodput_mbps = min(rate_mbps * self.efficiency, self.max_rate_mbps)
             worst = max(worst, nbytes * 8 / (goodput_mbps * 1e6))
-        if worst == 0.0:
+        return worst
+
+    def communication_s(
+        self, *phases: Iterable[Transfer], steps: int = 1, rtt_s: float = 0.0
+    ) -> float:
+        """Collective time for its sequential phases (`collective_phases`), each an iterable of
+        (bytes, rate_mbps) pairs running in parallel: the phases' `transfer_s` one after the
+        other (one phase: its slowest flow).
+
+        `steps` is the number of sequential messages the collective needs (2(k-1) for a ring),
+        each paying the per-message latency plus the path's round-trip time.
+        """
+        total = 0.0
+        for phase in phases:
+            total += self.transfer_s(phase)
+        if total == 0.0:
             return 0.0
-        return worst + steps * (self.per_message_latency_s + rtt_s)
+        return total + steps * (self.per_message_latency_s + rtt_s)
 
     def iteration_s(
         self,
         compute_times_s: Iterable[float],
-        flows: Iterable[tuple[float, float]],
+        *phases: Iterable[Transfer],
         steps: int = 1,
         rtt_s: float = 0.0,
     ) -> float:
+        """Slowest task's compute + the collective's phases (`communication_s`) + overhead."""
         return (
             max(compute_times_s, default=0.0)
-            + self.communication_s(flows, steps, rtt_s)
+            + self.communication_s(*phases, steps=steps, rtt_s=rtt_s)
             + self.overhead_s
         )
+
+
+def collective_phases(collective: str, flows: Iterable[tuple[int, int, T]]) -> list[list[T]]:
+    """A collective's flows grouped into the phases the worker (`workloads.collectives`) runs one
+    after the other, in that order; each phase's flows run at once. `flows` are (source rank,
+    destination rank, item) with task i of the job rank i (`scheduler.jobs`); each phase is the
+    items of its flows, in the order given. Any subset of the job's flows will do (the
+    inter-node ones): a phase none of them is in is left out.
+
+    star: every worker's gradient to the server (the end all the flows share: rank 0, the `ps`
+    task of `scheduler.jobs.star_job`), and only then the average back: [into the server],
+    [out of it];
+    tree (`protocol.worker.tree_parent`): each rank sends its subtree's sum to its parent once
+    its children's have arrived, and the average comes down the same way: the up phases of
+    levels ⌊log2 k⌋ .. 1, then the down phases of levels 1 .. ⌊log2 k⌋, the flows between depth
+    d and d-1 being level d's (a leaf higher up than the deepest level is counted with its level,
+    as if it waited for the level below);
+    ring (gloo's ring is pipelined), all-to-all (the flow's 2M/k carries both of its rounds on
+    the pair) and custom (every flow at once): one phase.
+    """
+    flows = list(flows)
+    if collective in ("ring", "all-to-all", "custom"):
+        return [[item for _, _, item in flows]]
+    keyed: dict[tuple[int, int], list[T]] = {}
+    if collective == "star":
+        shared = set.intersection(*({s, d} for s, d, _ in flows)) if flows else {0}
+        if not shared:
+            raise ValueError("a star's flows share no end (its server)")
+        server = min(shared)  # two tasks only: either end gives the same two phases
+        for _, d, item in flows:
+            keyed.setdefault((0 if d == server else 1, 0), []).append(item)
+    elif collective == "tree":
+        for s, d, item in flows:
+            if s > 0 and tree_parent(s) == d:
+                key = (0, -_depth(s))  # up: the deepest level first
+            elif d > 0 and tree_parent(d) == s:
+                key = (1, _depth(d))  # down: the shallowest first
+            else:
+                raise ValueError(f"flow {s}>{d} is not an edge of the tree (tree_parent)")
+            keyed.setdefault(key, []).append(item)
+    else:
+        raise ValueError(
+            f"unknown collective '{collective}' (expected one of {', '.join(COLLECTIVES)})"
+        )
+    return [keyed[k] for k in sorted(keyed)]
+
+
+def _depth(rank: int) -> int:
+    """A rank's depth in the binary tree of `tree_parent` (the root, rank 0, is at depth 0)."""
+    return (rank + 1).bit_length() - 1
 
 
 def collective_steps(collective: str, workers: int) -> int:

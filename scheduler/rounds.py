@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 
 from .baselines import Algorithm
 from .model import CannotPlace, Cluster, Decision, Job, Resources, Task, check_decision
-from .perfmodel import IterationModel, collective_steps, compute_time_s
+from .perfmodel import IterationModel, collective_phases, collective_steps, compute_time_s
 
 State = Literal["pending", "queued", "running", "finished", "failed", "rejected"]
 
@@ -115,8 +115,13 @@ def estimated_iteration_s(job: Job, model: IterationModel = IterationModel()) ->
     """The iteration time on reference nodes (speed 1.0) with every flow at its demanded rate:
     what a queue policy can know about a job before it is placed."""
     compute = [compute_time_s(job.compute_s, 1.0, t.demand.cpu) for t in job.tasks]
-    flows = [(f.bytes_per_iter, f.demand_mbps) for f in job.flows]
-    return model.iteration_s(compute, flows, collective_steps(job.collective, len(job.tasks)))
+    rank = {t.name: r for r, t in enumerate(job.tasks)}
+    flows = [(rank[f.src], rank[f.dst], (f.bytes_per_iter, f.demand_mbps)) for f in job.flows]
+    return model.iteration_s(
+        compute,
+        *collective_phases(job.collective, flows),
+        steps=collective_steps(job.collective, len(job.tasks)),
+    )
 
 
 # The cpu shares (× what a job asked) the elastic policies (Optimus-like, EdgeFlow) grant.

@@ -64,21 +64,23 @@ def test_each_run_is_the_job_the_worker_runs():
 
 
 @pytest.mark.parametrize(
-    "collective, share, steps",
+    "collective, share, steps, phases",
     [
-        ("ring", 1.0, 4),  # every node sends one flow and receives one: the whole link each
-        ("star", 0.5, 2),  # the server's link carries both workers' flows
-        ("tree", 0.5, 2),
-        ("all-to-all", 0.5, 2),  # each node sends to and receives from both others
-        ("custom", 0.5, 1),  # a sends two flows, c receives two; the model counts one round
+        ("ring", 1.0, 4, 1),  # every node sends one flow and receives one: the whole link each
+        ("star", 0.5, 2, 2),  # the server's link carries both workers' flows; up, then down
+        ("tree", 0.5, 2, 2),  # k = 3: one level, up then down
+        ("all-to-all", 0.5, 2, 1),  # each node sends to and receives from both others
+        ("custom", 0.5, 1, 1),  # a sends two flows, c receives two; the model counts one round
     ],
 )
-def test_the_prediction_is_the_schedulers_with_the_fitted_constants(collective, share, steps):
+def test_the_prediction_is_the_schedulers_with_the_fitted_constants(
+    collective, share, steps, phases
+):
     mbps, compute = 100.0, 0.05
     cluster, job, decision = cal.modelled(S, (collective, "cnn", mbps), M, compute * S.cpu)
     got = cal.predicted_iteration_s(cluster, job, decision, FITTED)
     nbytes = flow_bytes(collective, S.workers, M)
-    comm = nbytes * 8 / (share * mbps * FITTED.efficiency * 1e6)
+    comm = phases * nbytes * 8 / (share * mbps * FITTED.efficiency * 1e6)
     assert got == pytest.approx(compute + comm + steps * 0.001 + FITTED.overhead_s)
     assert steps == collective_steps(job.collective, len(job.tasks))
 
@@ -114,8 +116,8 @@ def test_a_check_compares_the_iteration_and_every_flows_bytes_with_the_model():
     assert row["collective"] == "star" and row["steps"] == 2
     assert row["predicted_iter_s"] == pytest.approx(predicted)
     assert row["error"] == pytest.approx(0.3) and not row["within_tolerance"]
-    # the bound: each worker's M over half the link, nothing else
-    assert row["lower_bound_s"] == pytest.approx(M * 8 / (100.0 * 1e6))
+    # the bound: each worker's M over half the link up, then down, nothing else
+    assert row["lower_bound_s"] == pytest.approx(2 * M * 8 / (100.0 * 1e6))
     assert row["flow_bytes_error"] == 0.0 and row["flow_bytes_within_tolerance"]
     assert cal.within([row]) == {"star": "0/1"}
 

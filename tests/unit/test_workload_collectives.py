@@ -17,7 +17,7 @@ import torch
 from protocol.worker import flow_option
 from scheduler.jobs import all_to_all_job, load_jobs, ring_job, star_job, tree_job
 from scheduler.model import Job, Resources
-from scheduler.perfmodel import collective_steps
+from scheduler.perfmodel import collective_phases, collective_steps
 from workloads import collectives
 from workloads.launch import PACKAGE_ROOT, run_local
 from workloads.results import read_job, read_task_log
@@ -140,12 +140,15 @@ class _LamportNet:
     """A stand-in for torch.distributed's isend/irecv between threads, one per rank. Every
     message carries its sender's clock + 1 and a receiver's clock becomes the largest it
     received: the clocks end at the length of the longest chain of messages each waited for,
-    the sequential rounds the collective took."""
+    the sequential rounds the collective took. Every message also carries the messages its
+    sender had waited for (directly or not), its causal past, kept in `messages`."""
 
     def __init__(self) -> None:
         self.local = threading.local()
         self.pipes: dict[tuple[int, int], queue.Queue] = {}
         self.lock = threading.Lock()
+        # message id -> (src, dst, ids of the messages before it in the causal order)
+        self.messages: dict[int, tuple[int, int, frozenset[int]]] = {}
 
     def _pipe(self, src: int, dst: int) -> queue.Queue:
         with self.lock:
@@ -153,7 +156,11 @@ class _LamportNet:
 
     def isend(self, tensor: torch.Tensor, dst: int) -> SimpleNamespace:
         me = self.local
-        self._pipe(me.rank, dst).put((tensor.clone(), me.clock + 1))
+        past = frozenset(me.past)
+        with self.lock:
+            mid = len(self.messages)
+            self.messages[mid] = (me.rank, dst, past)
+        self._pipe(me.rank, dst).put((tensor.clone(), me.clock + 1, past | {mid}))
         return SimpleNamespace(wait=lambda: None)
 
     def irecv(self, tensor: torch.Tensor, src: int) -> SimpleNamespace:
@@ -161,11 +168,38 @@ class _LamportNet:
         pipe = self._pipe(src, me.rank)
 
         def wait() -> None:
-            data, clock = pipe.get(timeout=10)
+            data, clock, past = pipe.get(timeout=10)
             tensor.copy_(data)
             me.clock = max(me.clock, clock)
+            me.past |= past
 
         return SimpleNamespace(wait=wait)
+
+    def reduce(self, collective: str, world_size: int, flows: list[tuple[int, int]]) -> list[int]:
+        """One averaging reduction of `collective` on `world_size` threads: each rank's clock."""
+        clocks = [0] * world_size
+
+        def rank(r: int) -> None:
+            self.local.rank, self.local.clock, self.local.past = r, 0, set()
+            c = collectives.make_collective(
+                collective, r, world_size, [(s, d, 64) for s, d in flows]
+            )
+            c._reduce(torch.ones(16), average=True)
+            clocks[r] = self.local.clock
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+        return clocks
+
+
+def _cycle_flows() -> list[tuple[int, int]]:
+    (cycle,) = [
+        j for j in load_jobs(PACKAGE_ROOT / "workloads" / "jobs") if j.name == "custom-cycle"
+    ]
+    return list(_model_flows(cycle))
 
 
 @pytest.mark.parametrize(
@@ -180,22 +214,44 @@ def test_the_model_counts_the_sequential_rounds_the_worker_runs(
     here). The custom graph is custom-cycle.yaml's."""
     net = _LamportNet()
     monkeypatch.setattr(collectives, "dist", net)
-    (cycle,) = [
-        j for j in load_jobs(PACKAGE_ROOT / "workloads" / "jobs") if j.name == "custom-cycle"
-    ]
-    flows = list(_model_flows(cycle)) if collective == "custom" else []
-    clocks = [0] * world_size
-
-    def rank(r: int) -> None:
-        net.local.rank, net.local.clock = r, 0
-        c = collectives.make_collective(collective, r, world_size, [(s, d, 64) for s, d in flows])
-        c._reduce(torch.ones(16), average=True)
-        clocks[r] = net.local.clock
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=20)
+    flows = _cycle_flows() if collective == "custom" else []
+    clocks = net.reduce(collective, world_size, flows)
     job_collective = {"ps": "star"}.get(collective, collective)
     assert max(clocks) == collective_steps(job_collective, world_size)
+
+
+@pytest.mark.parametrize(
+    "collective, world_size",
+    [(c, k) for c in ("ps", "tree") for k in range(2, 10)] + [("custom", 4)],
+)
+def test_the_models_phases_follow_the_order_the_worker_sends_in(
+    monkeypatch, collective, world_size
+):
+    """`perfmodel.collective_phases` puts every message of the worker's reduction in a later
+    phase than every message it waited for (directly or not), so running a phase's flows at once
+    after the phases before it never runs a message before its cause; and there are as many
+    phases as the longest chain of messages (`collective_steps`: no phase could be split off or
+    merged). Each flow of the job carries one message. (All-to-all's two rounds travel on the
+    same pairs, one flow of 2M/k each: one phase, not checked here; gloo's ring is pipelined.)"""
+    net = _LamportNet()
+    monkeypatch.setattr(collectives, "dist", net)
+    flows = _cycle_flows() if collective == "custom" else []
+    net.reduce(collective, world_size, flows)
+    pairs = [(s, d) for s, d, _ in net.messages.values()]
+    assert len(set(pairs)) == len(pairs)  # one message per flow
+    job_collective = {"ps": "star"}.get(collective, collective)
+    job = (
+        star_job("s", world_size - 1, R, 64, 1)
+        if collective == "ps"
+        else tree_job("t", world_size, R, 64, 1)
+        if collective == "tree"
+        else None
+    )
+    if job is not None:
+        assert set(pairs) == set(_model_flows(job))
+    phases = collective_phases(job_collective, [(s, d, (s, d)) for s, d in pairs])
+    phase = {pair: i for i, members in enumerate(phases) for pair in members}
+    for src, dst, past in net.messages.values():
+        for before in past:
+            assert phase[net.messages[before][:2]] < phase[src, dst], (before, (src, dst))
+    assert len(phases) == collective_steps(job_collective, world_size)
