@@ -15,8 +15,9 @@ import docker
 import pytest
 
 from master.compute import worker_command
+from protocol.worker import flow_option
 from scheduler.jobs import load_job_documents
-from scheduler.perfmodel import ring_lower_bound_s
+from scheduler.perfmodel import flow_bytes, ring_lower_bound_s
 from testbed import Emulation, cleanup, new_prefix
 from topologies import parse_topology
 from workloads.job import run_job
@@ -140,3 +141,49 @@ def test_the_bundled_job_files_run_in_the_worker_image(worker_image):
             worker_image, [*command, "--help"], remove=True, network_mode="none"
         )
         assert b"usage:" in out, (doc.source, command)
+
+
+@pytest.mark.parametrize(
+    ("collective", "flows"),
+    [
+        ("tree", None),
+        ("all-to-all", None),
+        # a cycle 0 -> 1 -> 2 -> 0 plus a side flow 0 -> 2, each with its own bytes
+        ("custom", {(0, 1): 300_000, (1, 2): 500_000, (2, 0): 200_000, (0, 2): 100_000}),
+    ],
+)
+def test_every_collective_sends_the_models_bytes_per_flow(net, tmp_path, collective, flows):
+    """Tree, all-to-all and custom graphs between three containers over the shaped links: each
+    flow carries, per iteration, what `scheduler.perfmodel.flow_bytes` (or the custom graph's
+    own bytes) says, as its source counted it, and every replica ends with the same model where
+    the collective averages it (a custom graph's gossip does not)."""
+    options = dict(JOB, max_iters=12, eval_every=50)
+    if flows:
+        options["flows"] = [flow_option(s, d, b) for (s, d), b in flows.items()]
+    paths = run_job(
+        net,
+        NODES,
+        tmp_path,
+        job=collective,
+        deadline_s=400,
+        model="mlp-small",
+        collective=collective,
+        target_acc=0.999,
+        **options,
+    )
+    summary = summarize_job([read_task_log(p) for p in paths])
+    assert summary.iters == 12 and summary.collective == collective
+    model = summary.gradient_bytes
+    if collective == "tree":  # a binary tree over 3 ranks: 0 is the parent of 1 and 2
+        expected = {(c, 0): model for c in (1, 2)} | {(0, c): model for c in (1, 2)}
+    elif collective == "all-to-all":
+        expected = {(a, b): flow_bytes("all-to-all", 3, model) for a in range(3) for b in range(3)}
+        expected = {k: v for k, v in expected.items() if k[0] != k[1]}
+    else:
+        expected = flows
+    measured = {tuple(map(int, k.split(">"))): v for k, v in summary.flow_bytes.items() if v > 0}
+    assert set(measured) == set(expected), measured
+    for pair, nbytes in expected.items():
+        assert measured[pair] == pytest.approx(nbytes, rel=0.01), pair
+    if collective != "custom":
+        assert len({read_task_log(p).end["param_sum"] for p in paths}) == 1
