@@ -20,10 +20,9 @@ import pytest
 import yaml
 from polling import wait_for
 
+from experiments.bench_tunnel import Controller
 from lab.cluster import TUNNEL_OVERHEAD, load_cluster
 from lab.fabric import ClusterEmulation
-from protocol.http import free_port
-from sdn_app.client import SdnClient, SdnError
 from testbed.names import new_prefix
 from testbed.standin import standin_cluster
 from topologies import parse_topology, topology_document
@@ -61,35 +60,6 @@ def cluster(tmp_path_factory, worker_image, testbed_host):
         path,
     ):
         yield {"dir": d, "hosts": hosts, "file": path, "topo": topo, "image": worker_image}
-
-
-class Sdn:
-    def __init__(self, topo_file: Path, of_host: str, log: Path):
-        self.of_port, rest = free_port(), free_port()
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sdn_app", "--topo", str(topo_file), "--of-host", of_host,
-                 "--of-port", str(self.of_port), "--rest", f"127.0.0.1:{rest}"],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
-            )  # fmt: skip
-        self.client = SdnClient(f"http://127.0.0.1:{rest}", timeout_s=10)
-
-    def ready(self) -> bool:
-        assert self.proc.poll() is None, self.log.read_text()[-2000:]
-        try:
-            return bool(self.client.wait_ready(timeout_s=1))
-        except SdnError:
-            return False
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def left_of(cluster, prefix: str) -> dict[str, list[str]]:
@@ -146,7 +116,7 @@ def test_a_host_without_its_underlay_or_unreachable_is_one_line_exit_2(cluster, 
 
 def test_a_topology_over_two_hosts_at_the_inner_mtu_with_its_tunnel_shaped(cluster, tmp_path):
     inv = load_cluster(cluster["file"])
-    sdn = Sdn(cluster["dir"] / "chain.yaml", inv.master, tmp_path / "sdn.log")
+    sdn = Controller(cluster["dir"] / "chain.yaml", inv.master, tmp_path / "sdn.log")
     prefix = new_prefix()
     try:
         net = ClusterEmulation(
@@ -161,7 +131,7 @@ def test_a_topology_over_two_hosts_at_the_inner_mtu_with_its_tunnel_shaped(clust
         with net:
             assert net.layout.placement["s1"] == "h1" and net.layout.placement["s2"] == "h2"
             assert net.mtu == 1500 - TUNNEL_OVERHEAD["vxlan"] == 1450
-            wait_for(sdn.ready, 30, "both hosts' switches at the SDN app")
+            sdn.wait_switches(30)
             assert net.ping_check() == []
             # one tunnel port at each end, keyed, to the other host's underlay address
             for h, peer in (("h1", "h2"), ("h2", "h1")):
