@@ -446,6 +446,7 @@ def check(runs: list[dict], s: Settings, model: IterationModel) -> list[dict]:
                 "collective": r["collective"],
                 "model": r["model"],
                 "dataset": r.get("dataset", s.dataset),
+                "synthetic": r.get("synthetic", False),  # random data of the dataset's shapes
                 "mbps": r["mbps"],
                 "measured_iter_s": r["iter_s"],
                 "predicted_iter_s": predicted,
