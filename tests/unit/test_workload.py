@@ -10,6 +10,7 @@ import time
 import pytest
 
 from protocol.http import free_port
+from workloads.data import SYNTHETIC_TEST
 from workloads.launch import PACKAGE_ROOT, LocalJobError, run_local, train_argv
 from workloads.results import read_job, read_task_log
 from workloads.train import main
@@ -124,7 +125,10 @@ def test_absent_dataset_files_give_synthetic_data_and_no_time(tmp_path):
         **{**FAST, "dataset": "cifar10", "eval_every": 2},
     )
     log = read_task_log(paths[0])
-    assert log.data["synthetic"] and (log.data["train"], log.data["test"]) == (50_000, 10_000)
+    assert log.data["synthetic"] and (log.data["train"], log.data["test"]) == (
+        50_000,
+        SYNTHETIC_TEST,
+    )
     assert all(ev["accuracy"] >= 0.01 for ev in log.evals)  # the target, by chance
     assert log.end["synthetic"] and not log.end["reached_target"] and log.end["tta_s"] is None
     assert log.end["stop_reason"] == "max_iters" and log.end["iters"] == 4
