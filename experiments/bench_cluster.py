@@ -101,15 +101,6 @@ def scenario_over(n: int, a: argparse.Namespace, image: str, out: Path, work: Pa
         )  # fmt: skip
 
 
-def ttas(results: dict) -> dict[tuple[str, str], list[float]]:
-    out: dict[tuple[str, str], list[float]] = {}
-    for r in report.rows(results):
-        out.setdefault((r["scheduler"], r["job"]), []).append(
-            report.tta_censored(r, results["scenario"]["timeout_s"])
-        )
-    return out
-
-
 def placements(results: dict) -> dict[tuple[str, int], dict[str, list[str]]]:
     """(scheduler, seed) -> job -> the multiset of its tasks' nodes, over faithful runs."""
     return {
@@ -125,7 +116,7 @@ def inside(x: float, xs: list[float]) -> bool | None:
 
 def compare(one: dict, other: dict) -> dict:
     """Each job's TTA on one host and over the hosts of `other`, and their placements."""
-    a, b = ttas(one), ttas(other)
+    a, b = report.job_ttas(one), report.job_ttas(other)
     jobs = []
     for key in sorted(set(a) & set(b)):
         ma, ha = mean_interval(a[key])

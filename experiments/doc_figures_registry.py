@@ -1675,19 +1675,11 @@ def _e2e_invariance(at_k: dict, at_2k: dict) -> str:
     from experiments import report
     from experiments.stats import mean_interval
 
-    def tta(res: dict) -> dict[tuple[str, str], list[float]]:
-        out: dict[tuple[str, str], list[float]] = {}
-        for r in report.rows(res):
-            out.setdefault((r["scheduler"], r["job"]), []).append(
-                report.tta_censored(r, res["scenario"]["timeout_s"])
-            )
-        return out
-
     def inside(x: float, xs: list[float]) -> str:
         mean, half = mean_interval(xs)
         return "–" if half is None else ("yes" if abs(x - mean) <= half else "**no**")
 
-    a, b = tta(at_k), tta(at_2k)
+    a, b = report.job_ttas(at_k), report.job_ttas(at_2k)
     k, k2 = at_k["dilation"]["factor"], at_2k["dilation"]["factor"]
     out = []
     for key in sorted(set(a) & set(b), key=lambda x: (at_2k["schedulers"].index(x[0]), x[1])):

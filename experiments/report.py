@@ -117,6 +117,16 @@ def tta_censored(row: dict, timeout_s: float) -> float:
     return row["tta_s"] if row["reached_target"] else timeout_s
 
 
+def job_ttas(results: dict) -> dict[tuple[str, str], list[float]]:
+    """(scheduler, job) -> its TTA in every faithful run, an unreached target at the timeout."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for r in rows(results):
+        out.setdefault((r["scheduler"], r["job"]), []).append(
+            tta_censored(r, results["scenario"]["timeout_s"])
+        )
+    return out
+
+
 def jct_censored(row: dict, timeout_s: float) -> float:
     return row["jct_s"] if row["jct_s"] is not None else timeout_s
 
