@@ -178,17 +178,24 @@ class _PointToPoint(_Timed, ABC):
         sends: Sequence[tuple[torch.Tensor, int]] = (),
         recvs: Sequence[tuple[torch.Tensor, int]] = (),
     ) -> None:
-        """Post every send and receive (tensor, peer rank) at once, then wait for all of them;
-        empty tensors are skipped (both ends know the sizes)."""
+        """Post every receive, then every send (tensor, peer rank), then wait for all of them;
+        empty tensors are skipped (both ends know the sizes).
+
+        Receives first: gloo's TCP pair sends a message only once the peer has posted its
+        receive (the receiver's "recv ready" notice), and queues that notice behind whatever
+        the pair is already sending. Posted after a send to the same peer, a receive's notice
+        waits for the whole send, and the two directions of the pair take turns: the direct
+        all-reduce and a custom graph with flows both ways ran at 1.6-2.5 × their bandwidth
+        bound so, against 1.1 × for gloo's ring (results/calibration.json)."""
         requests = []
-        for tensor, peer in sends:
-            if tensor.numel():
-                self._count(peer, _nbytes(tensor), 0)
-                requests.append(dist.isend(tensor, dst=peer))
         for tensor, peer in recvs:
             if tensor.numel():
                 self._count(peer, 0, _nbytes(tensor))
                 requests.append(dist.irecv(tensor, src=peer))
+        for tensor, peer in sends:
+            if tensor.numel():
+                self._count(peer, _nbytes(tensor), 0)
+                requests.append(dist.isend(tensor, dst=peer))
         for request in requests:
             request.wait()
 

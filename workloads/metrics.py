@@ -139,11 +139,13 @@ def _throttled_s() -> float | None:
 
 # Fields of the kernel's struct tcp_info (linux/tcp.h; append-only, so the offsets are stable):
 # offset → (name, format). busy/rwnd/sndbuf are microseconds (Linux ≥ 4.10), bytes_sent and
-# bytes_retrans Linux ≥ 4.19; segs_out counts every segment sent, pure ACKs included.
+# bytes_retrans Linux ≥ 4.19; segs_out counts every segment sent, pure ACKs included,
+# data_segs_out (Linux ≥ 4.6) those that carried data.
 _TCP_INFO_FIELDS = {
     5: ("options", "B"),
     120: ("bytes_acked", "Q"),
     136: ("segs_out", "I"),
+    156: ("data_segs_out", "I"),
     168: ("busy_us", "Q"),
     176: ("rwnd_limited_us", "Q"),
     184: ("sndbuf_limited_us", "Q"),
@@ -206,14 +208,19 @@ def busy_rate_mbps(counters: dict) -> float | None:
 
 def wire_rate_mbps(counters: dict) -> float | None:
     """What the sender put on the wire while busy, in Mbit/s: every byte sent (retransmissions
-    too) plus each segment's Ethernet, IPv4 and TCP headers (+ 12 bytes of timestamps when
-    negotiated) — the bytes a shaper or meter counts against the grant. None without busy time
-    or on kernels without bytes_sent."""
+    too) plus each data segment's Ethernet, IPv4 and TCP headers (+ 12 bytes of timestamps when
+    negotiated) — the bytes a shaper or meter counts against the grant. Pure ACKs are left out:
+    a connection that carries data both ways (a parameter server's, an all-to-all pair's)
+    acknowledges its peer's data while its own sending is idle, outside the busy time this rate
+    divides by — counted, they put a star's flows at 1.06-1.07 of their grant with goodput at
+    1.00 (the mixed scenario, docs/workloads.md). Kernels before 4.6 (no data_segs_out): every
+    segment. None without busy time or on kernels without bytes_sent."""
     busy = counters.get("busy_us", 0)
     if busy <= 0 or "bytes_sent" not in counters:
         return None
     header = 14 + 20 + 20 + (12 if counters.get("options", 0) & _TCPI_OPT_TIMESTAMPS else 0)
-    return round((counters["bytes_sent"] + header * counters.get("segs_out", 0)) * 8 / busy, 3)
+    segments = counters.get("data_segs_out", counters.get("segs_out", 0))
+    return round((counters["bytes_sent"] + header * segments) * 8 / busy, 3)
 
 
 class JsonLines:

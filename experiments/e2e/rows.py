@@ -124,9 +124,12 @@ def wire_ratio(
         return None, None
     on_wire = expected = judged_us = left_out_us = 0.0
     for (t0, before), (t1, after) in itertools.pairwise(snaps):
-        diff = {
-            k: after.get(k, 0) - before.get(k, 0) for k in ("busy_us", "bytes_sent", "segs_out")
-        }
+        counted = (
+            "busy_us",
+            "bytes_sent",
+            "data_segs_out" if "data_segs_out" in after else "segs_out",
+        )
+        diff = {k: after.get(k, 0) - before.get(k, 0) for k in counted}
         rates = installed_mbps(history, flow, t0, t1)
         wire = wire_rate_mbps({**diff, "options": after.get("options", 0)})
         if (

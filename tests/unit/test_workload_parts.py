@@ -183,6 +183,13 @@ def test_tcp_send_counters_read_the_kernel_view_of_each_peer():
     assert wire_rate_mbps({**wire, "options": 1}) == pytest.approx(8.528)
     assert wire_rate_mbps({**wire, "options": 0}) == pytest.approx(8.432)
     assert wire_rate_mbps({"bytes_acked": 5, "busy_us": 10}) is None  # kernel without bytes_sent
+    assert to_server["data_segs_out"] > 0 and to_server["segs_out"] >= to_server["data_segs_out"]
+    acked = counters["peers"]["127.0.0.1"]  # the receiving end sent pure ACKs only
+    assert acked["data_segs_out"] == 0 < acked["segs_out"]
+    # pure ACKs (segs_out − data_segs_out) sent while the socket had nothing of its own to send
+    # are not the busy time's
+    acks = {**wire, "segs_out": 1500, "data_segs_out": 1000, "options": 1}
+    assert wire_rate_mbps(acks) == pytest.approx(8.528)
 
 
 def test_default_threads_is_at_least_one_and_at_most_the_cores():
