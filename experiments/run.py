@@ -54,7 +54,7 @@ from docker.errors import DockerException
 from rich.console import Console
 
 from experiments import plots, report
-from experiments.e2e.budget import budget
+from experiments.e2e.budget import budget, chosen_dilation
 from experiments.e2e.cluster_stack import (
     ClusterStack,
     cleanup_cluster,
@@ -405,27 +405,8 @@ def choose_dilation(
         {n.name for n in p.topo.nodes} - cordoned,
         cost,
     )
-    least = need.dilation()
-    if asked is None and least is None:
-        raise ScenarioError(
-            f"{p.scenario.source}: does not fit this host even at dilation K_MAX: {need.line(8.0)}"
-        )
-    k = least if asked is None else asked
-    if asked is not None and not need.fits(k) and not over_budget:
-        raise ScenarioError(
-            f"--dilation {asked:g}: the scenario does not fit this host ({need.line(k)}); it "
-            f"needs K >= {least:g}" + ("" if least is None else " (or give --over-budget)")
-        )
-    console.print(
-        f"[bold]budget[/] {need.line(k)}: dilation K = {k:g} "
-        f"({'auto' if asked is None else 'given'})"
-    )
-    return Dilation(k, time.time()), {
-        "factor": k,
-        "chosen": "auto" if asked is None else "given",
-        "budget": need.to_json(k),
-        "host_cost": asdict(cost),
-    }
+    unfit = f"{p.scenario.source}: does not fit this host even at dilation K_MAX"
+    return chosen_dilation(need, cost, asked, over_budget, console, "this host", unfit)
 
 
 def _dilation_arg(text: str) -> float | None:

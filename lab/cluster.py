@@ -29,22 +29,23 @@ compute nodes, which must then be those of its switches).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from topologies import Topology
 
 from . import placement as placing
 from .inventory import (
-    DEFAULT_AGENT_PORT,
-    DEFAULT_KNOWN_HOSTS,
-    DEFAULT_MASTER_PORT,
-    DEFAULT_OPENFLOW_PORT,
     InventoryError,
     _address,
     _port,
+    check_address_free,
+    check_key_file,
+    field_error,
+    host_entries,
+    parse_top,
+    read_document,
 )
 
 TUNNELS = ("vxlan", "geneve", "gre")
@@ -117,71 +118,27 @@ class ClusterInventory:
         return next(h for h in self.hosts if h.name == name)
 
     def fail(self, where: str, message: str) -> InventoryError:
-        return InventoryError(f"{self.path}: {where}: {message}")
+        return field_error(self.path, where, message)
 
 
 def load_cluster(path: str | Path) -> ClusterInventory:
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise InventoryError(f"{path}: cannot read it ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise InventoryError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    return parse_cluster(doc, path)
+    return parse_cluster(read_document(path), path)
 
 
 def parse_cluster(doc: Any, path: Path = Path("<cluster>")) -> ClusterInventory:
-    def fail(where: str, message: str) -> InventoryError:
-        return InventoryError(f"{path}: {where}: {message}")
-
-    if not isinstance(doc, dict):
-        raise fail("(top)", "expected a mapping with 'master' and 'hosts'")
-    unknown = sorted(map(str, set(doc) - set(TOP_FIELDS)))
-    if unknown:
-        raise fail(unknown[0], f"unknown field (allowed: {', '.join(TOP_FIELDS)})")
-    master = _address(doc.get("master"), lambda m: fail("master", m))
-    ports = {
-        key: _port(doc.get(key, default), lambda m, key=key: fail(key, m))
-        for key, default in (
-            ("master_port", DEFAULT_MASTER_PORT),
-            ("openflow_port", DEFAULT_OPENFLOW_PORT),
-            ("agent_port", DEFAULT_AGENT_PORT),
-        )
-    }
-    known = doc.get("known_hosts", DEFAULT_KNOWN_HOSTS)
-    if not isinstance(known, str) or not known:
-        raise fail("known_hosts", "expected a file path")
+    fail = partial(field_error, path)
+    master, ports, known_hosts = parse_top(doc, fail, TOP_FIELDS)
     tunnel = doc.get("tunnel", "vxlan")
     if tunnel not in TUNNELS:
         raise fail("tunnel", f"expected one of {', '.join(TUNNELS)}, got {tunnel!r}")
     rule = doc.get("placement", DEFAULT_PLACEMENT)
     if rule not in placing.RULES:
         raise fail("placement", f"expected one of {', '.join(placing.RULES)}, got {rule!r}")
-    defaults = doc.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise fail("defaults", "expected a mapping of host fields")
-    for key in defaults:
-        if key not in SHARED_FIELDS:
-            raise fail(
-                f"defaults.{key}",
-                f"not a field every host can share (allowed: {', '.join(SHARED_FIELDS)})",
-            )
-    entries = doc.get("hosts")
-    if not isinstance(entries, list) or not entries:
-        raise fail("hosts", "expected a list of hosts")
     hosts: list[ClusterHost] = []
-    for i, entry in enumerate(entries):
-        where = f"hosts[{i}]"
-        if not isinstance(entry, dict):
-            raise fail(where, "expected a mapping")
-        for key in entry:
-            if key not in HOST_FIELDS:
-                raise fail(f"{where}.{key}", f"unknown field (allowed: {', '.join(HOST_FIELDS)})")
-        h = {"port": 22, **defaults, **entry}
-        for key in ("name", "address", "user", "key_file", "underlay"):
-            if not isinstance(h.get(key), str) or not h[key]:
-                raise fail(f"{where}.{key}", "missing (a non-empty string)")
+    for where, h in host_entries(
+        doc, fail, HOST_FIELDS, SHARED_FIELDS, ("name", "address", "user", "key_file", "underlay")
+    ):
         name = h["name"]
         if any(o.name == name for o in hosts):
             raise fail(f"{where}.name", f"'{name}' is given twice")
@@ -210,8 +167,7 @@ def parse_cluster(doc: Any, path: Path = Path("<cluster>")) -> ClusterInventory:
             None if mbps is None else float(mbps),
             tuple(place),
         )
-        if any((o.address, o.port) == (host.address, host.port) for o in hosts):
-            raise fail(f"{where}.address", f"{host.address}:{host.port} is another host's too")
+        check_address_free(host, hosts, where, fail)
         if any(o.underlay_ip == host.underlay_ip for o in hosts):
             raise fail(f"{where}.underlay_ip", f"{host.underlay_ip} is another host's too")
         if host.underlay_ip == host.address:
@@ -220,13 +176,12 @@ def parse_cluster(doc: Any, path: Path = Path("<cluster>")) -> ClusterInventory:
                 "the management address: the tunnels need an interface of their own "
                 "(on a userspace datapath it is handed to Open vSwitch for the run)",
             )
-        if not host.key_file.is_file():
-            raise fail(f"{where}.key_file", f"{host.key_file} is not a readable file")
+        check_key_file(host, where, fail)
         hosts.append(host)
     return ClusterInventory(
         path,
         master,
-        Path(known).expanduser(),
+        known_hosts,
         ports["master_port"],
         ports["openflow_port"],
         ports["agent_port"],

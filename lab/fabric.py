@@ -63,7 +63,7 @@ from protocol.tls import identity_files, switch_identity
 from testbed.cleanup import PID_LABEL
 from testbed.emulation import PROJECT_LABEL, TCP_CONGESTION_CONTROL
 from testbed.hostcost import busy_ticks
-from testbed.names import Names
+from testbed.names import Lifecycle, Names
 from topologies import Link, Topology
 
 from . import deploy
@@ -265,7 +265,7 @@ class HostPlan:
     outer: list[tuple[int, Link, str]] = field(default_factory=list)  # (index, link, local end)
 
 
-class ClusterEmulation:
+class ClusterEmulation(Lifecycle):
     """A topology spread over a cluster's hosts; entered, it is built on every host; left
     (normally, by an exception, Ctrl-C or SIGTERM in the owner's `with`), it is removed."""
 
@@ -306,17 +306,6 @@ class ClusterEmulation:
             self.names.bridge(s.name)
 
     # --- life cycle ------------------------------------------------------------------------------
-    def __enter__(self) -> ClusterEmulation:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     @property
     def mtu(self) -> int:
         """The inner MTU of every data interface: the smallest underlay's less the tunnel's

@@ -48,7 +48,7 @@ from .containernet import (
     detect_datapath,
     netns_run,
 )
-from .names import Names, new_prefix
+from .names import Lifecycle, Names, new_prefix
 
 log = logging.getLogger(__name__)
 PROJECT_LABEL = "ces.run"
@@ -63,7 +63,7 @@ class EmulationError(RuntimeError):
     pass
 
 
-class Emulation:
+class Emulation(Lifecycle):
     def __init__(
         self,
         topo: Topology,
@@ -98,15 +98,7 @@ class Emulation:
 
     def __enter__(self) -> Emulation:
         self._trap_signals()
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return super().__enter__()
 
     def start(self) -> None:
         if self.image is None:

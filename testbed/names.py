@@ -5,6 +5,9 @@ Everything a run creates (containers, OVS bridges, veths, cgroups, Mininet shell
 one prefix never catches another run's names, and `ces[0-9a-f]{4}` matches every run of the project
 (and not the images `ces-worker`/`ces-base`). Linux interface names have at most 15 characters, so
 topology names are mapped to short names and the mapping is kept.
+
+`Lifecycle`: what `start()` builds under a prefix and `stop()` removes by it, also after a start
+that failed part-way.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass, field
+from typing import Self
 
 PREFIX_RE = re.compile(r"^ces[0-9a-f]{4}$")
 FAMILY_RE = re.compile(r"^ces[0-9a-f]{4}")  # any run's resource
@@ -64,3 +68,26 @@ class Names:
 
     def cgroup_parent(self, node: str) -> str:
         return f"{self.prefix}-{node}"
+
+
+class Lifecycle:
+    """A context manager of what `start()` builds and `stop()` removes: `stop()` also when
+    `start()` fails part-way (an exception, Ctrl-C), so it must be safe at any point of a
+    start: it removes what is named, made or not."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

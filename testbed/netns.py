@@ -24,6 +24,8 @@ from typing import Any
 from protocol.tls import identity_files
 from topologies import Topology
 
+from .names import Lifecycle
+
 
 def sh(*cmd: str, check: bool = True, timeout: float = 60) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -44,7 +46,7 @@ def datapath_type() -> str:
 
 
 @dataclass
-class NetnsNetwork:
+class NetnsNetwork(Lifecycle):
     topo: Topology
     prefix: str  # ≤ 6 characters: interface names are ≤ 15
     controller: tuple[str, int]
@@ -52,17 +54,6 @@ class NetnsNetwork:
     namespaces: dict[str, str] = field(default_factory=dict)  # node → netns name
     tls: str = ""  # a switch's TLS identity folder: connect over ssl
     _ssl_before: list[str] | None = None  # the SSL configuration to put back
-
-    def __enter__(self) -> NetnsNetwork:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def start(self) -> None:
         if self.tls:

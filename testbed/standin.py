@@ -35,6 +35,7 @@ from protocol.tls import switch_identity
 from testbed import ovs_sockets
 from testbed.containernet import allow_congestion_control
 from testbed.emulation import TCP_CONGESTION_CONTROL
+from testbed.names import Lifecycle
 from testbed.netns import NetnsNetwork, datapath_type, sh
 from topologies import Topology, topology_document
 
@@ -268,7 +269,7 @@ def ovs_files(folder: Path) -> None:
 
 
 @dataclass
-class ClusterHosts:
+class ClusterHosts(Lifecycle):
     """Stand-in hosts of a cluster on this machine: containers of the worker image running sshd
     and an Open vSwitch of their own (this machine's binaries, their own ovsdb-server and
     ovs-vswitchd, database and sockets), reachable over SSH on a management network (a Docker
@@ -299,17 +300,6 @@ class ClusterHosts:
         # hosts' removal (every interface named with the prefix) must not take a run's
         if not 2 <= len(self.prefix) <= 6 or self.prefix.startswith("ces"):
             raise ValueError(f"stand-in prefix {self.prefix!r}: 2-6 characters, not ces...")
-
-    def __enter__(self) -> ClusterHosts:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def _files(self) -> Path:

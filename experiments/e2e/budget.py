@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import asdict, dataclass, field
 
 import networkx as nx
+from rich.console import Console
 
+from protocol.dilation import Dilation
 from testbed.hostcost import HostCost
 from topologies import Topology
+
+from .scenario import ScenarioError
 
 # The share of the host's cores a run leaves free. The budget counts upper bounds — every quota
 # and every flow's demand — so it needs little more: the contention scenario at the K it chose
@@ -292,3 +297,39 @@ def cluster_budget(
         if a != b:
             crossing.setdefault((min(a, b), max(a, b)), []).append((f"{lk.a}–{lk.b}", lk.bw_mbps))
     return ClusterBudget(budgets, underlay_loads(crossing, underlay_mbps))
+
+
+# --- the run's dilation (run.choose_dilation, cluster_stack.cluster_dilation) --------------------
+def chosen_dilation(
+    need: Budget | ClusterBudget,
+    cost: HostCost,
+    asked: float | None,
+    over_budget: bool,
+    console: Console,
+    where: str,
+    unfit: str,
+) -> tuple[Dilation, dict]:
+    """The run's time dilation by what it `need`s: `asked` (a number), or the least K at which it
+    fits when None ("auto"); and what results.json records of the choice (with the `cost` the
+    budget was made with). A ScenarioError (one line) when no K fits (`unfit`, then what K_MAX
+    needs), or when `asked` is below what the budget needs and not `over_budget` (the scenario
+    does not fit `where`)."""
+    least = need.dilation()
+    if asked is None and least is None:
+        raise ScenarioError(f"{unfit}: {need.line(K_MAX)}")
+    k = least if asked is None else asked
+    if asked is not None and not need.fits(k) and not over_budget:
+        raise ScenarioError(
+            f"--dilation {asked:g}: the scenario does not fit {where} ({need.line(k)}); it "
+            f"needs K >= {least:g}" + ("" if least is None else " (or give --over-budget)")
+        )
+    console.print(
+        f"[bold]budget[/] {need.line(k)}: dilation K = {k:g} "
+        f"({'auto' if asked is None else 'given'})"
+    )
+    return Dilation(k, time.time()), {
+        "factor": k,
+        "chosen": "auto" if asked is None else "given",
+        "budget": need.to_json(k),
+        "host_cost": asdict(cost),
+    }

@@ -32,21 +32,22 @@ from lab.cluster import TUNNEL_OVERHEAD, ClusterInventory, Layout
 from lab.fabric import ClusterEmulation, FabricError, HostFacts, HostSampler, cleanup_host, each
 from lab.ssh import HostError, Remote
 from protocol.dilation import NONE, Dilation
-from protocol.tls import CONTROL, agent_identity
+from protocol.tls import agent_identity
 from sdn_app.client import SdnError
 from testbed import cleanup, hostcost
 from testbed.hostcost import busy_seconds, process_cpu_s
 from testbed.image import worker_image_tag
 from topologies import Topology
 
-from .budget import K_MAX, cluster_budget
-from .scenario import Plan, ScenarioError, traffic_quota, undelayed
-from .stack import LOCAL_PORTS, RunError, StackBase
+from .budget import K_MAX, chosen_dilation, cluster_budget
+from .lab_stack import HostsStack
+from .scenario import Plan, traffic_quota, undelayed
+from .stack import LOCAL_PORTS, RunError
 
 log = logging.getLogger("run")
 
 
-class ClusterStack(StackBase):
+class ClusterStack(HostsStack):
     """SDN app, the topology over the cluster's hosts, Master, agents, samplers, background
     traffic: brought up in that order and torn down in reverse."""
 
@@ -84,16 +85,14 @@ class ClusterStack(StackBase):
         self.samplers: dict[str, HostSampler] = {}
         self._remotes: dict[str, Remote] = {}  # host -> the connection of traffic and samplers
 
-    def _up(self) -> None:
+    def start(self) -> None:
         t0 = time.monotonic()
         hosts = self.layout.used_hosts()
         self.console.print(
             f"[bold]bring-up[/] {self.topo.name} on {len(hosts)} hosts of {self.inv.path} "
             f"({self.layout.rule} placement, {self.inv.tunnel}; prefix {self.prefix})"
         )
-        topo_arg = self._topology_file()
-        control = str(self.pki / CONTROL) if self.pki else ""
-        self._start_sdn(topo_arg, self.inv.master, self.inv.openflow_port, control)
+        topo_arg, control = self._start_sdn_here()
         self.net = ClusterEmulation(
             self.topo,
             servers=self.inv,
@@ -121,16 +120,7 @@ class ClusterStack(StackBase):
                 f"scheduled, e.g. {lost[0][0]} -> {lost[0][1]}"
             )
         self.timings["network_s"] = time.monotonic() - t0
-        self._start_master(
-            topo_arg,
-            self.image,
-            self.inv.master,
-            self.inv.master_port,
-            self.token_file,
-            self.token,
-            tls_dir=control,
-            insecure=not control,
-        )
+        self._start_master_here(topo_arg, control)
         t1 = time.monotonic()
         self.agents = True
         _, errors = each(hosts, self.inv.known_hosts, self.accept_new, self._start_agents)
@@ -283,13 +273,6 @@ class ClusterStack(StackBase):
             == 0
         )
 
-    def _stop_ends(self, ends: list) -> None:
-        for node, name in ends:
-            try:
-                deploy.remove(self._remote(node), [name])
-            except HostError as e:  # the teardown's cleanup removes it
-                log.warning("background: %s", e)
-
     # --- teardown --------------------------------------------------------------------------------
     def _down(self) -> None:
         """Traffic and samplers; the agents (they stop their workers); everything of the run on
@@ -355,28 +338,11 @@ def cluster_dilation(
         cost,
         {h: f.underlay_mbps for h, f in facts.items()},
     )
-    least = need.dilation()
-    if asked is None and least is None:
-        raise ScenarioError(
-            f"{p.scenario.source}: does not fit the cluster {layout.inv.path} even at dilation "
-            f"K = {K_MAX:g}: {need.line(K_MAX)}"
-        )
-    k = least if asked is None else asked
-    if asked is not None and not need.fits(k) and not over_budget:
-        raise ScenarioError(
-            f"--dilation {asked:g}: the scenario does not fit the cluster ({need.line(k)}); it "
-            f"needs K >= {least:g}" + ("" if least is None else " (or give --over-budget)")
-        )
-    console.print(
-        f"[bold]budget[/] {need.line(k)}: dilation K = {k:g} "
-        f"({'auto' if asked is None else 'given'})"
+    unfit = (
+        f"{p.scenario.source}: does not fit the cluster {layout.inv.path} even at dilation "
+        f"K = {K_MAX:g}"
     )
-    return Dilation(k, time.time()), {
-        "factor": k,
-        "chosen": "auto" if asked is None else "given",
-        "budget": need.to_json(k),
-        "host_cost": asdict(cost),
-    }
+    return chosen_dilation(need, cost, asked, over_budget, console, "the cluster", unfit)
 
 
 def cluster_results(layout: Layout, facts: dict[str, HostFacts]) -> dict:

@@ -21,6 +21,7 @@ import docker.errors
 from rich.console import Console
 
 from lab import deploy
+from lab.cluster import ClusterInventory
 from lab.inventory import Inventory
 from lab.ssh import HostError, Remote
 from protocol.tls import CONTROL
@@ -40,7 +41,52 @@ class HostsRefused(Exception):
         self.errors = errors
 
 
-class LabStack(StackBase):
+class HostsStack(StackBase):
+    """What a run on other hosts (`LabStack`, `cluster_stack.ClusterStack`) brings up on this
+    machine: the SDN app and the Master on its management address (the inventory's `master`),
+    the Master with the shared secret and, with the certificates in `pki`, over mutual TLS
+    (without, plain HTTP: `--insecure`); and the background traffic's ends on the hosts."""
+
+    # set by each kind's constructor
+    inv: Inventory | ClusterInventory
+    token_file: str
+    token: str
+    image: str
+    pki: Path | None
+
+    def _start_sdn_here(self) -> tuple[str, str]:
+        """The SDN app on the inventory's `master` and `openflow_port`; (the topology file, the
+        control machine's identity folder or "") for `_start_master_here`."""
+        topo_arg = self._topology_file()
+        control = str(self.pki / CONTROL) if self.pki else ""
+        self._start_sdn(topo_arg, self.inv.master, self.inv.openflow_port, control)
+        return topo_arg, control
+
+    def _start_master_here(self, topo_arg: str, control: str) -> None:
+        self._start_master(
+            topo_arg,
+            self.image,
+            self.inv.master,
+            self.inv.master_port,
+            self.token_file,
+            self.token,
+            tls_dir=control,
+            insecure=not control,
+        )
+
+    def _remote(self, node: str) -> Remote:
+        """The SSH connection to `node`'s host."""
+        raise NotImplementedError
+
+    def _stop_ends(self, ends: list) -> None:
+        for node, name in ends:
+            try:
+                deploy.remove(self._remote(node), [name])
+            except HostError as e:  # the teardown's cleanup removes it
+                log.warning("background: %s", e)
+
+
+class LabStack(HostsStack):
     """Hosts checked, SDN app (its switches connected), Master, agents deployed, background
     traffic: brought up in that order and torn down in reverse."""
 
@@ -66,7 +112,7 @@ class LabStack(StackBase):
         self.deployed = False  # agents started on some host: the teardown stops them
         self._remotes: dict[str, Remote] = {}  # node -> SSH connection of the traffic ends
 
-    def _up(self) -> None:
+    def start(self) -> None:
         t0 = time.monotonic()
         try:
             client = docker.from_env()
@@ -83,20 +129,9 @@ class LabStack(StackBase):
         self.facts, errors = deploy.check_hosts(self.inv, self.topo, self.accept_new)
         if errors:
             raise HostsRefused(errors)
-        topo_arg = self._topology_file()
-        control = str(self.pki / CONTROL) if self.pki else ""
-        self._start_sdn(topo_arg, self.inv.master, self.inv.openflow_port, control)
+        topo_arg, control = self._start_sdn_here()
         self._wait_switches(60)
-        self._start_master(
-            topo_arg,
-            self.image,
-            self.inv.master,
-            self.inv.master_port,
-            self.token_file,
-            self.token,
-            tls_dir=control,
-            insecure=not control,
-        )
+        self._start_master_here(topo_arg, control)
         t1 = time.monotonic()
         self.deployed = True
         _, errors = deploy.deploy_agents(
@@ -148,13 +183,6 @@ class LabStack(StackBase):
 
     def _listens(self, node: str, port: int) -> bool:
         return self._remote(node).run(f"ss -ltn | grep -q ':{port} '")[0] == 0
-
-    def _stop_ends(self, ends: list) -> None:
-        for node, name in ends:
-            try:
-                deploy.remove(self._remote(node), [name])
-            except HostError as e:  # the teardown's cleanup removes it
-                log.warning("background: %s", e)
 
     def _down(self) -> None:
         """The hosts' agents first (they stop their workers), then everything else of the run

@@ -31,6 +31,7 @@ from testbed import Emulation, ovs_sockets
 from testbed.cleanup import PREFIX_ENV
 from testbed.hostcost import busy_seconds, main_thread_wait_s, process_cpu_s
 from testbed.image import worker_image_tag
+from testbed.names import Lifecycle
 from topologies import Topology, topology_document
 
 from .fidelity import HOST_SATURATED
@@ -45,7 +46,7 @@ class RunError(RuntimeError):
     """The testbed broke (a component did not start, the network does not connect)."""
 
 
-class StackBase:
+class StackBase(Lifecycle):
     """What a run brings up on any network — the SDN app and the Master as processes of this
     machine, the scenario's background traffic — and tears down in reverse on exit, exception,
     Ctrl-C or SIGTERM. `Stack` adds the emulated network and local agents; `lab_stack.LabStack`
@@ -111,14 +112,9 @@ class StackBase:
     def __enter__(self) -> StackBase:
         if threading.current_thread() is threading.main_thread():
             self._saved_handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, _interrupt)}
-        try:
-            self._up()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
+        return super().__enter__()
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         """Down in reverse, with Ctrl-C and SIGTERM ignored meanwhile: a second one must not
         leave half of it."""
         t0 = time.monotonic()
@@ -134,9 +130,6 @@ class StackBase:
                 signal.signal(s, handler)
             self._saved_handlers = {}
             self.timings["down_s"] = time.monotonic() - t0
-
-    def _up(self) -> None:
-        raise NotImplementedError
 
     def _down(self) -> None:
         raise NotImplementedError
@@ -393,7 +386,7 @@ class Stack(StackBase):
         super().__init__(topo, prefix, out, console, dilation)
         self.net: Emulation | None = None
 
-    def _up(self) -> None:
+    def start(self) -> None:
         t0 = time.monotonic()
         image = worker_image_tag()
         topo_arg = self._topology_file()
