@@ -320,8 +320,12 @@ def chosen_dilation(
     k = least if asked is None else asked
     if asked is not None and not need.fits(k) and not over_budget:
         raise ScenarioError(
-            f"--dilation {asked:g}: the scenario does not fit {where} ({need.line(k)}); it "
-            f"needs K >= {least:g}" + ("" if least is None else " (or give --over-budget)")
+            f"--dilation {asked:g}: the scenario does not fit {where} ({need.line(k)}); "
+            + (
+                f"it fits at no K up to {K_MAX:g} (or give --over-budget)"
+                if least is None
+                else f"it needs K >= {least:g} (or give --over-budget)"
+            )
         )
     console.print(
         f"[bold]budget[/] {need.line(k)}: dilation K = {k:g} "

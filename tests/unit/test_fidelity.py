@@ -11,11 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from scipy import stats as scipy_stats
 
 from edge import tc
 from experiments import report, stats
 from experiments.e2e import budget, fidelity
+from experiments.e2e.scenario import ScenarioError
 from protocol.dilation import NONE, Dilation
 from sdn_app.flows import MeterPolicy
 from testbed import hostcost
@@ -125,6 +127,17 @@ def test_the_host_is_busy_but_for_idle_iowait_and_with_it_niced_time(monkeypatch
 def test_a_host_whose_fixed_costs_fill_it_fits_nothing():
     busy = HostCost("k", 2, "user", (10.0,), (0.5,), 1.7, "now")  # idle + fixed > 90 % of 2
     assert budget.budget(LINE, [0.1], [], [], {"a"}, busy).dilation() is None
+
+
+@pytest.mark.parametrize("fixed, says", [(0.1, "it needs K >= "), (1.7, "it fits at no K up to 8")])
+def test_a_given_dilation_the_run_does_not_fit_is_refused_in_one_line(fixed, says):
+    cost = HostCost("k", 2, "user", (10.0,), (0.5,), fixed, "now")
+    need = budget.budget(LINE, [0.5] * 4, [], [100.0] * 5, {"a", "b", "c"}, cost)
+    with pytest.raises(ScenarioError) as e:
+        budget.chosen_dilation(need, cost, 1.0, False, Console(quiet=True), "this host", "unfit")
+    assert says in str(e.value) and "--over-budget" in str(e.value) and "\n" not in str(e.value)
+    k, record = budget.chosen_dilation(need, cost, 1.0, True, Console(quiet=True), "here", "")
+    assert k.factor == 1.0 and record["chosen"] == "given"
 
 
 # --- the verdict ---------------------------------------------------------------------------------
