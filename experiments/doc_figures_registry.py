@@ -1855,6 +1855,7 @@ CLUSTER = "docs/cluster.md"
 CROSSING = "results/cluster/crossing.json"
 TUNNEL = "results/cluster/tunnel.json"
 CLUSTER_QUICK = "results/cluster/quick/compare.json"
+CLUSTER_CONTENTION = "results/cluster/contention/compare.json"
 BRINGUP = "results/cluster/bringup.json"
 
 
@@ -1917,8 +1918,8 @@ def _tunnel_table(doc: dict) -> str:
     )
 
 
-def _cluster_quick(doc: dict) -> str:
-    """Each job's TTA on one host and over 2 and 3 hosts, and the placements."""
+def _cluster_compare(doc: dict) -> str:
+    """Each job's TTA on one host and over 2 and 3 hosts (`bench_cluster.py scenario`)."""
     rows = []
     for label, c in doc["clusters"].items():
         for j in c["jobs"]:
@@ -1986,7 +1987,8 @@ def _bringup_table(doc: dict) -> str:
 CLUSTER_TABLES = [
     Table("cluster-crossing", CLUSTER, (CROSSING,), _crossing_table),
     Table("cluster-tunnel", CLUSTER, (TUNNEL,), _tunnel_table),
-    Table("cluster-quick", CLUSTER, (CLUSTER_QUICK,), _cluster_quick),
+    Table("cluster-quick", CLUSTER, (CLUSTER_QUICK,), _cluster_compare),
+    Table("cluster-contention", CLUSTER, (CLUSTER_CONTENTION,), _cluster_compare),
     Table("cluster-bringup", CLUSTER, (BRINGUP,), _bringup_table),
 ]
 
