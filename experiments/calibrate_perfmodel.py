@@ -25,9 +25,12 @@ all-reduce, or the worker's other collectives (`workloads.collectives`).
    `--collective-mbps` (200 Mbit/s: ResNet-18's 45 MB of gradients take seconds even there):
    the prediction is the scheduler's (`scheduler.metrics.predicted_iteration_s` with the fitted
    constants) for the job the run is (`scheduler.jobs`: the collective's flows and
-   `perfmodel.flow_bytes`, `perfmodel.collective_steps`), its flows at the shares TCP gives them
-   among themselves on this network (nothing is reserved); and each flow's bytes, as its source
-   counted them, vs the model's. The custom graph is a cycle through the three tasks plus a side
+   `perfmodel.flow_bytes`, `perfmodel.collective_steps`), its flows at their equal shares of the
+   links among themselves; and each flow's bytes, as its source counted them, vs the model's.
+   Each on the networks of `--networks`: `best-effort`, nothing reserved, TCP shares the links;
+   `enforced`, every flow held to its share by a class of its own on its sender's interface,
+   as CES's Network Manager holds a flow to its grant (`edge.tc.set_destination`). The ring
+   runs best-effort only: each of its flows has a link to itself, so its share is the link. The custom graph is a cycle through the three tasks plus a side
    loop (a->b->c->a and a->c->a), the shape of workloads/jobs/custom-cycle.yaml on three nodes.
    ResNet-18 and MobileNetV2 train on CIFAR-10, the Transformer on MNIST-5k (`MODEL_DATASETS`);
    where CIFAR-10's files are absent the worker trains on random data of its shapes, which
@@ -50,7 +53,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -59,6 +63,7 @@ from rich.console import Console
 from rich.table import Table
 from scipy.optimize import least_squares
 
+from edge import tc
 from experiments.common import RESULTS, require_root
 from experiments.machine import machine
 from scheduler.compose import best_effort_flows
@@ -87,6 +92,10 @@ MODEL_DATASETS = {"resnet18": "cifar10", "mobilenetv2": "cifar10", "transformer"
 COMPUTE_GUESS_S = 0.05  # per iteration, for planning a run before its model's profile is known
 
 
+BEST_EFFORT, ENFORCED = "best-effort", "enforced"
+NETWORKS = (BEST_EFFORT, ENFORCED)  # how the collective checks' flows share the links
+
+
 @dataclass(frozen=True)
 class Settings:
     models: tuple[str, ...] = ("mlp-small", "cnn", "mlp-large")  # the ring fit's
@@ -104,6 +113,7 @@ class Settings:
     fit_mbps: tuple[float, ...] = (25.0, 100.0)
     check_mbps: tuple[float, ...] = (10.0, 50.0, 200.0)
     collective_mbps: tuple[float, ...] = (200.0,)
+    networks: tuple[str, ...] = NETWORKS  # of the collective checks
     budget_s: float = 45.0  # seconds of iterations per ring-fit run (bounds the iteration count)
     min_iters: int = 12
     max_iters: int = 60
@@ -188,7 +198,7 @@ def measured_run(
 
 
 # --- calibration --------------------------------------------------------------------------------
-Point = tuple[str, str, float]  # (collective, model, Mbit/s): what one run measures
+Point = tuple[str, str, float, str]  # (collective, model, Mbit/s, network): what one run measures
 
 
 def dataset_of(s: Settings, model: str) -> str:
@@ -203,16 +213,23 @@ def planned_points(s: Settings) -> list[Point]:
     """Every point to measure, in order: each model's compute profile (a ring at the reference
     rate) first, then the ring fit and its checks, then every collective on the check models."""
     profiled = dict.fromkeys((*s.models, *s.check_models))
-    plan = [("ring", m, s.reference_mbps) for m in profiled]
-    plan += [("ring", m, b) for b in (*s.fit_mbps, *s.check_mbps) for m in s.models]
-    plan += [(c, m, b) for b in s.collective_mbps for c in s.collectives for m in s.check_models]
+    plan = [("ring", m, s.reference_mbps, BEST_EFFORT) for m in profiled]
+    plan += [("ring", m, b, BEST_EFFORT) for b in (*s.fit_mbps, *s.check_mbps) for m in s.models]
+    plan += [
+        (c, m, b, n)
+        for n in s.networks
+        for b in s.collective_mbps
+        for c in s.collectives
+        for m in s.check_models
+        if c != "ring" or n == BEST_EFFORT
+    ]
     return list(dict.fromkeys(plan))
 
 
 def ring_fit_run(s: Settings, point: Point) -> bool:
     """Whether a point is one of the ring fit's runs, fit or check (they get the fit's budget),
     rather than one of the collective checks or the check models' profiles."""
-    collective, model, mbps = point
+    collective, model, mbps, _ = point
     rates = (s.reference_mbps, *s.fit_mbps, *s.check_mbps)
     return collective == "ring" and model in s.models and mbps in rates
 
@@ -245,8 +262,9 @@ def modelled(
     s: Settings, point: Point, nbytes: float, compute_s: float
 ) -> tuple[Cluster, Job, Decision]:
     """One run as the scheduler sees it: the bottleneck network, the job, its task i on node
-    w{i+1}, each flow at the share TCP gives it among the job's flows (nothing is reserved)."""
-    collective, _, mbps = point
+    w{i+1}, each flow at its equal share of the links among the job's flows (what TCP gives it
+    when nothing is reserved, what the enforced network holds it to)."""
+    collective, _, mbps, _ = point
     cluster = Cluster.from_topology(bottleneck_topology(s.workers, s.cpu, s.mem_mb, mbps))
     job = calibration_job(s, collective, nbytes, mbps, compute_s)
     placement = {t.name: f"w{i + 1}" for i, t in enumerate(job.tasks)}
@@ -256,7 +274,7 @@ def modelled(
 def planned_iters(s: Settings, point: Point, compute: dict[str, float]) -> int:
     """Iterations that fit the run's budget by the uncalibrated model (the model's compute when
     its profile is measured, else guessed)."""
-    _, model, _ = point
+    _, model, _, _ = point
     at_cpu = compute.get(model, COMPUTE_GUESS_S)
     cluster, job, decision = modelled(
         s, point, model_bytes(model, dataset_of(s, model)), at_cpu * s.cpu
@@ -270,6 +288,28 @@ def planned_iters(s: Settings, point: Point, compute: dict[str, float]) -> int:
     return int(min(s.max_iters, max(least, budget // iteration)))
 
 
+@contextmanager
+def held_to_shares(net: Emulation, decision: Decision) -> Iterator[None]:
+    """Every inter-node flow of `decision` held to its rate by a class of its own on its
+    sender's interface, as the Network Manager holds a flow to its grant (`edge.tc`); the
+    classes go when the run ends."""
+    classes = [
+        (
+            net.nodes[decision.placement[f.src]].container_pid,
+            net.topo.node(decision.placement[f.dst]).ip,
+            f.rate_mbps,
+        )
+        for f in decision.flows
+    ]
+    try:
+        for pid, ip, rate in classes:
+            tc.set_destination("eth0", ip, rate, pid=pid, dilation=net.dilation)
+        yield
+    finally:
+        for pid, ip, _ in classes:
+            tc.remove_destination("eth0", ip, pid=pid)
+
+
 def run_point(
     net: Emulation,
     s: Settings,
@@ -278,32 +318,36 @@ def run_point(
     out_root: Path,
     compute: dict[str, float],
 ) -> dict:
-    collective, model, mbps = point
+    collective, model, mbps, network = point
     iters = planned_iters(s, point, compute)
     dataset = dataset_of(s, model)
-    job = calibration_job(s, collective, model_bytes(model, dataset), mbps, 0.0)
-    summary, load = measured_run(
-        net,
-        out_root,
-        f"{collective}-{model}-{mbps:g}-{repeat}".replace(".", "_"),
-        s.cpu,
-        s.mem_mb,
-        deadline_s=600 + 3 * s.budget_s,
-        model=model,
-        dataset=dataset,
-        collective=WORKLOAD_COLLECTIVE[collective],
-        **({"flows": worker_flows(job)} if collective == "custom" else {}),
-        target_acc=1.0,
-        eval_every=iters,
-        max_iters=iters,
-        batch_size=s.batch_size,
-        seed=s.seed,
-        threads=1,
-        max_seconds=10 * s.budget_s + 300,
-        timeout_s=300,
-    )
+    nbytes = model_bytes(model, dataset)
+    job = calibration_job(s, collective, nbytes, mbps, 0.0)
+    _, _, decision = modelled(s, point, nbytes, 0.0)
+    with held_to_shares(net, decision) if network == ENFORCED else nullcontext():
+        summary, load = measured_run(
+            net,
+            out_root,
+            f"{collective}-{network}-{model}-{mbps:g}-{repeat}".replace(".", "_"),
+            s.cpu,
+            s.mem_mb,
+            deadline_s=600 + 3 * s.budget_s,
+            model=model,
+            dataset=dataset,
+            collective=WORKLOAD_COLLECTIVE[collective],
+            **({"flows": worker_flows(job)} if collective == "custom" else {}),
+            target_acc=1.0,
+            eval_every=iters,
+            max_iters=iters,
+            batch_size=s.batch_size,
+            seed=s.seed,
+            threads=1,
+            max_seconds=10 * s.budget_s + 300,
+            timeout_s=300,
+        )
     return {
         "collective": collective,
+        "network": network,
         "model": model,
         "dataset": dataset,
         "synthetic": summary.synthetic,
@@ -328,16 +372,26 @@ def collective_of(r: dict) -> str:
     return r.get("collective", "ring")
 
 
+def network_of(r: dict) -> str:
+    """A run's network; runs written before the enforced checks were all best-effort."""
+    return r.get("network", BEST_EFFORT)
+
+
+def point_of(r: dict) -> Point:
+    return (collective_of(r), r["model"], r["mbps"], network_of(r))
+
+
 def aggregate(runs: list[dict]) -> list[dict]:
-    """One point per (collective, model, rate): the median over its repeats (load spikes of the
-    shared machine hit single runs; rounds interleave the points so no point gets only bad
-    ones). Bytes per flow are the same in every repeat: the first's are kept."""
+    """One point per (collective, model, rate, network): the median over its repeats (load
+    spikes of the shared machine hit single runs; rounds interleave the points so no point gets
+    only bad ones). Bytes per flow are the same in every repeat: the first's are kept."""
     points = []
-    for key in dict.fromkeys((collective_of(r), r["model"], r["mbps"]) for r in runs):
-        mine = [r for r in runs if (collective_of(r), r["model"], r["mbps"]) == key]
+    for key in dict.fromkeys(point_of(r) for r in runs):
+        mine = [r for r in runs if point_of(r) == key]
         point = {
             **mine[0],
             "collective": key[0],
+            "network": key[3],
             "repeats": len(mine),
             "iter_s_range": [min(r["iter_s"] for r in mine), max(r["iter_s"] for r in mine)],
         }
@@ -356,7 +410,10 @@ def fit(runs: list[dict], s: Settings, fit_points: set[float]) -> tuple[Iteratio
     pts = [
         r
         for r in runs
-        if collective_of(r) == "ring" and r["model"] in s.models and r["mbps"] in fit_points
+        if collective_of(r) == "ring"
+        and network_of(r) == BEST_EFFORT
+        and r["model"] in s.models
+        and r["mbps"] in fit_points
     ]
 
     def model_of(p: np.ndarray) -> IterationModel:
@@ -412,7 +469,9 @@ def compute_profile(runs: list[dict], s: Settings) -> dict[str, float]:
     return {
         r["model"]: r["compute_s"]
         for r in runs
-        if collective_of(r) == "ring" and r["mbps"] == s.reference_mbps
+        if collective_of(r) == "ring"
+        and network_of(r) == BEST_EFFORT
+        and r["mbps"] == s.reference_mbps
     }
 
 
@@ -433,7 +492,7 @@ def check(runs: list[dict], s: Settings, model: IterationModel) -> list[dict]:
     for r in runs:
         if r["mbps"] in (s.reference_mbps, *s.fit_mbps):
             continue
-        point = (r["collective"], r["model"], r["mbps"])
+        point = point_of(r)
         cluster, job, decision = modelled(
             s, point, r["gradient_bytes"], compute[r["model"]] * s.cpu
         )
@@ -444,6 +503,7 @@ def check(runs: list[dict], s: Settings, model: IterationModel) -> list[dict]:
         rows.append(
             {
                 "collective": r["collective"],
+                "network": point[3],
                 "model": r["model"],
                 "dataset": r.get("dataset", s.dataset),
                 "synthetic": r.get("synthetic", False),  # random data of the dataset's shapes
@@ -489,8 +549,8 @@ def print_tables(console: Console, rows: list[dict], model: IterationModel, s: S
         f"per_message_latency_s={model.per_message_latency_s:.5f} "
         f"overhead_s={model.overhead_s:.4f} max_rate_mbps={model.max_rate_mbps:.1f}"
     )
-    for collective in dict.fromkeys(r["collective"] for r in rows):
-        table = Table(title=f"{collective}, k={s.workers}, {s.cpu} cores/worker")
+    for label in dict.fromkeys(checked_as(r) for r in rows):
+        table = Table(title=f"{label}, k={s.workers}, {s.cpu} cores/worker")
         for col in (
             "model",
             "B Mbit/s",
@@ -504,7 +564,7 @@ def print_tables(console: Console, rows: list[dict], model: IterationModel, s: S
         ):
             table.add_column(col, justify="right")
         for r in rows:
-            if r["collective"] != collective:
+            if checked_as(r) != label:
                 continue
             err = f"{r['error']:+.1%}"
             if r["measured_flow_bytes"] is None:
@@ -528,11 +588,17 @@ def print_tables(console: Console, rows: list[dict], model: IterationModel, s: S
         console.print(table)
 
 
+def checked_as(row: dict) -> str:
+    """A check row's collective, and its network when enforced: 'all-to-all (enforced)'."""
+    enforced = row.get("network", BEST_EFFORT) == ENFORCED
+    return f"{row['collective']} ({ENFORCED})" if enforced else row["collective"]
+
+
 def within(rows: list[dict]) -> dict[str, str]:
-    """Per collective: check points within the tolerance, of all."""
+    """Per collective and network (`checked_as`): check points within the tolerance, of all."""
     counts = {}
-    for c in dict.fromkeys(r["collective"] for r in rows):
-        mine = [r for r in rows if r["collective"] == c]
+    for c in dict.fromkeys(checked_as(r) for r in rows):
+        mine = [r for r in rows if checked_as(r) == c]
         counts[c] = f"{sum(r['within_tolerance'] for r in mine)}/{len(mine)}"
     return counts
 
@@ -577,6 +643,12 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, dict | None]:
         help="checked on the --check-models at --collective-mbps",
     )
     p.add_argument("--check-models", type=names_of(tuple(MODELS)), default=d.check_models)
+    p.add_argument(
+        "--networks",
+        type=names_of(NETWORKS),
+        default=d.networks,
+        help="how the collective checks' flows share the links: TCP alone, or each held to its share",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--cpu", type=float, default=d.cpu, help="cores per worker")
     p.add_argument("--reference-mbps", type=float, default=d.reference_mbps)
@@ -629,6 +701,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, dict | None]:
             fit_mbps=a.fit_mbps,
             check_mbps=a.check_mbps,
             collective_mbps=a.collective_mbps,
+            networks=a.networks,
             budget_s=a.budget_s,
             check_budget_s=a.check_budget_s,
             repeats=a.repeats,
@@ -668,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         topo = bottleneck_topology(s.workers, s.cpu, s.mem_mb, s.reference_mbps)
         with Emulation(topo) as net, tempfile.TemporaryDirectory(prefix="calib-") as tmp:
-            rates = dict.fromkeys(mbps for *_, mbps in plan)
+            rates = dict.fromkeys(p[2] for p in plan)
             for repeat, mbps in itertools.product(range(s.repeats), rates):
                 set_bottleneck(net, mbps)
                 for point in (p for p in plan if p[2] == mbps):
@@ -677,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
                     save()
                     r = runs[-1]
                     console.print(
-                        f"[{repeat}] B={mbps:g} Mbit/s {point[0]} {point[1]}: {r['iters']} iters, "
+                        f"[{repeat}] B={mbps:g} Mbit/s {point[0]} {point[1]} ({point[3]}): "
+                        f"{r['iters']} iters, "
                         f"iter {r['iter_s']:.3f} s (compute {r['compute_s']:.3f}, "
                         f"comm {r['comm_s']:.3f}); others' load "
                         f"{r['cpu_busy_background']:.0%}, during "

@@ -1316,8 +1316,9 @@ def _calibration_table(doc: dict) -> str:
 
 
 def _collective_checks(doc: dict) -> str:
-    """Every collective on every check model: measured / predicted iteration, the collective
-    over its bandwidth bound, and each flow's bytes against the model's."""
+    """Every collective on every check model and network (best-effort: TCP shares the links;
+    enforced: each flow held to its share): measured / predicted iteration, the collective over
+    its bandwidth bound, and each flow's bytes against the model's."""
     rows = []
     for c in doc["check"]:
         if c.get("collective", "ring") == "ring" and c["model"] in doc["settings"]["models"]:
@@ -1335,6 +1336,7 @@ def _collective_checks(doc: dict) -> str:
         rows.append(
             [
                 c["collective"],
+                c.get("network", "best-effort"),
                 f"{c['model']}{' (synthetic)' if c.get('synthetic') else ''}",
                 f"{c['mbps']:g}",
                 f"{_secs(c['measured_iter_s'])} / {_secs(c['predicted_iter_s'])} s "
@@ -1346,6 +1348,7 @@ def _collective_checks(doc: dict) -> str:
     return md_table(
         [
             "collective",
+            "network",
             "model",
             "Mbit/s",
             "iteration: measured / predicted",

@@ -22,20 +22,34 @@ M = 1_000_000.0  # bytes of gradient
 FITTED = IterationModel(efficiency=0.9, per_message_latency_s=0.001, overhead_s=0.002)
 
 
+BE, EN = cal.BEST_EFFORT, cal.ENFORCED
+
+
 def test_the_default_plan_profiles_every_model_then_fits_the_ring_then_checks_every_collective():
+    """... on both networks, but the ring on the best-effort one only (each of its flows has a
+    link to itself: held to its share, it is held to the link)."""
     plan = cal.planned_points(S)
     assert len(plan) == len(set(plan))
     models = [*S.models, *(m for m in S.check_models if m not in S.models)]
-    assert plan[: len(models)] == [("ring", m, S.reference_mbps) for m in models]
-    ring_fit = {("ring", m, b) for m in S.models for b in (*S.fit_mbps, *S.check_mbps)}
-    checks = {(c, m, b) for c in COLLECTIVES for m in S.check_models for b in S.collective_mbps}
+    assert plan[: len(models)] == [("ring", m, S.reference_mbps, BE) for m in models]
+    ring_fit = {("ring", m, b, BE) for m in S.models for b in (*S.fit_mbps, *S.check_mbps)}
+    checks = {
+        (c, m, b, n)
+        for c in COLLECTIVES
+        for m in S.check_models
+        for b in S.collective_mbps
+        for n in (BE, EN)
+        if c != "ring" or n == BE
+    }
     assert set(plan) == {*plan[: len(models)], *ring_fit, *checks}
     assert {"resnet18", "mobilenetv2", "transformer"} <= set(S.check_models)
     assert cal.dataset_of(S, "resnet18") == "cifar10" and cal.dataset_of(S, "cnn") == S.dataset
     # the fit's runs get the fit's budget, the others the shorter one
-    assert cal.ring_fit_run(S, ("ring", "mlp-large", 200.0))
-    assert not cal.ring_fit_run(S, ("ring", "resnet18", 200.0))
-    assert not cal.ring_fit_run(S, ("star", "mlp-large", 200.0))
+    assert cal.ring_fit_run(S, ("ring", "mlp-large", 200.0, BE))
+    assert not cal.ring_fit_run(S, ("ring", "resnet18", 200.0, BE))
+    assert not cal.ring_fit_run(S, ("star", "mlp-large", 200.0, EN))
+    only = cal.planned_points(replace(S, networks=(EN,), collectives=("ring", "all-to-all")))
+    assert {p[3] for p in only if p[0] == "all-to-all"} == {EN}
 
 
 def _flows(job) -> dict[str, float]:
@@ -77,7 +91,7 @@ def test_the_prediction_is_the_schedulers_with_the_fitted_constants(
     collective, share, steps, phases
 ):
     mbps, compute = 100.0, 0.05
-    cluster, job, decision = cal.modelled(S, (collective, "cnn", mbps), M, compute * S.cpu)
+    cluster, job, decision = cal.modelled(S, (collective, "cnn", mbps, BE), M, compute * S.cpu)
     got = cal.predicted_iteration_s(cluster, job, decision, FITTED)
     nbytes = flow_bytes(collective, S.workers, M)
     comm = phases * nbytes * 8 / (share * mbps * FITTED.efficiency * 1e6)
@@ -85,9 +99,12 @@ def test_the_prediction_is_the_schedulers_with_the_fitted_constants(
     assert steps == collective_steps(job.collective, len(job.tasks))
 
 
-def _run(collective: str, mbps: float, iter_s: float, flows: dict | None) -> dict:
+def _run(
+    collective: str, mbps: float, iter_s: float, flows: dict | None, network: str = BE
+) -> dict:
     return {
         "collective": collective,
+        "network": network,
         "model": "cnn",
         "dataset": "digits",
         "mbps": mbps,
@@ -105,15 +122,18 @@ def _run(collective: str, mbps: float, iter_s: float, flows: dict | None) -> dic
 
 def test_a_check_compares_the_iteration_and_every_flows_bytes_with_the_model():
     s = replace(S, collectives=("star",), check_models=("cnn",))
-    cluster, job, decision = cal.modelled(s, ("star", "cnn", 200.0), M, 0.05 * s.cpu)
+    cluster, job, decision = cal.modelled(s, ("star", "cnn", 200.0, BE), M, 0.05 * s.cpu)
     predicted = cal.predicted_iteration_s(cluster, job, decision, FITTED)
     exact = {"1>0": M, "0>1": M, "2>0": M, "0>2": M}
     runs = [
         _run("ring", s.reference_mbps, 0.07, None),
         _run("star", 200.0, 1.3 * predicted, exact),
+        _run("star", 200.0, 1.1 * predicted, exact, EN),  # the same point, held to its shares
     ]
-    [row] = cal.check(cal.aggregate(runs), s, FITTED)
-    assert row["collective"] == "star" and row["steps"] == 2
+    [row, held] = cal.check(cal.aggregate(runs), s, FITTED)
+    assert held["network"] == EN and held["predicted_iter_s"] == pytest.approx(predicted)
+    assert held["within_tolerance"] and cal.within([held]) == {"star (enforced)": "1/1"}
+    assert row["collective"] == "star" and row["network"] == BE and row["steps"] == 2
     assert row["predicted_iter_s"] == pytest.approx(predicted)
     assert row["error"] == pytest.approx(0.3) and not row["within_tolerance"]
     # the bound: each worker's M over half the link up, then down, nothing else
