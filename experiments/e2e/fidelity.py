@@ -45,6 +45,10 @@ SWITCH_DROP_MAX = 1e-3
 # A ring's flow installed above this × the least of its ring's other flows waits for data at that
 # flow's pace rather than being held back by its own rate (`binds`, `rows.wire_ratio`).
 RING_PACE = 1.01
+# An interval of a flow is judged only if its installed rate stayed within this (relative) of one
+# rate throughout: the Master re-notes rates it recomputes, which may differ by rounding
+# (`rows.installed_steady`).
+RATE_STEADY = 0.01
 
 
 # --- which flows a grant holds back --------------------------------------------------------------

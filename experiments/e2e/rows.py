@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from workloads.metrics import busy_rate_mbps, wire_rate_mbps
 
-from .fidelity import RING_PACE, starved_share
+from .fidelity import RATE_STEADY, RING_PACE, starved_share
 
 
 # --- one run: one scheduler, one seed ----------------------------------------------------------
@@ -74,6 +74,26 @@ def installed_mbps(
     return round(mean, 3), max(mbps for _, mbps in steps)
 
 
+def installed_steady(history: list, flow: str, start: float, end: float) -> float | None:
+    """The rate `flow` was installed at from `start` to `end` if it held one rate all along
+    (within RATE_STEADY), else None: when it changed, the seconds the flow's socket was busy may
+    fall at either rate, and no one rate is what the network let through then. A flow that sends
+    a fixed amount per iteration is busy longer while its rate is low: installed at 20 for half
+    an interval and 190 for the other half, busy throughout the first and a tenth of the second,
+    it sends 195 Mbit in 5.5 busy seconds where the interval's mean rate (105) would expect 578
+    (0.34)."""
+    steps = [(t, rates[flow]) for t, rates in history if flow in rates]
+    held = [
+        mbps
+        for (t, mbps), (t_next, _) in zip(steps, steps[1:] + [(math.inf, None)])
+        if t < end and t_next > start
+    ]
+    if not held or max(held) > (1 + RATE_STEADY) * min(held):
+        return None
+    found = installed_mbps(history, flow, start, end)
+    return found[0] if found else None
+
+
 def contended_periods(notes: list, flow: str, end: float | None) -> list[tuple[float, float]]:
     """The spans in which `flow` ("src>dst") crossed a contended link, from the Master's notes
     [[since, t, [flows]], ...] (the set changed between its readings at `since` and `t`): from
@@ -108,7 +128,8 @@ def wire_ratio(
     end. Left out, the intervals in which something other than the grant held the flow back:
     those that overlap a `contended` span (`contended_periods`: the link did), and for a flow of
     a ring those in which it was installed above 1.01 × the least of the ring's other flows
-    (`ring`, their "src>dst" keys): it then waits for data at that flow's pace.
+    (`ring`, their "src>dst" keys): it then waits for data at that flow's pace; and those in
+    which its installed rate changed (`installed_steady`).
     Returns (the ratio, the busy seconds judged); (None, 0) when every interval that could be
     judged was left out so; (None, None) without the sender's clock or counters, or without an
     interval long enough to judge."""
@@ -140,13 +161,16 @@ def wire_ratio(
         ):  # too short to judge, or another connection took over
             continue
         paced = [r[0] for r in (installed_mbps(history, f, t0, t1) for f in ring) if r]
-        if any(a < t1 and t0 < b for a, b in contended) or (
-            paced and rates[0] > RING_PACE * min(paced)
+        steady = installed_steady(history, flow, t0, t1)
+        if (
+            any(a < t1 and t0 < b for a, b in contended)
+            or (paced and rates[0] > RING_PACE * min(paced))
+            or steady is None
         ):
             left_out_us += diff["busy_us"]
             continue
         on_wire += wire * diff["busy_us"]
-        expected += rates[0] * diff["busy_us"]
+        expected += steady * diff["busy_us"]
         judged_us += diff["busy_us"]
     if expected == 0 and left_out_us == 0:
         return None, None  # nothing to judge by interval: the whole run's figure is all there is
@@ -246,6 +270,12 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
                     "wire_ratio": ratio,
                     "judged_busy_s": judged,
                     "contended_s": round(sum(b - a for a, b in spans if b < float("inf")), 2),
+                    # what the flow was judged by, so that a reader can judge it again (with
+                    # the sender's counters in agents/)
+                    "installed": [[t, r[key]] for t, r in att.get("installed", []) if key in r]
+                    if grant
+                    else None,
+                    "contended_spans": [[a, b if b < math.inf else None] for a, b in spans],
                 }
             )
     state = "timeout" if timed_out else view["state"]

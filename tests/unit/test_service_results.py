@@ -342,6 +342,32 @@ def test_wire_ratio_weighs_each_interval_by_the_time_its_socket_was_busy():
     assert rows.wire_ratio(sender, "10.0.0.2", history, "f", least_busy_s=20) == (None, None)
 
 
+def test_an_interval_in_which_the_rate_changed_is_not_judged():
+    """Installed 20 for 100-105, 190 from 105 on: busy all of 100-105 at 20 and 0.5 s at 190 in
+    105-110 (the iteration's data went faster), the interval 100-110 has no one rate to judge
+    it by (its mean, 105, would read 195 / 577.5 = 0.34); 110-120, all at 190, is judged."""
+    history = [[100.0, {"f": 20.0}], [105.0, {"f": 190.0}], [105.0, {"g": 5.0}]]
+    assert rows.installed_steady(history, "f", 100.0, 105.0) == pytest.approx(20.0)
+    assert rows.installed_steady(history, "f", 100.0, 110.0) is None
+    assert rows.installed_steady(history, "f", 106.0, 110.0) == pytest.approx(190.0)
+    assert rows.installed_steady([[100.0, {"f": 20.0}], [103.0, {"f": 20.1}]], "f", 100, 110)
+    assert rows.installed_steady(history, "h", 100.0, 110.0) is None  # never installed
+    sender = [
+        {"type": "data", "clock_start": 100.0},
+        snapshot("eval", 10.0, 5.5, 195.0),
+        snapshot("end", 20.0, 6.5, 385.0),
+    ]
+    assert rows.wire_ratio(sender, "10.0.0.2", history, "f") == (pytest.approx(1.0), 1.0)
+    v = view(True)
+    att = v["attempts"][-1]
+    att.update(started_at=0.0, ended_at=10.0, installed=[[0.0, {"w0>w1": 160.0}], [4.0, {}]])
+    att.update(contended=[[1.0, 2.0, ["w1>w0"]]])
+    w0_w1, w1_w0 = rows.job_row("ces-ppo", 0, "heavy", v, timed_out=False)["flows"]
+    # what each flow was judged by is in the row, to judge it again
+    assert w0_w1["installed"] == [[0.0, 160.0]] and w1_w0["installed"] == []
+    assert w0_w1["contended_spans"] == [] and w1_w0["contended_spans"] == [[1.0, 10.0]]
+
+
 def test_seconds_on_a_contended_link_are_not_judged_against_the_grant():
     """The Master noted w0>w1 contended between its readings at 104-106 until the one at 108: the
     interval 100-110 is left out, 110-120 judged; w1>w0 from 118 on."""
