@@ -529,7 +529,7 @@ def summary(results: dict) -> str:
             "against the rate installed during the same seconds, between each two of the "
             "sender's evaluations, weighted by busy time, leaving out the intervals in "
             "which another flow of its ring was installed lower, so that it waited for "
-            "data, and those in which its own installed rate changed: `wire_ratio`): "
+            "data: `wire_ratio`): "
             f"{_band(wire)}. Goodput (`tcp_mbps`: bytes acknowledged, ≈ 0.96 × the wire "
             f"rate at full-size frames): {_band(goodput)}. Above {WIRE_BAND[1]} × their "
             f"grant on the wire: {len(over)} of {measured} measured flows, "
