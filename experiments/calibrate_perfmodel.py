@@ -30,8 +30,9 @@ all-reduce, or the worker's other collectives (`workloads.collectives`).
    Each on the networks of `--networks`: `best-effort`, nothing reserved, TCP shares the links;
    `enforced`, every flow held to its share by a class of its own on its sender's interface,
    as CES's Network Manager holds a flow to its grant (`edge.tc.set_destination`). The ring
-   runs best-effort only: each of its flows has a link to itself, so its share is the link. The custom graph is a cycle through the three tasks plus a side
-   loop (a->b->c->a and a->c->a), the shape of workloads/jobs/custom-cycle.yaml on three nodes.
+   runs best-effort only: each of its flows has a link to itself, so its share is the link.
+   The custom graph is a cycle through the three tasks plus a side loop (a->b->c->a and
+   a->c->a), the shape of workloads/jobs/custom-cycle.yaml on three nodes.
    ResNet-18 and MobileNetV2 train on CIFAR-10, the Transformer on MNIST-5k (`MODEL_DATASETS`);
    where CIFAR-10's files are absent the worker trains on random data of its shapes, which
    times an iteration the same.
@@ -322,8 +323,7 @@ def run_point(
     iters = planned_iters(s, point, compute)
     dataset = dataset_of(s, model)
     nbytes = model_bytes(model, dataset)
-    job = calibration_job(s, collective, nbytes, mbps, 0.0)
-    _, _, decision = modelled(s, point, nbytes, 0.0)
+    _, job, decision = modelled(s, point, nbytes, 0.0)
     with held_to_shares(net, decision) if network == ENFORCED else nullcontext():
         summary, load = measured_run(
             net,
@@ -590,7 +590,7 @@ def print_tables(console: Console, rows: list[dict], model: IterationModel, s: S
 
 def checked_as(row: dict) -> str:
     """A check row's collective, and its network when enforced: 'all-to-all (enforced)'."""
-    enforced = row.get("network", BEST_EFFORT) == ENFORCED
+    enforced = network_of(row) == ENFORCED
     return f"{row['collective']} ({ENFORCED})" if enforced else row["collective"]
 
 

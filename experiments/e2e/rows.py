@@ -56,13 +56,18 @@ def _address(records: list[dict]) -> str | None:
     return _last_tcp(records).get("address")
 
 
+def _steps(history: list, flow: str) -> list[tuple[float, float]]:
+    """(since, Mbit/s) of each rate the Master noted for `flow`."""
+    return [(t, rates[flow]) for t, rates in history if flow in rates]
+
+
 def installed_mbps(
     history: list, flow: str, start: float, end: float | None
 ) -> tuple[float, float] | None:
     """What the network let `flow` ("src>dst") through from `start` to `end` (its grant and its
     share of the spare capacity; the Master notes each change as [t, {flow: Mbit/s}]): (the
     time-weighted mean, the highest); None without a note."""
-    steps = [(t, rates[flow]) for t, rates in history if flow in rates]
+    steps = _steps(history, flow)
     if not steps:
         return None
     end = end if end is not None else steps[-1][0]
@@ -82,7 +87,7 @@ def installed_steady(history: list, flow: str, start: float, end: float) -> floa
     an interval and 190 for the other half, busy throughout the first and a tenth of the second,
     it sends 195 Mbit in 5.5 busy seconds where the interval's mean rate (105) would expect 578
     (0.34)."""
-    steps = [(t, rates[flow]) for t, rates in history if flow in rates]
+    steps = _steps(history, flow)
     held = [
         mbps
         for (t, mbps), (t_next, _) in zip(steps, steps[1:] + [(math.inf, None)])
