@@ -1743,6 +1743,7 @@ E2E_SETS = (
     "quick-campus",
     "reroute-campus",
     "mixed-campus",
+    "mixed-ring",
 )
 
 
@@ -1872,6 +1873,7 @@ E2E_TABLES = [
     Table("e2e-loaded", E2E, (LOADED,), _loaded_table),
     # the mixed scenario (issue 49) is shown in docs/workloads.md
     Table("workloads-mixed-campus", WORK, (_e2e("mixed-campus"),), _e2e_every_run),
+    Table("workloads-mixed-ring", WORK, (_e2e("mixed-ring"),), _e2e_every_run),
 ]
 
 
