@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from edge import tc
-from experiments.common import RESULTS, require_root
+from experiments.common import REPO, RESULTS, require_root
 from experiments.machine import machine
 from protocol.dilation import Dilation
 from testbed import Emulation
@@ -51,7 +51,6 @@ def topology(link_mbps: float) -> dict:
     }
 
 
-REPO = Path(__file__).resolve().parent.parent
 PAUSE_S = 0.002  # emulated, between a sender's messages
 PORT = 29611
 

@@ -141,7 +141,11 @@ def test_the_master_and_an_agent_hold_each_other_to_the_token():
     try:
         wait_for(lambda: "lab1" in master.compute.online())  # the agent sent the token
         spec = WorkerSpec("w-a1", "j", "w0", "ces-worker", ["true"], 0.5, 256)
-        shaped = agent.network.updates  # the Master's own (authenticated) shaping
+        # The Master's own (authenticated) shaping: a node that comes up gets its rule set on the
+        # control loop's next tick (`NetworkManager.resync`); counted before it, it raced the
+        # refused requests below.
+        wait_for(lambda: agent.network.updates >= 1)
+        shaped = agent.network.updates
         for path, body in (
             (
                 "/workers",
