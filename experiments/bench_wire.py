@@ -134,11 +134,7 @@ def socket_case(net: Emulation, args: argparse.Namespace) -> dict:
     inside = lambda n: ["nsenter", "-t", str(pid[n]), "-n", sys.executable, "-c"]
     sink = subprocess.Popen(inside("nb") + [SOCKET_SINK, dst])
     try:
-        deadline = time.monotonic() + 10
-        while f":{PORT} " not in net.exec("nb", "ss -ltnH")[1]:
-            if time.monotonic() > deadline:
-                raise RuntimeError("bench_wire: the sink did not start listening")
-            time.sleep(0.05)
+        net.wait_listening("nb", PORT, "bench_wire: the sink")
         program = SOCKET_SENDER.replace("@REPO@", repr(str(REPO))).replace("@PORT@", str(PORT))
         done = subprocess.run(
             inside("na")

@@ -371,11 +371,7 @@ class Emulation(Lifecycle):
         code, out = dst_node.exec(f"iperf3 -s -1 -D -p {port}")
         if code != 0:
             raise EmulationError(f"iperf3 server on {dst}: {out.strip()}")
-        deadline = time.monotonic() + 10
-        while f":{port} " not in dst_node.exec("ss -ltnH")[1]:
-            if time.monotonic() > deadline:
-                raise EmulationError(f"iperf3 server on {dst} did not start listening")
-            time.sleep(0.05)
+        self.wait_listening(dst, port, f"iperf3 server on {dst}")
         code, out = self._node(src).exec(
             f"iperf3 -c {dst_node.ip} -p {port} -t {self.dilation.host_seconds(seconds):g} "
             f"-O {round(self.dilation.host_seconds(omit_s))} -J"
@@ -387,6 +383,15 @@ class Emulation(Lifecycle):
             )
         except (json.JSONDecodeError, KeyError):
             raise EmulationError(f"iperf3 {src} → {dst} failed: {out.strip()[-500:]}") from None
+
+    def wait_listening(self, node: str, port: int, what: str, timeout_s: float = 10.0) -> None:
+        """Return once something in `node` listens on TCP `port`; EmulationError after
+        `timeout_s` ("`what` did not start listening")."""
+        deadline = time.monotonic() + timeout_s
+        while f":{port} " not in self.exec(node, "ss -ltnH")[1]:
+            if time.monotonic() > deadline:
+                raise EmulationError(f"{what} did not start listening")
+            time.sleep(0.05)
 
     # --- the API the rest of the project uses ----------------------------------------------------
 

@@ -215,11 +215,7 @@ def _paced(net: Emulation, src: str, dst: str, rate: float) -> float:
     code, out = net.exec(dst, "iperf3 -s -1 -D -p 5299")
     if code != 0:
         raise EmulationError(f"hostcost: iperf3 server on {dst}: {out.strip()}")
-    deadline = time.monotonic() + 10
-    while ":5299 " not in net.exec(dst, "ss -ltnH")[1]:
-        if time.monotonic() > deadline:
-            raise EmulationError(f"hostcost: iperf3 server on {dst} did not start listening")
-        time.sleep(0.05)
+    net.wait_listening(dst, 5299, f"hostcost: iperf3 server on {dst}")
     code, out = net.exec(src, f"iperf3 -c {dst_ip} -p 5299 -t {SECONDS:g} -b {rate:g}M -J")
     try:
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
