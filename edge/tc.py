@@ -200,18 +200,24 @@ def change(
             f"{_htb_args(rate_mbps, dilation)}",
         ],
     )
-    # The leaf's queue length follows the rate; its delay stays unless a new one is given.
+    # The leaf's queue length follows the rate; its delay stays unless a new one is given, and
+    # then the granted classes' leaves take it too (`set_destination`).
+    leaves = {DEFAULT_CLASS: rate_mbps}
     if delay_ms is None:
-        delay_ms = dilation.emulated_seconds(_leaf_delay_ms(pid, dev, DEFAULT_CLASS))
-    tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{DEFAULT_CLASS:x}", check=False)
-    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add", dilation)
+        delay_ms = link_delay_ms(dev, pid, dilation)
+    else:
+        leaves |= destinations(dev, pid, dilation)
+    for minor, mbps in leaves.items():
+        tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{minor:x}", check=False)
+        _leaf(pid, dev, minor, mbps, delay_ms, "add", dilation)
 
 
-def _leaf_delay_ms(pid: int | None, dev: str, minor: int) -> float:
+def link_delay_ms(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> float:
+    """The delay of `dev`'s link (its default leaf's netem) in emulated ms; 0 without netem."""
     for line in tc(pid, "qdisc", "show", "dev", dev).splitlines():
         words = line.split()
-        if "netem" in words and f"1:{minor:x}" in words and "delay" in words:
-            return _parse_time_ms(words[words.index("delay") + 1])
+        if "netem" in words and f"1:{DEFAULT_CLASS:x}" in words and "delay" in words:
+            return dilation.emulated_seconds(_parse_time_ms(words[words.index("delay") + 1]))
     return 0.0
 
 
@@ -249,7 +255,9 @@ def set_destination(
         ],
     )
     if not exists:
-        _leaf(pid, dev, minor, rate_mbps, 0.0, "add", dilation)
+        # The link's delay holds for granted traffic too: a grant shapes the rate, it does not
+        # shorten the wire (a leaf without it skipped the node's link delay on netem kernels).
+        _leaf(pid, dev, minor, rate_mbps, link_delay_ms(dev, pid, dilation), "add", dilation)
         tc(
             pid,
             "filter",

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How a message flow reads on the wire against its grant, with nothing else running.
 
-    sudo python experiments/bench_wire.py --seed 0 [--dilation 3.5] [--rate 150] [--cpus 1.0,0.2]
+    sudo python experiments/bench_wire.py --seed 0 [--dilation 1.75,3.5,7] [--rate 150]
+        [--cpus 1.0,0.2] [--compute] [--pause-ms 2] [--delay-ms 0]
 
 A point-to-point collective (all-to-all, custom, the star) sends one message per flow and
 iteration, where a ring streams. The run's verdict judges every binding flow by what its sender
@@ -9,14 +10,17 @@ put on the wire while busy against its installed rate (`experiments.e2e.rows.wir
 band `fidelity.WIRE_BAND`); in the mixed scenario the cycle's flows read 0.79-0.86 of their
 grant (docs/workloads.md). This isolates the path those flows take: two nodes on one switch of
 the testbed's datapath, each node's traffic to the other held by the per-destination class a
-grant installs (`edge.tc.set_destination`), at `--dilation` K. Over it, `--messages` messages of
-`--bytes` each, a pause of 2 ms (emulated) between them:
+grant installs (`edge.tc.set_destination`), at each `--dilation` K. Over it, `--messages`
+messages of `--bytes` each, `--pause-ms` (emulated) between them:
 - `socket`: a plain TCP sender in the node's namespace, no CPU quota;
 - `gloo`: two ranks of torch.distributed gloo, isend/irecv as `workloads.collectives` does, in
   worker containers of the node (its cgroup, each `--cpus` emulated cores), one way and both
-  ways at once.
+  ways at once; with `--compute`, each rank also runs a training thread that spends its quota,
+  as a run's workers do.
 Each figure is the sender's kernel counters over the messages (`workloads.metrics`): bits on the
-wire / busy time / the class's rate. Prints a table and writes results/bench_wire.json.
+wire / busy time / the class's rate; beside it, the nodes' kernel TCP events in the gloo case
+(/proc/PID/net/netstat: loss probes, delayed ACKs, drops). Prints a table and writes
+results/bench_wire.json.
 """
 
 from __future__ import annotations
@@ -40,11 +44,11 @@ from topologies import parse_topology
 from workloads.metrics import wire_rate_mbps
 
 
-def topology(link_mbps: float) -> dict:
+def topology(link_mbps: float, delay_ms: float) -> dict:
     """Two nodes on one switch."""
     return {
         "name": "wire",
-        "defaults": {"bw_mbps": link_mbps},
+        "defaults": {"bw_mbps": link_mbps, "delay_ms": delay_ms},
         "switches": [{"name": "sw"}],
         "nodes": [{"name": n, "cpu": 1.0, "mem_mb": 2048} for n in ("na", "nb")],
         "links": [{"ends": ["na", "sw"]}, {"ends": ["nb", "sw"]}],
@@ -60,8 +64,16 @@ GLOO_PAIR = """
 import json, sys, time
 import torch, torch.distributed as dist
 from workloads.metrics import tcp_send_counters
-rank, master, nbytes, n, both, pause, seed = sys.argv[1:8]
+rank, master, nbytes, n, both, pause, seed, compute = sys.argv[1:9]
 rank, nbytes, n, pause = int(rank), int(nbytes), int(n), float(pause)
+if compute == "1":  # a training thread beside the messages: the worker spends its quota
+    import threading
+    torch.set_num_threads(1)
+    def train():
+        a = torch.randn(256, 256)
+        while True:
+            a = torch.tanh(a @ a)
+    threading.Thread(target=train, daemon=True).start()
 dist.init_process_group("gloo", init_method=f"tcp://{master}:@PORT@", rank=rank, world_size=2)
 torch.manual_seed(int(seed))
 out, inc, peer = torch.randint(0, 255, (nbytes,), dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8), 1 - rank
@@ -86,6 +98,9 @@ for ip, c in after.items():
     if c.get("bytes_sent", 0) - before.get(ip, {}).get("bytes_sent", 0) >= n * nbytes:
         print(json.dumps({k: v - before.get(ip, {}).get(k, 0) if k != "options" else v
                           for k, v in c.items()}))
+sys.stdout.flush()
+import os
+os._exit(0)  # not waiting for the training thread
 """.replace("@PORT@", str(PORT))
 
 # A plain sender: `n` messages, each sent whole, the next after the last byte is acknowledged
@@ -143,7 +158,7 @@ def socket_case(net: Emulation, args: argparse.Namespace) -> dict:
                 dst,
                 str(args.bytes),
                 str(args.messages),
-                str(net.dilation.host_seconds(PAUSE_S)),
+                str(net.dilation.host_seconds(args.pause_ms / 1e3)),
             ],
             capture_output=True,
             text=True,
@@ -151,11 +166,13 @@ def socket_case(net: Emulation, args: argparse.Namespace) -> dict:
         )
         if done.returncode != 0:
             raise RuntimeError(f"bench_wire: socket sender: {done.stderr.strip()[-300:]}")
+        counters = json.loads(done.stdout)
         return {
             "case": "socket",
             "both_ways": False,
             "cpus": None,
-            "ratios": [ratio(json.loads(done.stdout), args.rate, net.dilation)],
+            "ratios": [ratio(counters, args.rate, net.dilation)],
+            "counters": [counters],
         }
     finally:
         sink.terminate()
@@ -164,7 +181,7 @@ def socket_case(net: Emulation, args: argparse.Namespace) -> dict:
 
 def gloo_case(net: Emulation, args: argparse.Namespace, cpus: float, both: bool, tag: str) -> dict:
     master = net.topo.node("na").ip
-    pause = str(net.dilation.host_seconds(PAUSE_S))
+    pause = str(net.dilation.host_seconds(args.pause_ms / 1e3))
     workers = [
         net.start_worker(
             node,
@@ -180,28 +197,46 @@ def gloo_case(net: Emulation, args: argparse.Namespace, cpus: float, both: bool,
                 "1" if both else "0",
                 pause,
                 str(args.seed),
+                "1" if args.compute else "0",
             ],
             cpus,
             768,
         )
         for rank, node in ((0, "na"), (1, "nb"))
     ]
-    ratios = []
+    ratios: list[float] = []
+    counters: list[dict] = []
     try:
         for w in workers:
             code = w.wait(timeout=600)["StatusCode"]
             logs = w.logs().decode()
             if code != 0:
                 raise RuntimeError(f"bench_wire: gloo worker {w.name} exited {code}: {logs[-300:]}")
-            ratios += [
-                ratio(json.loads(line), args.rate, net.dilation)
-                for line in logs.splitlines()
-                if line.startswith("{")
-            ]
+            found = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+            counters += found
+            ratios += [ratio(c, args.rate, net.dilation) for c in found]
     finally:
         for w in workers:
             w.remove(force=True)
-    return {"case": "gloo", "both_ways": both, "cpus": cpus, "ratios": ratios}
+    return {
+        "case": "gloo",
+        "both_ways": both,
+        "cpus": cpus,
+        "ratios": ratios,
+        "counters": counters,
+    }
+
+
+def tcp_events(net: Emulation) -> dict[str, int]:
+    """The nodes' kernel TCP event counters (/proc/PID/net/netstat, TcpExt), summed over nodes."""
+    out: dict[str, int] = {}
+    for node in ("na", "nb"):
+        lines = Path(f"/proc/{net.nodes[node].pid}/net/netstat").read_text().splitlines()
+        for names, values in zip(lines[::2], lines[1::2]):
+            if names.startswith("TcpExt:"):
+                for k, v in zip(names.split()[1:], values.split()[1:]):
+                    out[k] = out.get(k, 0) + int(v)
+    return out
 
 
 def _positive(text: str) -> int:
@@ -211,43 +246,10 @@ def _positive(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=0, help="the messages' content")
-    parser.add_argument(
-        "--dilation", type=float, default=3.5, help="K (the mixed scenario's on ring)"
-    )
-    parser.add_argument(
-        "--rate", type=float, default=150.0, help="each class's grant, emulated Mbit/s"
-    )
-    parser.add_argument(
-        "--link", type=float, default=200.0, help="the nodes' links, emulated Mbit/s"
-    )
-    parser.add_argument("--bytes", type=_positive, default=340_008, help="a message (the cycle's)")
-    parser.add_argument("--messages", type=_positive, default=30)
-    parser.add_argument(
-        "--cpus", default="1.0,0.2", help="the gloo workers' quotas, emulated cores"
-    )
-    parser.add_argument("--repeats", type=_positive, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_wire.json")
-    args = parser.parse_args(argv)
-    try:
-        cpus = [float(c) for c in args.cpus.split(",")]
-        dilation = Dilation(args.dilation)
-    except ValueError as e:
-        print(f"bench_wire: --cpus/--dilation: {e}", file=sys.stderr)
-        return 2
-    if not 0 < args.rate <= args.link or min(cpus) <= 0 or max(cpus) > 1.0:
-        print(
-            "bench_wire: --rate must be above 0 and at most --link, --cpus within (0, 1] (the "
-            "nodes' cores)",
-            file=sys.stderr,
-        )
-        return 2
-    require_root("it brings up an emulation")
-    topo = parse_topology(topology(args.link), "bench_wire")
+def measure(args: argparse.Namespace, dilation: Dilation, cpus: list[float]) -> list[dict]:
+    """Every case, `--repeats` times, in one emulation at `dilation`."""
+    topo = parse_topology(topology(args.link, args.delay_ms), "bench_wire")
     rows: list[dict] = []
-    started = time.monotonic()
     with Emulation(topo, dilation=dilation) as net:
         for a, b in (("na", "nb"), ("nb", "na")):
             node = net.nodes[a]
@@ -263,17 +265,85 @@ def main(argv: list[str] | None = None) -> int:
             for cpu in cpus:
                 for both in (False, True):
                     tag = f"{repeat}{cpus.index(cpu)}{int(both)}"
+                    before = tcp_events(net)
                     rows.append({**gloo_case(net, args, cpu, both, tag), "repeat": repeat})
+                    after = tcp_events(net)
+                    rows[-1]["tcp_events"] = {
+                        k: after[k] - before.get(k, 0)
+                        for k in after
+                        if after[k] != before.get(k, 0)
+                    }
             for r in rows[-1 - 2 * len(cpus) :]:
                 print(
-                    f"  {r['case']:6} cpus {r['cpus'] or '–':>4} both ways {r['both_ways']!s:5} "
-                    f"wire/grant {', '.join(f'{x:.3f}' for x in r['ratios'])}",
+                    f"  K {dilation.factor:<4} {r['case']:6} cpus {r['cpus'] or '–':>4} both ways "
+                    f"{r['both_ways']!s:5} wire/grant {', '.join(f'{x:.3f}' for x in r['ratios'])}",
                     flush=True,
                 )
+    return [{**r, "dilation": dilation.factor} for r in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0, help="the messages' content")
+    parser.add_argument(
+        "--dilation",
+        default="3.5",
+        help="K, or several (comma-separated), one emulation each (3.5: the mixed scenario's on "
+        "ring)",
+    )
+    parser.add_argument(
+        "--rate", type=float, default=150.0, help="each class's grant, emulated Mbit/s"
+    )
+    parser.add_argument(
+        "--link", type=float, default=200.0, help="the nodes' links, emulated Mbit/s"
+    )
+    parser.add_argument(
+        "--delay-ms", type=float, default=0.0, help="each link's delay, emulated ms (netem)"
+    )
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=PAUSE_S * 1e3,
+        help="between a sender's messages, emulated ms",
+    )
+    parser.add_argument(
+        "--compute",
+        action="store_true",
+        help="a training thread in each gloo worker, spending its quota as a run's workers do",
+    )
+    parser.add_argument("--bytes", type=_positive, default=340_008, help="a message (the cycle's)")
+    parser.add_argument("--messages", type=_positive, default=30)
+    parser.add_argument(
+        "--cpus", default="1.0,0.2", help="the gloo workers' quotas, emulated cores"
+    )
+    parser.add_argument("--repeats", type=_positive, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_wire.json")
+    args = parser.parse_args(argv)
+    try:
+        cpus = [float(c) for c in args.cpus.split(",")]
+        dilations = [Dilation(float(k)) for k in args.dilation.split(",")]
+    except ValueError as e:
+        print(f"bench_wire: --cpus/--dilation: {e}", file=sys.stderr)
+        return 2
+    if (
+        not 0 < args.rate <= args.link
+        or min(cpus) <= 0
+        or max(cpus) > 1.0
+        or args.pause_ms < 0
+        or args.delay_ms < 0
+    ):
+        print(
+            "bench_wire: --rate must be above 0 and at most --link, --cpus within (0, 1] (the "
+            "nodes' cores), --pause-ms and --delay-ms at least 0",
+            file=sys.stderr,
+        )
+        return 2
+    require_root("it brings up an emulation")
+    started = time.monotonic()
+    rows = [r for dilation in dilations for r in measure(args, dilation, cpus)]
     doc = {
         "machine": machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "pause_s": PAUSE_S,
         "rows": rows,
         "wall_s": round(time.monotonic() - started, 1),
     }

@@ -663,10 +663,7 @@ def execute(
         print("interrupted: torn down", file=sys.stderr)
         _write(p.out, results, t0)
         return 130
-    results["comparisons"] = [
-        {**c, "tta": c["tta"].to_json(), "jct": c["jct"] and c["jct"].to_json()}
-        for c in report.comparisons(results, p.scenario.timeout_s)
-    ]
+    results["comparisons"] = report.comparisons_json(results, p.scenario.timeout_s)
     _write(p.out, results, t0)
     figures = plots.make_all(results, p.out)
     report.write(results, p.out)

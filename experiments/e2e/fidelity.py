@@ -9,7 +9,8 @@ monitor invariants, and say per run whether it held them), checked on every run:
   busy: when they are, a node's task that its quota lets run waits for a core
   (`machine.HostBusy`);
 - each binding flow on the wire: what its sender put on the wire while busy against the rate
-  installed for it (`rows.wire_ratio`), for the flows their own grant holds back (`binding_flows`);
+  installed for it (`rows.wire_ratio`), for the flows their own grant holds back, of the
+  collectives that stream (`binding_flows`, `STREAMING`);
 - the switches: packets their ports dropped on receive (the userspace datapath did not read them
   in time) against packets received.
 
@@ -42,6 +43,17 @@ WIRE_BAND = (0.90, 1.05)
 # Packets the switches dropped on receive, per packet received.
 SWITCH_DROP_MAX = 1e-3
 
+# The collectives whose flows stream, and so are judged on the wire. A ring all-reduce sends
+# step after step, its socket busy while its grant holds it. The others (star, tree, all-to-all,
+# custom) send one message per flow and round. A message starts with the class's burst at line
+# rate, and its busy time ends with the wait for its last acknowledgement, which the receiver's
+# CPU and the kernel's timers set (delayed ACKs, tail loss probes: host clock, not dilated).
+# Measured on an idle host (experiments/bench_wire.py --compute, results/bench_wire_compute.json):
+# 340 KB messages between two gloo workers of 0.2 cores that spend their quota training read
+# 0.52-0.91 of their class's rate at K = 1.75 and 3.5 and 0.74-1.10 at K = 7, with about one
+# loss probe and one delayed ACK per message; a plain sender without a quota 1.30-1.38, with
+# none. The band tells nothing of the host there.
+STREAMING = ("ring",)
 # A ring's flow installed above this × the least of its ring's other flows waits for data at that
 # flow's pace rather than being held back by its own rate (`binds`, `rows.wire_ratio`).
 RING_PACE = 1.01
@@ -73,10 +85,12 @@ def binds(flow: dict, ring_bottleneck_mbps: float | None) -> bool:
 
 
 def binding_flows(row: dict) -> list[dict]:
-    """The inter-node flows that their own grant holds back. A ring's flows advance together at
-    the pace of its smallest grant, so a flow granted more sends what reaches it from upstream
-    as it comes: its socket stays busy with a trickle, and its rate says nothing of the network.
-    Other collectives: every flow."""
+    """The inter-node flows that their own grant holds back, of a collective whose flows stream
+    (`STREAMING`). A ring's flows advance together at the pace of its smallest grant, so a flow
+    granted more sends what reaches it from upstream as it comes: its socket stays busy with a
+    trickle, and its rate says nothing of the network."""
+    if row.get("collective", "ring") not in STREAMING:  # rows before other collectives: rings
+        return []
     top = ring_bottleneck(row)
     return [f for f in row["flows"] if binds(f, top)]
 

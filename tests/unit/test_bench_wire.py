@@ -26,10 +26,10 @@ def test_the_same_counters_read_against_a_larger_grant_read_lower():
     )
 
 
-def test_two_nodes_on_one_switch_at_the_given_link_rate():
-    topo = bench_wire.topology(40.0)
+def test_two_nodes_on_one_switch_at_the_given_link_rate_and_delay():
+    topo = bench_wire.topology(40.0, 0.5)
     assert [n["name"] for n in topo["nodes"]] == ["na", "nb"]
-    assert topo["defaults"]["bw_mbps"] == 40.0 and len(topo["links"]) == 2
+    assert topo["defaults"] == {"bw_mbps": 40.0, "delay_ms": 0.5} and len(topo["links"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -40,6 +40,9 @@ def test_two_nodes_on_one_switch_at_the_given_link_rate():
         ["--cpus", "1.0,2.0"],
         ["--cpus", "x"],
         ["--dilation", "0.5"],
+        ["--dilation", "3.5,0.5"],
+        ["--pause-ms", "-1"],
+        ["--delay-ms", "-1"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, capsys):

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from edge import network as edge_network
+from edge import tc
 from edge.simulated import SimulatedAgent
+from protocol.dilation import Dilation
 from protocol.http import ApiError, JsonApp, Server, call
 from protocol.messages import ShapingRule, WorkerSpec
 
@@ -283,6 +285,56 @@ def test_network_manager_changes_only_what_differs(monkeypatch):
         assert calls == []
     nm.clear()
     assert kernel == {}
+
+
+class FakeKernelTc:
+    """`tc` against one shaped interface whose link has a delay (3.5 ms on the host): answers
+    `class show` and `qdisc show` as the kernel does and records every leaf added."""
+
+    def __init__(self) -> None:
+        self.classes = {0xFFFE: "100Mbit"}
+        self.leaves: list[tuple[str, ...]] = []
+
+    def tc(self, pid, *args, check=True):
+        if args[:2] == ("class", "show"):
+            return "class htb 1:ffff root rate 100Mbit ceil 100Mbit burst 50000b\n" + "".join(
+                f"class htb 1:{m:x} parent 1:ffff leaf 80{m % 100:02d}: prio 0 rate {r} ceil {r}\n"
+                for m, r in self.classes.items()
+            )
+        if args[:2] == ("qdisc", "show"):
+            return "qdisc htb 1: root refcnt 2 r2q 10 default 0xfffe\n" + (
+                "qdisc netem 8001: parent 1:fffe limit 32 delay 3.5ms\n"
+            )
+        if args[:2] == ("qdisc", "add"):
+            self.leaves.append(args[args.index("parent") + 1 :])
+        return ""
+
+    def batch(self, pid, lines):
+        for line in lines:
+            words = line.split()
+            if words[:2] == ["class", "add"]:
+                self.classes[int(words[words.index("classid") + 1].split(":")[1], 16)] = "10Mbit"
+
+
+def test_a_grant_keeps_its_links_delay(monkeypatch):
+    """A per-destination class shapes the rate of a node's traffic, not its wire: its leaf has
+    the link's delay (it had none, so granted flows skipped the node's link delay), and a new
+    delay for the link reaches the granted classes too."""
+    kernel = FakeKernelTc()
+    monkeypatch.setattr(tc, "tc", kernel.tc)
+    monkeypatch.setattr(tc, "_batch", kernel.batch)
+    monkeypatch.setattr(tc, "_netem", True)
+    k = Dilation(3.5)
+    assert tc.link_delay_ms("eth0", 1, k) == pytest.approx(1.0)
+    tc.set_destination("eth0", "10.0.0.2", 10.0, pid=1, dilation=k)
+    [leaf] = kernel.leaves
+    assert leaf[:4] == ("1:2", "netem", "delay", "3.5ms")
+    kernel.leaves.clear()
+    tc.change("eth0", 100.0, delay_ms=2.0, pid=1, dilation=k)
+    assert sorted(leaf[:4] for leaf in kernel.leaves) == [
+        ("1:2", "netem", "delay", "7.0ms"),
+        ("1:fffe", "netem", "delay", "7.0ms"),
+    ]
 
 
 def test_threads_are_not_left_behind(master):

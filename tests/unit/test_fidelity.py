@@ -151,7 +151,9 @@ def flow(ratio: float, grant: float = 10.0) -> dict:
     }
 
 
-def run(switch=0.02, saturated=0.01, ratios=(0.95, 1.0), drops=(0, 10_000)) -> dict:
+def run(
+    switch=0.02, saturated=0.01, ratios=(0.95, 1.0), drops=(0, 10_000), collective="ring"
+) -> dict:
     return {
         "cpu_stalled_share": 0.8,  # reported, not judged: throttled quotas count as waiting
         "switch_wait_share": switch,
@@ -160,7 +162,7 @@ def run(switch=0.02, saturated=0.01, ratios=(0.95, 1.0), drops=(0, 10_000)) -> d
         "jobs": [
             {
                 "job": "heavy",
-                "collective": "ps",
+                "collective": collective,
                 "flows": [flow(r) for r in ratios],
                 "workers": [{"task": "t0", "starved_share": 0.6}],  # reported, not judged
             }
@@ -187,6 +189,18 @@ def test_a_run_that_holds_every_invariant_is_faithful():
 def test_each_broken_invariant_makes_the_run_unfaithful_and_says_why(broken, says):
     v = fidelity.verdict(run(**broken))
     assert not v["faithful"] and len(v["reasons"]) == 1 and says in v["reasons"][0]
+
+
+@pytest.mark.parametrize("collective", ["ps", "star", "tree", "all-to-all", "custom"])
+def test_message_flows_are_not_judged_on_the_wire(collective):
+    """A collective that sends one message per flow and round reads 0.5-1.4 of its grant on an
+    idle host (fidelity.STREAMING): its flows neither break the verdict nor count as judged; the
+    same flows of a ring do."""
+    v = fidelity.verdict(run(ratios=(0.6, 1.3), collective=collective))
+    assert v["faithful"] and v["binding_flows"] == 0 and v["wire_ratio_median"] is None
+    assert not fidelity.verdict(run(ratios=(0.6, 1.3)))["faithful"]
+    rows = run(collective=collective)["jobs"]
+    assert fidelity.binding_flows(rows[0]) == [] and fidelity.rate_ratios(rows[0]) == []
 
 
 def test_what_could_not_be_measured_is_not_held_against_a_run():

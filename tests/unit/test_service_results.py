@@ -471,3 +471,29 @@ def test_results_from_before_the_network_field_are_summarised():
         for job in run["jobs"]:
             job.pop("network", None)
     assert "| ces-ppo | – | 20.5 ± 7.1 | 27.5 ± 7.1 | 45.0 ± 14.1 | 4/4 |" in report.summary(res)
+
+
+def test_a_set_is_judged_again_by_todays_rules(tmp_path: Path):
+    """report.py --rejudge: every run's verdict is today's `fidelity.verdict` of it and the
+    comparisons are made again from the runs now faithful; a set with re-run attempts is refused
+    in one line and left as it was."""
+    mixed = tmp_path / "mixed" / "results.json"
+    mixed.parent.mkdir()
+    mixed.write_text((REPO / "results/e2e/mixed-ring/results.json").read_text())
+    assert report.main([str(mixed), "--rejudge"]) == 0
+    again = json.loads(mixed.read_text())
+    assert all(run["fidelity"] == fidelity.verdict(run) for run in again["runs"])
+    faithful = {(r["scheduler"], r["seed"]) for r in again["runs"] if r["fidelity"]["faithful"]}
+    for c in again["comparisons"]:  # paired over the seeds both ran faithfully
+        both = {s for (name, s) in faithful if name == "ces-ppo"} & {
+            s for (name, s) in faithful if name == c["other"]
+        }
+        assert c["tta"]["n"] == len(both) >= 2
+    assert (mixed.parent / "summary.md").exists()
+
+    rerun = tmp_path / "rerun" / "results.json"
+    rerun.parent.mkdir()
+    before = (REPO / "results/e2e/contention-ring/results.json").read_text()
+    rerun.write_text(before)
+    assert report.main([str(rerun), "--rejudge"]) == 2
+    assert rerun.read_text() == before and not (rerun.parent / "summary.md").exists()
