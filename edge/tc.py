@@ -257,7 +257,8 @@ def set_destination(
     if not exists:
         # The link's delay holds for granted traffic too: a grant shapes the rate, it does not
         # shorten the wire (a leaf without it skipped the node's link delay on netem kernels).
-        _leaf(pid, dev, minor, rate_mbps, link_delay_ms(dev, pid, dilation), "add", dilation)
+        delay = link_delay_ms(dev, pid, dilation) if _netem is not False else 0.0
+        _leaf(pid, dev, minor, rate_mbps, delay, "add", dilation)
         tc(
             pid,
             "filter",

@@ -5,10 +5,10 @@
         [--cpus 1.0,0.2] [--compute] [--pause-ms 2] [--delay-ms 0]
 
 A point-to-point collective (all-to-all, custom, the star) sends one message per flow and
-iteration, where a ring streams. The run's verdict judges every binding flow by what its sender
-put on the wire while busy against its installed rate (`experiments.e2e.rows.wire_ratio`,
+iteration, where a ring streams. The run's verdict judges a ring's binding flows by what the
+sender put on the wire while busy against its installed rate (`experiments.e2e.rows.wire_ratio`,
 band `fidelity.WIRE_BAND`); in the mixed scenario the cycle's flows read 0.79-0.86 of their
-grant (docs/workloads.md). This isolates the path those flows take: two nodes on one switch of
+grant, which is why it judges messages no more (`fidelity.STREAMING`, docs/workloads.md). This isolates the path those flows take: two nodes on one switch of
 the testbed's datapath, each node's traffic to the other held by the per-destination class a
 grant installs (`edge.tc.set_destination`), at each `--dilation` K. Over it, `--messages`
 messages of `--bytes` each, `--pause-ms` (emulated) between them:

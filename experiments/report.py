@@ -19,6 +19,7 @@ import csv
 import json
 import statistics
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,9 @@ def rows(results: dict) -> list[dict]:
 
 def bottleneck_ratios(row: dict) -> list[float]:
     """Measured / the smallest grant of the job's inter-node flows, for ring jobs: a ring's
-    flows advance in lockstep, so none can carry more than its slowest grant. Other
-    collectives: `rate_ratios`."""
+    flows advance in lockstep, so none can carry more than its slowest grant. A ring without a
+    grant: `rate_ratios` (none); other collectives' flows are messages, not judged so
+    (`fidelity.STREAMING`)."""
     top = ring_bottleneck(row)
     if top is None:
         return rate_ratios(row, "measured_mbps")
@@ -266,14 +268,29 @@ def comparisons_json(results: dict, timeout: float) -> list[dict]:
 
 
 def rejudge(results: dict) -> str | None:
-    """Judge every run of `results` again by today's rules (`fidelity.verdict`) and recompute
-    its comparisons, in place; or say why not (None: done). Refused for a set with re-runs: an
-    attempt made because an earlier one was judged unfaithful would count beside it."""
-    if any(run.get("attempt", 1) > 1 for run in results.get("runs", [])):
+    """Judge every run of `results` again by today's `fidelity.verdict`, in place, from the
+    figures results.json keeps (what was derived from the senders' records as the run ended —
+    `wire_ratio`, `pair_shared` — is taken as it stands); or say why not (None: done). A run
+    whose verdict changes keeps the old one (`fidelity_at_run`), `rejudged` says when and how
+    many changed, and comparisons stored at a set's end are made again. Refused for a set with
+    re-runs: an attempt made because an earlier one was judged unfaithful would count beside
+    it."""
+    runs = results.get("runs", [])
+    if any(run.get("attempt", 1) > 1 for run in runs):
         return "runs: it holds re-run attempts, made by the rules they were judged by"
-    for run in results.get("runs", []):
-        run["fidelity"] = verdict(run)
-    results["comparisons"] = comparisons_json(results, results["scenario"]["timeout_s"])
+    timeout = results.get("scenario", {}).get("timeout_s")
+    if timeout is None:
+        return "scenario.timeout_s: missing (the comparisons count an unreached target at it)"
+    changed = 0
+    for run in runs:
+        now = verdict(run)
+        if now["faithful"] != faithful(run):
+            run.setdefault("fidelity_at_run", run.get("fidelity"))
+            changed += 1
+        run["fidelity"] = now
+    results["rejudged"] = {"at": time.strftime("%Y-%m-%d"), "changed": changed}
+    if "comparisons" in results:  # an unfinished set has none: run.py writes them at its end
+        results["comparisons"] = comparisons_json(results, timeout)
     return None
 
 
@@ -387,11 +404,18 @@ def fidelity_section(results: dict) -> list[str]:
         "figures above are made of the faithful runs only. Invariants per run "
         "(`experiments/e2e/fidelity.py`): the share of the run the switches' forwarding thread "
         "waited for a core, the share of the run's seconds in which the host's cores were "
-        "(nearly) all busy, the binding flows on the wire "
+        "(nearly) all busy, the binding flows of a ring on the wire "
         f"within {WIRE_BAND[0]}–{WIRE_BAND[1]} of their grant, the switches' receive drops. "
         "Beside them, not judged: the host's pressure stall (PSI `some`: it counts "
         "quota-throttled tasks as waiting) and the worst worker's own wait beyond its "
-        "throttling (on cgroup v1 its threads' turns under its quota count too).",
+        "throttling (on cgroup v1 its threads' turns under its quota count too)."
+        + (
+            f" Judged again by later rules (`report.py --rejudge`, {r['at']}): {r['changed']} "
+            "runs' verdicts changed; results.json keeps each one's verdict at the time "
+            "(`fidelity_at_run`)."
+            if (r := results.get("rejudged"))
+            else ""
+        ),
         "",
         "| scheduler | seed | attempt | faithful | switch wait | host saturated | binding in band | "
         "wire/grant median | switch drops | PSI stall | worst worker wait | host cores used "
@@ -651,8 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rejudge",
         action="store_true",
-        help="judge every run again by today's fidelity rules and recompute the comparisons "
-        "(rewrites results.json; refused for a set with re-runs)",
+        help="judge every run again by today's fidelity rules, from the figures results.json "
+        "keeps, and remake its comparisons (rewrites results.json; refused for a set with "
+        "re-runs)",
     )
     a = p.parse_args(argv)
     results = read_results(a.results)
@@ -663,7 +688,9 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             print(f"error: {a.results}: {why}; not re-judged", file=sys.stderr)
             return 2
-        Path(a.results).write_text(json.dumps(results, indent=1))
+        tmp = Path(a.results).with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(a.results)
     paths = write(results, Path(a.out) if a.out else Path(a.results).parent)
     print("wrote", ", ".join(map(str, paths)))
     return 0

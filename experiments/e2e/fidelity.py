@@ -47,12 +47,10 @@ SWITCH_DROP_MAX = 1e-3
 # step after step, its socket busy while its grant holds it. The others (star, tree, all-to-all,
 # custom) send one message per flow and round. A message starts with the class's burst at line
 # rate, and its busy time ends with the wait for its last acknowledgement, which the receiver's
-# CPU and the kernel's timers set (delayed ACKs, tail loss probes: host clock, not dilated).
-# Measured on an idle host (experiments/bench_wire.py --compute, results/bench_wire_compute.json):
-# 340 KB messages between two gloo workers of 0.2 cores that spend their quota training read
-# 0.52-0.91 of their class's rate at K = 1.75 and 3.5 and 0.74-1.10 at K = 7, with about one
-# loss probe and one delayed ACK per message; a plain sender without a quota 1.30-1.38, with
-# none. The band tells nothing of the host there.
+# CPU and the kernel's timers set (delayed ACKs, tail loss probes: host clock, not dilated). On
+# an idle host, between gloo workers that spend their quota training, such a flow read far on
+# both sides of the band, and higher the larger K (experiments/bench_wire.py --compute;
+# docs/workloads.md, "The mixed scenario"): the band tells nothing of the host there.
 STREAMING = ("ring",)
 # A ring's flow installed above this × the least of its ring's other flows waits for data at that
 # flow's pace rather than being held back by its own rate (`binds`, `rows.wire_ratio`).
@@ -64,11 +62,16 @@ RATE_STEADY = 0.01
 
 
 # --- which flows a grant holds back --------------------------------------------------------------
+def collective(row: dict) -> str:
+    """A job row's collective; a row recorded before jobs had other collectives ran a ring."""
+    return row.get("collective", "ring")
+
+
 def ring_bottleneck(row: dict) -> float | None:
     """The smallest grant of a ring job's inter-node flows (None for other collectives, or no
     grant): a ring's flows advance in lockstep, so none carries more than this."""
     grants = [f["rate_mbps"] for f in row["flows"] if (f["rate_mbps"] or 0) > 0]
-    return min(grants) if row.get("collective") == "ring" and grants else None
+    return min(grants) if collective(row) == "ring" and grants else None
 
 
 def binds(flow: dict, ring_bottleneck_mbps: float | None) -> bool:
@@ -89,7 +92,7 @@ def binding_flows(row: dict) -> list[dict]:
     (`STREAMING`). A ring's flows advance together at the pace of its smallest grant, so a flow
     granted more sends what reaches it from upstream as it comes: its socket stays busy with a
     trickle, and its rate says nothing of the network."""
-    if row.get("collective", "ring") not in STREAMING:  # rows before other collectives: rings
+    if collective(row) not in STREAMING:
         return []
     top = ring_bottleneck(row)
     return [f for f in row["flows"] if binds(f, top)]

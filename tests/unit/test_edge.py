@@ -328,7 +328,7 @@ def test_a_grant_keeps_its_links_delay(monkeypatch):
     assert tc.link_delay_ms("eth0", 1, k) == pytest.approx(1.0)
     tc.set_destination("eth0", "10.0.0.2", 10.0, pid=1, dilation=k)
     [leaf] = kernel.leaves
-    assert leaf[:4] == ("1:2", "netem", "delay", "3.5ms")
+    assert leaf == ("1:2", "netem", "delay", "3.5ms", "limit", str(tc.queue_pkts(10.0)))
     kernel.leaves.clear()
     tc.change("eth0", 100.0, delay_ms=2.0, pid=1, dilation=k)
     assert sorted(leaf[:4] for leaf in kernel.leaves) == [
