@@ -8,10 +8,11 @@ A point-to-point collective (all-to-all, custom, the star) sends one message per
 iteration, where a ring streams. The run's verdict judges a ring's binding flows by what the
 sender put on the wire while busy against its installed rate (`experiments.e2e.rows.wire_ratio`,
 band `fidelity.WIRE_BAND`); in the mixed scenario the cycle's flows read 0.79-0.86 of their
-grant, which is why it judges messages no more (`fidelity.STREAMING`, docs/workloads.md). This isolates the path those flows take: two nodes on one switch of
-the testbed's datapath, each node's traffic to the other held by the per-destination class a
-grant installs (`edge.tc.set_destination`), at each `--dilation` K. Over it, `--messages`
-messages of `--bytes` each, `--pause-ms` (emulated) between them:
+grant, and what this measures is why it judges messages no more (`fidelity.STREAMING`,
+docs/workloads.md). It isolates the path those flows take: two nodes on one switch of the
+testbed's datapath, each node's traffic to the other held by the per-destination class a grant
+installs (`edge.tc.set_destination`), at each `--dilation` K. Over it, `--messages` messages
+of `--bytes` each, `--pause-ms` (emulated) between them:
 - `socket`: a plain TCP sender in the node's namespace, no CPU quota;
 - `gloo`: two ranks of torch.distributed gloo, isend/irecv as `workloads.collectives` does, in
   worker containers of the node (its cgroup, each `--cpus` emulated cores), one way and both
