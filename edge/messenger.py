@@ -183,6 +183,7 @@ class Messenger:
 
     # --- talking to the Master ------------------------------------------------------------------
     def register(self) -> None:
+        known = {w.name for w in self.compute.states()}
         reply = call(
             "POST",
             f"{self.master}/agents",
@@ -191,7 +192,11 @@ class Messenger:
             token=self._token,
             tls=self._tls,
         )
-        self.compute.reconcile(reply.get("expected_workers", []), reply.get("lines", {}))
+        # A worker the Master started while its reply was on the way is not in the reply, yet
+        # wanted: only those this agent held before it asked are judged by the reply.
+        started = [w.name for w in self.compute.states() if w.name not in known]
+        expected = reply.get("expected_workers", []) + started
+        self.compute.reconcile(expected, reply.get("lines", {}))
         self.registered = True
         log.info("registered with %s as %s", self.master, self.node)
 

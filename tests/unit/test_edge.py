@@ -82,6 +82,8 @@ class FakeMaster:
         self.expected = expected or []
         self.stop: list[str] = []
         self.forget = False
+        self.hold_reply: threading.Event | None = None  # set: the registration's reply waits
+        self.replying = threading.Event()
         app = JsonApp()
         app.route("POST", "/agents", self._register)
         app.route("POST", "/agents/(?P<node>[^/]+)/heartbeat", self._heartbeat)
@@ -90,6 +92,9 @@ class FakeMaster:
     def _register(self, req) -> dict:
         self.registrations.append(req.json())
         self.forget = False
+        self.replying.set()
+        if self.hold_reply is not None:
+            self.hold_reply.wait(5)
         return {"expected_workers": self.expected}
 
     def _heartbeat(self, req, node: str) -> dict:
@@ -131,10 +136,7 @@ def spec(name: str) -> dict:
 def test_messenger_registers_heartbeats_and_obeys_the_reply(master):
     agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=0.1).start()
     try:
-        # The first heartbeat, not the registration: the agent reconciles its workers with the
-        # registration's reply, so a worker started before that reply arrives is not expected
-        # and is stopped (CI lost one so).
-        wait_for(lambda: master.heartbeats, what="first heartbeat")
+        wait_for(lambda: master.registrations, what="registration")
         reg = master.registrations[0]
         assert reg["node"] == "n1" and reg["url"] == agent.server.url and reg["ip"] == "10.0.0.1"
         assert call("POST", agent.server.url + "/workers", spec("w-a1"))["state"] == "running"
@@ -227,6 +229,22 @@ def test_registration_reply_decides_which_workers_are_kept(master):
         wait_for(lambda: master.registrations, what="registration")
         wait_for(lambda: set(agent.compute.workers) == {"keep"}, what="reconciled")
     finally:
+        agent.stop()
+
+
+def test_a_worker_started_while_the_registration_reply_is_on_the_way_is_kept(master):
+    master.hold_reply = reply = threading.Event()
+    agent = SimulatedAgent("n1", master.server.url, "10.0.0.1", heartbeat_s=30)
+    agent.compute.start(WorkerSpec(**spec("old")))  # left by the agent's earlier life
+    agent.start()
+    try:
+        assert master.replying.wait(5)
+        call("POST", agent.server.url + "/workers", spec("new"))  # the Master placed it
+        reply.set()
+        wait_for(lambda: master.heartbeats, what="first heartbeat")
+        assert set(agent.compute.workers) == {"new"}
+    finally:
+        reply.set()
         agent.stop()
 
 
