@@ -9,8 +9,9 @@ One layout serves both link emulation and the per-destination grants of a node's
                     (n = the host part of the address, so no state is kept outside the kernel)
 
 Every leaf gets a short pfifo queue, ~5 ms of traffic (`queue_pkts`), or netem with the same
-limit when the link has a delay and the kernel has sch_netem: a long queue makes OVS's userspace
-datapath drop inside the switch (ENVIRONMENT.md "Queues matter").
+queue (and room for the packets in their delay, `netem_limit`) when the link has a delay and the
+kernel has sch_netem: a long queue makes OVS's userspace datapath drop inside the switch
+(ENVIRONMENT.md "Queues matter").
 
 Rates are emulated Mbit/s. Under time dilation (`protocol.dilation`) a class's rate is the host's
 share of it (÷ K) and a delay lasts K times longer, while what is counted in bytes or packets —
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import subprocess
 
 from protocol.dilation import NONE, Dilation
@@ -32,6 +34,15 @@ log = logging.getLogger(__name__)
 def queue_pkts(rate_mbps: float) -> int:
     """Leaf queue: ~5 ms of traffic at the rate, between 32 and 128 full-size packets."""
     return int(min(max(rate_mbps * 1e6 / 8 * 0.005 / 1500, 32), 128))
+
+
+def netem_limit(rate_mbps: float, delay_ms: float) -> int:
+    """A netem leaf's limit: its queue (`queue_pkts`) and the full-size packets in their delay at
+    the rate. netem counts the packets it delays in its limit: with the queue's alone, a link of
+    190 Mbit/s and 20 ms would carry 79 packets per 20 ms, 47 Mbit/s. Emulated rate and delay,
+    so the same at any K."""
+    in_flight = rate_mbps * 1e6 / 8 * delay_ms / 1000 / 1500
+    return queue_pkts(rate_mbps) + math.ceil(in_flight)
 
 
 LINK_CLASS, DEFAULT_CLASS = 0xFFFF, 0xFFFE
@@ -124,7 +135,7 @@ def _leaf(
                 "delay",
                 f"{dilation.host_seconds(delay_ms)}ms",
                 "limit",
-                str(queue_pkts(rate_mbps)),
+                str(netem_limit(rate_mbps, delay_ms)),
             )
             _netem = True
             return
@@ -172,14 +183,20 @@ def shape_lines(
     """`shape` as `tc -batch` lines for a `dev` with no root qdisc yet, its leaf netem where
     `netem` (the kernel has it) and the link has a delay: for a host reached over SSH, where
     one `tc -batch` per network namespace shapes every interface of it (`lab.fabric`)."""
-    leaf = f"netem delay {dilation.host_seconds(delay_ms)}ms" if delay_ms > 0 and netem else "pfifo"
+    if delay_ms > 0 and netem:
+        leaf = (
+            f"netem delay {dilation.host_seconds(delay_ms)}ms "
+            f"limit {netem_limit(rate_mbps, delay_ms)}"
+        )
+    else:
+        leaf = f"pfifo limit {queue_pkts(rate_mbps)}"
     return [
         f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
         f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb "
         f"{_htb_args(rate_mbps, dilation)}",
         f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
         f"{_htb_args(rate_mbps, dilation)}",
-        f"qdisc add dev {dev} parent 1:{DEFAULT_CLASS:x} {leaf} limit {queue_pkts(rate_mbps)}",
+        f"qdisc add dev {dev} parent 1:{DEFAULT_CLASS:x} {leaf}",
     ]
 
 
@@ -254,10 +271,12 @@ def set_destination(
             f"classid 1:{minor:x} htb {_htb_args(rate_mbps, dilation)}"
         ],
     )
+    # The link's delay holds for granted traffic too: a grant shapes the rate, it does not
+    # shorten the wire (a leaf without it skipped the node's link delay on netem kernels).
+    delay = link_delay_ms(dev, pid, dilation) if _netem is not False else 0.0
+    if exists and delay > 0:  # netem's limit holds the packets in their delay: it follows the rate
+        _leaf(pid, dev, minor, rate_mbps, delay, "replace", dilation)
     if not exists:
-        # The link's delay holds for granted traffic too: a grant shapes the rate, it does not
-        # shorten the wire (a leaf without it skipped the node's link delay on netem kernels).
-        delay = link_delay_ms(dev, pid, dilation) if _netem is not False else 0.0
         _leaf(pid, dev, minor, rate_mbps, delay, "add", dilation)
         tc(
             pid,

@@ -326,7 +326,7 @@ class FakeKernelTc:
             return "qdisc htb 1: root refcnt 2 r2q 10 default 0xfffe\n" + (
                 "qdisc netem 8001: parent 1:fffe limit 32 delay 3.5ms\n"
             )
-        if args[:2] == ("qdisc", "add"):
+        if args[:2] in (("qdisc", "add"), ("qdisc", "replace")):
             self.leaves.append(args[args.index("parent") + 1 :])
         return ""
 
@@ -349,13 +349,29 @@ def test_a_grant_keeps_its_links_delay(monkeypatch):
     assert tc.link_delay_ms("eth0", 1, k) == pytest.approx(1.0)
     tc.set_destination("eth0", "10.0.0.2", 10.0, pid=1, dilation=k)
     [leaf] = kernel.leaves
-    assert leaf == ("1:2", "netem", "delay", "3.5ms", "limit", str(tc.queue_pkts(10.0)))
+    assert leaf == ("1:2", "netem", "delay", "3.5ms", "limit", str(tc.queue_pkts(10.0) + 1))
+    kernel.leaves.clear()
+    tc.set_destination("eth0", "10.0.0.2", 190.0, pid=1, dilation=k)  # the grant is raised
+    [leaf] = kernel.leaves
+    assert leaf == ("1:2", "netem", "delay", "3.5ms", "limit", str(tc.queue_pkts(190.0) + 16))
     kernel.leaves.clear()
     tc.change("eth0", 100.0, delay_ms=2.0, pid=1, dilation=k)
     assert sorted(leaf[:4] for leaf in kernel.leaves) == [
         ("1:2", "netem", "delay", "7.0ms"),
         ("1:fffe", "netem", "delay", "7.0ms"),
     ]
+
+
+def test_netem_holds_the_packets_in_their_delay_beside_its_queue():
+    """netem counts the packets it delays in its limit: a limit of the queue alone would cap a
+    190 Mbit/s link of 20 ms at what 79 packets per 20 ms carry (47 Mbit/s)."""
+    assert tc.netem_limit(190.0, 0.0) == tc.queue_pkts(190.0) == 79
+    assert tc.netem_limit(190.0, 20.0) == 79 + 317  # 190e6/8 × 0.020 / 1500 = 316.7
+    assert tc.netem_limit(10.0, 1.0) == 32 + 1
+    [*_, leaf] = tc.shape_lines("eth0", 190.0, delay_ms=20.0, dilation=Dilation(4), netem=True)
+    assert leaf.endswith("netem delay 80.0ms limit 396")  # the delay dilated, the limit not
+    [*_, leaf] = tc.shape_lines("eth0", 190.0, delay_ms=20.0, netem=False)
+    assert leaf.endswith("pfifo limit 79")
 
 
 def test_threads_are_not_left_behind(master):
