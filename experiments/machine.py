@@ -87,6 +87,39 @@ class HostBusy:
         return busy_summary(self.shares, saturated)
 
 
+# Between runs the stack only idles: its switches, agents, SDN app and Master, 1-11 % of this
+# host's 2 cores second by second in the gaps of a fat-tree set (20 switches; 0.41-0.69 during its
+# runs). A host busier than this is still finishing something else (the image build, the last
+# run's containers going away, another user's job), and a run started then shares the cores with
+# it. QUIET_S consecutive seconds below it make the host quiet; a run waits at most
+# QUIET_TIMEOUT_S for that.
+QUIET_BUSY, QUIET_S, QUIET_TIMEOUT_S = 0.15, 3, 60.0
+
+
+def wait_quiet(
+    busy_max: float = QUIET_BUSY,
+    seconds: int = QUIET_S,
+    timeout_s: float = QUIET_TIMEOUT_S,
+    window_s: float = 1.0,
+) -> dict:
+    """Wait until the host's busy share (`busy_seconds`, niced time left out, / cores) stayed at
+    most `busy_max` for `seconds` windows in a row, or `timeout_s` passed: {"quiet", "waited_s",
+    "busy": the share of each window waited}, recorded with the run it preceded."""
+    cores = len(os.sched_getaffinity(0))
+    t_start = t0 = time.monotonic()
+    b0 = busy_seconds(niced=False)
+    shares: list[float] = []
+    while len(shares) < seconds or max(shares[-seconds:]) > busy_max:
+        if time.monotonic() - t_start >= timeout_s:
+            break
+        time.sleep(window_s)
+        t1, b1 = time.monotonic(), busy_seconds(niced=False)
+        shares.append(round((b1 - b0) / (t1 - t0) / cores, 3))
+        t0, b0 = t1, b1
+    quiet = len(shares) >= seconds and max(shares[-seconds:]) <= busy_max
+    return {"quiet": quiet, "waited_s": round(t0 - t_start, 1), "busy": shares}
+
+
 def busy_summary(shares: list[float], saturated: float) -> dict:
     """{mean, max, saturated_share: the share of windows with at least `saturated` of the cores
     busy} of windows' busy `shares`; {} before a window ended."""

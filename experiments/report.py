@@ -32,6 +32,7 @@ from experiments.e2e.fidelity import (
     ring_bottleneck,
     verdict,
 )
+from experiments.machine import QUIET_BUSY, QUIET_S, QUIET_TIMEOUT_S
 from experiments.stats import Ratio, paired_ratio
 from scheduler import compose
 from scheduler.baselines import algorithm_factory
@@ -417,15 +418,26 @@ def fidelity_section(results: dict) -> list[str]:
             else ""
         ),
         "",
-        "| scheduler | seed | attempt | faithful | switch wait | host saturated | binding in band | "
-        "wire/grant median | switch drops | PSI stall | worst worker wait | host cores used "
-        "| why not |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "`#`: the run's place in the set's order; `host before`: the seconds the run waited "
+        f"for the host to be quiet (at most {100 * QUIET_BUSY:.0f} % of its cores busy for "
+        f"{QUIET_S} s; `busy` when it was not, after {QUIET_TIMEOUT_S:.0f} s).",
+        "",
+        "| scheduler | seed | attempt | # | host before | faithful | switch wait | host saturated "
+        "| binding in band | wire/grant median | switch drops | PSI stall | worst worker wait "
+        "| host cores used | why not |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
-    for run in judged:
+    order = {s: i for i, s in enumerate(results.get("schedulers") or [])}
+    place = {id(run): i + 1 for i, run in enumerate(results["runs"])}
+    for run in sorted(
+        judged,
+        key=lambda r: (order.get(r["scheduler"], len(order)), r["seed"], r.get("attempt", 1)),
+    ):
         v = run["fidelity"]
         lines.append(
             f"| {run['scheduler']} | {run['seed']} | {run.get('attempt', 1)} | "
+            f"{place[id(run)]} | {_before(run.get('host_before'))} | "
             f"{'yes' if v['faithful'] else '**no**'} | {_pct(v.get('switch_wait_share'))} | "
             f"{_pct(v.get('host_saturated_share'))} | {v.get('binding_in_band', 0)}/"
             f"{v.get('binding_flows', 0)} | {_f(v.get('wire_ratio_median'), 2)} | "
@@ -435,6 +447,12 @@ def fidelity_section(results: dict) -> list[str]:
             f"{'; '.join(v['reasons']) or '–'} |"
         )
     return [*lines, ""]
+
+
+def _before(before: dict | None) -> str:
+    if not before:
+        return "–"
+    return f"{before['waited_s']:.0f} s" + ("" if before["quiet"] else ", busy")
 
 
 def _pct(x: float | None, digits: int = 0) -> str:

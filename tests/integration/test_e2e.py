@@ -86,6 +86,7 @@ def test_quick_run_end_to_end(tmp_path: Path, prefix: str, worker_image: str) ->
         assert v["faithful"] == (not v["reasons"]) and r["switch_wait_share"] is not None
         assert r["host_busy"]["max"] <= 1.0 + 1e-6 and r["emulated_s"] > 0
         assert r["wall_s"] == pytest.approx(dil["factor"] * r["emulated_s"], rel=0.1)
+        assert len(r["host_before"]["busy"]) >= 3  # it waited for a quiet host, and says so
     # an unfaithful run is run again, at most --reruns times; the last attempt of each stands
     assert [r["scheduler"] for r in res["runs"] if r["attempt"] == 1] == scenario["schedulers"]
     last = {r["scheduler"]: r for r in res["runs"]}

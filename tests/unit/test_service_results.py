@@ -503,3 +503,47 @@ def test_a_set_is_judged_again_by_todays_rules(tmp_path: Path):
     rerun.write_text(before)
     assert report.main([str(rerun), "--rejudge"]) == 2
     assert rerun.read_text() == before and not (rerun.parent / "summary.md").exists()
+
+
+def test_runs_go_seed_by_seed_and_no_scheduler_always_runs_first():
+    from experiments.run import run_order
+
+    order = run_order(["a", "b", "c"], 3)
+    assert sorted(order) == [(s, n) for s in "abc" for n in range(3)]  # every run, once
+    assert [n for _, n in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # a seed's pair minutes apart
+    assert [order[3 * n][0] for n in range(3)] == ["a", "b", "c"]  # a new first each seed
+    assert run_order(["a"], 2) == [("a", 0), ("a", 1)]
+
+
+def test_a_run_waits_until_the_host_is_quiet(monkeypatch):
+    from experiments import machine
+
+    busy = iter([0.0, 1.8, 3.6, 3.7, 3.8, 3.9, 4.0])  # core-seconds: busy, then quiet (2 cores)
+    monkeypatch.setattr(machine, "busy_seconds", lambda niced: next(busy))
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1})
+    now = [0.0]
+    monkeypatch.setattr(machine.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(machine.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    got = machine.wait_quiet(busy_max=0.15, seconds=3, timeout_s=60)
+    assert got == {"quiet": True, "waited_s": 5.0, "busy": [0.9, 0.9, 0.05, 0.05, 0.05]}
+    busy = iter([1.8 * i for i in range(100)])  # never quiet: it gives up, and says so
+    now[0] = 0.0
+    got = machine.wait_quiet(busy_max=0.15, seconds=3, timeout_s=5)
+    assert not got["quiet"] and got["waited_s"] == 5 and got["busy"] == [0.9] * 5
+
+
+def test_the_fidelity_table_lists_runs_by_scheduler_with_their_place_and_wait():
+    res = results()
+    res["runs"] = [res["runs"][i] for i in (0, 2, 1, 3)]  # seed by seed, as run.py runs them
+    for i, run in enumerate(res["runs"]):
+        run["fidelity"] = fidelity.verdict(run)
+        run["host_before"] = {"quiet": i != 3, "waited_s": 3.0 + i, "busy": []}
+    table = [line for line in report.summary(res).splitlines() if line.startswith("| ces-ppo |")]
+    table += [line for line in report.summary(res).splitlines() if line.startswith("| k8s-")]
+    fid = [line.split(" | ")[:5] for line in table if line.count("|") > 14]
+    assert fid == [
+        ["| ces-ppo", "0", "1", "1", "3 s"],
+        ["| ces-ppo", "1", "1", "3", "5 s"],
+        ["| k8s-spread", "0", "1", "2", "4 s"],
+        ["| k8s-spread", "1", "1", "4", "6 s, busy"],
+    ]
