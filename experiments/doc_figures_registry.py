@@ -1736,7 +1736,7 @@ def _e2e_run_tables(name: str) -> list[Table]:
 
 
 # the run sets docs/e2e.md shows, all made with --dilation auto but the invariance check's 2K
-E2E_CONTENTION = ("default-campus", "contention-campus", "contention-ring")
+E2E_CONTENTION = ("default-campus", "contention-campus", "contention-ring", "contention-fattree")
 E2E_SETS = (
     *E2E_CONTENTION,
     "contention-campus-2k",
@@ -1827,6 +1827,21 @@ E2E_QUOTES = [
         "seeds both ran faithfully",
         same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
         n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
+    ),
+    Q(
+        E2E,
+        _e2e("contention-fattree"),
+        "CES-PPO and network-aware with CES's network take the same placements in {same} of {n} "
+        "seeds on the fat-tree",
+        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
+        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
+    ),
+    Q(
+        E2E,
+        _e2e("contention-fattree"),
+        "took {wall:.1f} min at K = {k:g} (auto)",
+        wall=lambda d: d["wall_s"] / 60,
+        k=("dilation", "factor"),
     ),
     Q(
         E2E,
