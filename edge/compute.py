@@ -68,6 +68,7 @@ class ComputeManager:
         self.node_container, self.cgroup_parent = node_container, cgroup_parent
         self.on_change = on_change
         self.workers: dict[str, Worker] = {}
+        self._starting: set[str] = set()  # asked to start, container not made yet
         self.lock = threading.Lock()
         self._records: list[dict] = []
 
@@ -79,26 +80,33 @@ class ComputeManager:
         with self.lock:
             if spec.name in self.workers:
                 return self.workers[spec.name].status()  # idempotent: a retried request
+            self._starting.add(spec.name)
         # The worker's clock: when its container started, and how fast emulated time runs.
         env = {**spec.env, START_ENV: f"{self.dilation.time():.3f}"}
         if self.dilation.on:
             env[DILATION_ENV] = self.dilation.spec()
-        container = workers.start_worker(
-            self.client,
-            spec.image,
-            self.container_name(spec.name),
-            spec.command,
-            self.dilation.host_cores(spec.cpu),
-            int(spec.mem_mb),
-            env=env,
-            node_container=self.node_container,
-            cgroup_parent=self.cgroup_parent,
-            labels={LABEL_NODE: self.node, LABEL_WORKER: spec.name, "ces.job": spec.job},
-            period_us=cgroups.period_us(self.dilation.factor),
-        )
+        try:
+            container = workers.start_worker(
+                self.client,
+                spec.image,
+                self.container_name(spec.name),
+                spec.command,
+                self.dilation.host_cores(spec.cpu),
+                int(spec.mem_mb),
+                env=env,
+                node_container=self.node_container,
+                cgroup_parent=self.cgroup_parent,
+                labels={LABEL_NODE: self.node, LABEL_WORKER: spec.name, "ces.job": spec.job},
+                period_us=cgroups.period_us(self.dilation.factor),
+            )
+        except BaseException:
+            with self.lock:
+                self._starting.discard(spec.name)
+            raise
         worker = Worker(spec, container)
         with self.lock:
             self.workers[spec.name] = worker
+            self._starting.discard(spec.name)
         threading.Thread(
             target=self._follow, args=(worker,), name=f"logs-{spec.name}", daemon=True
         ).start()
@@ -124,20 +132,32 @@ class ComputeManager:
         for name in list(self.workers):
             self.stop(name)
 
-    def reconcile(self, expected: list[str], held: dict[str, int] | None = None) -> None:
+    def reconcile(
+        self,
+        expected: list[str],
+        held: dict[str, int] | None = None,
+        judged: set[str] | None = None,
+    ) -> None:
         """After (re)registration: remove this agent's containers the Master does not expect
         (left by an earlier incarnation of the agent); those it expects are followed again,
         `held` saying how many of a worker's metric lines the Master has. Only containers named
         with this agent's prefix and labelled with its node: another run's agent for a node of
-        the same name owns its own."""
+        the same name owns its own. `judged`: the workers this agent held when it asked; one it
+        has started since (or is starting) was started by the Master after its reply: kept."""
         for c in workers.find_workers(self.client, self.name_prefix):
             if c.labels.get(LABEL_NODE) != self.node:
                 continue
             name = c.labels.get(LABEL_WORKER, "")
-            if name in expected and name not in self.workers:
-                spec = WorkerSpec(name, c.labels.get("ces.job", ""), "", "", [], 0, 0)
-                worker = Worker(spec, c)
-                self.workers[name] = worker
+            with self.lock:
+                mine = name in self.workers or name in self._starting
+                if mine and judged is not None and name not in judged:
+                    continue
+                adopt = name in expected and name not in self.workers
+                if adopt:
+                    spec = WorkerSpec(name, c.labels.get("ces.job", ""), "", "", [], 0, 0)
+                    worker = Worker(spec, c)
+                    self.workers[name] = worker
+            if adopt:
                 try:
                     with (self.workdir / f"{name}.jsonl").open("rb") as f:
                         kept = sum(1 for _ in f)

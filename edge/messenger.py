@@ -60,7 +60,12 @@ class Compute(Protocol):
 
     def take_records(self) -> list[dict]: ...
 
-    def reconcile(self, expected: list[str], held: dict[str, int] | None = None) -> None: ...
+    def reconcile(
+        self,
+        expected: list[str],
+        held: dict[str, int] | None = None,
+        judged: set[str] | None = None,
+    ) -> None: ...
 
 
 class Network(Protocol):
@@ -194,9 +199,7 @@ class Messenger:
         )
         # A worker the Master started while its reply was on the way is not in the reply, yet
         # wanted: only those this agent held before it asked are judged by the reply.
-        started = [w.name for w in self.compute.states() if w.name not in known]
-        expected = reply.get("expected_workers", []) + started
-        self.compute.reconcile(expected, reply.get("lines", {}))
+        self.compute.reconcile(reply.get("expected_workers", []), reply.get("lines", {}), known)
         self.registered = True
         log.info("registered with %s as %s", self.master, self.node)
 

@@ -59,10 +59,16 @@ class SimulatedCompute:
         with self.lock:
             self.records.append({**line, "worker": name})
 
-    def reconcile(self, expected: list[str], held: dict[str, int] | None = None) -> None:
+    def reconcile(
+        self,
+        expected: list[str],
+        held: dict[str, int] | None = None,
+        judged: set[str] | None = None,
+    ) -> None:
         with self.lock:
             for name in [n for n in self.workers if n not in expected]:
-                del self.workers[name]
+                if judged is None or name in judged:
+                    del self.workers[name]
 
     def finish(
         self, name: str, exit_code: int = 0, detail: str = "", lines: list[dict] | None = None

@@ -87,12 +87,13 @@ class HostBusy:
         return busy_summary(self.shares, saturated)
 
 
-# Between runs the stack only idles: its switches, agents, SDN app and Master, 1-11 % of this
-# host's 2 cores second by second in the gaps of a fat-tree set (20 switches; 0.41-0.69 during its
-# runs). A host busier than this is still finishing something else (the image build, the last
-# run's containers going away, another user's job), and a run started then shares the cores with
-# it. QUIET_S consecutive seconds below it make the host quiet; a run waits at most
-# QUIET_TIMEOUT_S for that.
+# Between runs the stack only idles: its switches, agents, SDN app and Master took 1-11 % of this
+# host's 2 cores, second by second, in the gaps between the fat-tree set's runs (20 switches;
+# 41-69 % during them; sampled beside results/e2e/contention-fattree, not recorded in it). A host
+# busier than this is still finishing something else (the image build, the last run's containers
+# going away, another user's job), and a run started then shares the cores with it. QUIET_S
+# seconds in a row below it make the host quiet; a run waits at most QUIET_TIMEOUT_S for that (a
+# scenario whose tenant sends all session long, not from a `start_s`, idles higher).
 QUIET_BUSY, QUIET_S, QUIET_TIMEOUT_S = 0.15, 3, 60.0
 
 
@@ -105,6 +106,8 @@ def wait_quiet(
     """Wait until the host's busy share (`busy_seconds`, niced time left out, / cores) stayed at
     most `busy_max` for `seconds` windows in a row, or `timeout_s` passed: {"quiet", "waited_s",
     "busy": the share of each window waited}, recorded with the run it preceded."""
+    if not 1 <= seconds <= timeout_s / window_s:
+        raise ValueError(f"wait_quiet: {seconds} windows of {window_s} s do not fit {timeout_s} s")
     cores = len(os.sched_getaffinity(0))
     t_start = t0 = time.monotonic()
     b0 = busy_seconds(niced=False)

@@ -418,9 +418,14 @@ def fidelity_section(results: dict) -> list[str]:
             else ""
         ),
         "",
-        "`#`: the run's place in the set's order; `host before`: the seconds the run waited "
-        f"for the host to be quiet (at most {100 * QUIET_BUSY:.0f} % of its cores busy for "
-        f"{QUIET_S} s; `busy` when it was not, after {QUIET_TIMEOUT_S:.0f} s).",
+        "`#`: the run's place in the set's order (attempts included)"
+        + (
+            "; `host before`: the seconds the run waited for the host to be quiet (at most "
+            f"{100 * QUIET_BUSY:.0f} % of its cores busy for {QUIET_S} s; `busy` when it was "
+            f"not, after {QUIET_TIMEOUT_S:.0f} s)."
+            if any("host_before" in run for run in judged)
+            else "; this set's runs did not wait for a quiet host (`host before`)."
+        ),
         "",
         "| scheduler | seed | attempt | # | host before | faithful | switch wait | host saturated "
         "| binding in band | wire/grant median | switch drops | PSI stall | worst worker wait "
@@ -432,7 +437,12 @@ def fidelity_section(results: dict) -> list[str]:
     place = {id(run): i + 1 for i, run in enumerate(results["runs"])}
     for run in sorted(
         judged,
-        key=lambda r: (order.get(r["scheduler"], len(order)), r["seed"], r.get("attempt", 1)),
+        key=lambda r: (
+            order.get(r["scheduler"], len(order)),
+            r["scheduler"],
+            r["seed"],
+            r.get("attempt", 1),
+        ),
     ):
         v = run["fidelity"]
         lines.append(

@@ -76,7 +76,7 @@ from experiments.e2e.scenario import (
     traffic_quota,
 )
 from experiments.e2e.stack import RunError, Stack, StackBase, usage
-from experiments.machine import HostBusy, cpu_stall_us, machine, wait_quiet
+from experiments.machine import QUIET_S, HostBusy, cpu_stall_us, machine, wait_quiet
 from lab import deploy
 from lab.cluster import Layout, load_cluster
 from lab.fabric import check_cluster
@@ -630,7 +630,8 @@ def execute(
                         before = wait_quiet() if results["mode"] != "hosts" else None
                         if before and not before["quiet"]:
                             console.print(
-                                f"  [yellow]the host stayed busy[/] ({max(before['busy'][-3:]):.0%}"
+                                "  [yellow]the host stayed busy[/] "
+                                f"({max(before['busy'][-QUIET_S:]):.0%}"
                                 f" of its cores) for {before['waited_s']:.0f} s: running anyway"
                             )
                         index = len(results["runs"])  # names the run's jobs: unique per run
@@ -684,11 +685,11 @@ def execute(
 
 def run_order(schedulers: list[str], seeds: int) -> list[tuple[str, int]]:
     """Every (scheduler, seed), seed by seed, each seed's schedulers in the order of the last
-    rotated by one: the runs a comparison pairs come minutes apart rather than a set's length,
-    and no scheduler always runs first after bring-up. The first runs of a set were the
-    unfaithful ones when one scheduler's seeds all ran first (results/e2e/contention-ring: its 4
-    unfaithful runs were the set's first 4, all CES-PPO's, the host's other load highest in the
-    first two)."""
+    rotated by one: the runs a comparison pairs come minutes apart rather than a set's length
+    apart, and what the host does early in a set or drifts through weighs on every scheduler,
+    not on the seeds of the one that ran first. On the ring (results/e2e/contention-ring,
+    scheduler by scheduler) the set's 4 unfaithful runs were its first 4, all CES-PPO's, the
+    host's other load highest in the first two."""
     n = len(schedulers)
     return [(schedulers[(seed + k) % n], seed) for seed in range(seeds) for k in range(n)]
 
