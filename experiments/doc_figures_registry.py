@@ -1770,6 +1770,18 @@ def _same_placements(res: dict, a: str, b: str) -> tuple[int, int]:
     return sum(pa[s] == pb[s] for s in both), len(both)
 
 
+def _placed_alike(name: str, text: str) -> Quote:
+    """A quote of run set NAME's seeds in which CES-PPO and network-aware/ces placed every job
+    alike (`{same}`) of those both ran faithfully (`{n}`)."""
+    return Q(
+        E2E,
+        _e2e(name),
+        text,
+        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
+        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
+    )
+
+
 def _job_tta(scheduler: str, seed: int, job: str) -> Callable[[dict], float]:
     from experiments import report
 
@@ -1799,12 +1811,9 @@ def _light_tta(scheduler: str) -> Callable[[dict], float]:
 
 
 E2E_QUOTES = [
-    Q(
-        E2E,
-        _e2e("contention-campus"),
+    _placed_alike(
+        "contention-campus",
         "The two take the same placements in {same} of {n} seeds on campus",
-        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
-        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
     ),
     Q(
         E2E,
@@ -1826,21 +1835,15 @@ E2E_QUOTES = [
         on=_light_tta("ces-ppo"),
         off=_light_tta("ces-ppo/static"),
     ),
-    Q(
-        E2E,
-        _e2e("contention-ring"),
+    _placed_alike(
+        "contention-ring",
         "CES-PPO and network-aware with CES's network take the same placements in {same} of {n} "
         "seeds both ran faithfully",
-        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
-        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
     ),
-    Q(
-        E2E,
-        _e2e("contention-fattree"),
+    _placed_alike(
+        "contention-fattree",
         "CES-PPO and network-aware with CES's network take the same placements in {same} of {n} "
         "seeds on the fat-tree",
-        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
-        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
     ),
     Q(
         E2E,
@@ -1867,12 +1870,9 @@ E2E_QUOTES = [
         k=("dilation", "factor"),
         runs=lambda d: len(d["runs"]),
     ),
-    Q(
-        E2E,
-        _e2e("default-campus"),
+    _placed_alike(
+        "default-campus",
         "here the two take the same placements in {same} of {n} seeds",
-        same=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[0],
-        n=lambda d: _same_placements(d, "ces-ppo", "network-aware/ces")[1],
     ),
     Q(
         E2E,
