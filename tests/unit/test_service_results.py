@@ -505,7 +505,7 @@ def test_a_set_is_judged_again_by_todays_rules(tmp_path: Path):
     assert rerun.read_text() == before and not (rerun.parent / "summary.md").exists()
 
 
-def test_runs_go_seed_by_seed_and_no_scheduler_always_runs_first():
+def test_runs_go_seed_by_seed_each_led_by_another_scheduler():
     from experiments.run import run_order
 
     order = run_order(["a", "b", "c"], 3)
