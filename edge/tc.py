@@ -274,9 +274,10 @@ def set_destination(
     # The link's delay holds for granted traffic too: a grant shapes the rate, it does not
     # shorten the wire (a leaf without it skipped the node's link delay on netem kernels).
     delay = link_delay_ms(dev, pid, dilation) if _netem is not False else 0.0
-    if exists and delay > 0:  # netem's limit holds the packets in their delay: it follows the rate
-        _leaf(pid, dev, minor, rate_mbps, delay, "replace", dilation)
-    if not exists:
+    if exists:
+        if delay > 0:  # netem's limit holds the packets in their delay: it follows the rate
+            _leaf(pid, dev, minor, rate_mbps, delay, "replace", dilation)
+    else:
         _leaf(pid, dev, minor, rate_mbps, delay, "add", dilation)
         tc(
             pid,

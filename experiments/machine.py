@@ -8,7 +8,9 @@ import platform
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from scheduler.evaluate import machine_info
 from testbed import detect_datapath
@@ -77,14 +79,24 @@ class HostBusy:
         self._thread.join()
 
     def _sample(self) -> None:
-        t0, b0 = time.monotonic(), busy_seconds(niced=False)
-        while not self._stop.wait(self.window_s):
-            t1, b1 = time.monotonic(), busy_seconds(niced=False)
-            self.shares.append((b1 - b0) / (t1 - t0) / self.cores)
-            t0, b0 = t1, b1
+        for share in busy_windows(self.window_s, self._stop.wait):  # read while it runs
+            self.shares.append(share)
 
     def summary(self, saturated: float) -> dict:
         return busy_summary(self.shares, saturated)
+
+
+def busy_windows(window_s: float, wait: Callable[[float], Any] | None = None) -> Iterator[float]:
+    """The host's busy share (`busy_seconds`, niced time left out, / cores) of each `window_s`,
+    one window after another, until `wait` (by default time.sleep; a stop event's wait) returns
+    true."""
+    wait = wait or time.sleep
+    cores = len(os.sched_getaffinity(0))
+    t0, b0 = time.monotonic(), busy_seconds(niced=False)
+    while not wait(window_s):
+        t1, b1 = time.monotonic(), busy_seconds(niced=False)
+        yield (b1 - b0) / (t1 - t0) / cores
+        t0, b0 = t1, b1
 
 
 # Between runs the stack only idles: its switches, agents, SDN app and Master took 1-11 % of this
@@ -103,24 +115,18 @@ def wait_quiet(
     timeout_s: float = QUIET_TIMEOUT_S,
     window_s: float = 1.0,
 ) -> dict:
-    """Wait until the host's busy share (`busy_seconds`, niced time left out, / cores) stayed at
-    most `busy_max` for `seconds` windows in a row, or `timeout_s` passed: {"quiet", "waited_s",
-    "busy": the share of each window waited}, recorded with the run it preceded."""
+    """Wait until the host's busy share (`busy_windows`) stayed at most `busy_max` for `seconds`
+    windows in a row, or `timeout_s` passed: {"quiet", "waited_s", "busy": the share of each
+    window waited}, recorded with the run it preceded."""
     if not 1 <= seconds <= timeout_s / window_s:
         raise ValueError(f"wait_quiet: {seconds} windows of {window_s} s do not fit {timeout_s} s")
-    cores = len(os.sched_getaffinity(0))
-    t_start = t0 = time.monotonic()
-    b0 = busy_seconds(niced=False)
-    shares: list[float] = []
-    while len(shares) < seconds or max(shares[-seconds:]) > busy_max:
-        if time.monotonic() - t_start >= timeout_s:
+    t_start, shares, quiet = time.monotonic(), [], False
+    for share in busy_windows(window_s):
+        shares.append(round(share, 3))
+        quiet = len(shares) >= seconds and max(shares[-seconds:]) <= busy_max
+        if quiet or time.monotonic() - t_start >= timeout_s:
             break
-        time.sleep(window_s)
-        t1, b1 = time.monotonic(), busy_seconds(niced=False)
-        shares.append(round((b1 - b0) / (t1 - t0) / cores, 3))
-        t0, b0 = t1, b1
-    quiet = len(shares) >= seconds and max(shares[-seconds:]) <= busy_max
-    return {"quiet": quiet, "waited_s": round(t0 - t_start, 1), "busy": shares}
+    return {"quiet": quiet, "waited_s": round(time.monotonic() - t_start, 1), "busy": shares}
 
 
 def busy_summary(shares: list[float], saturated: float) -> dict:
