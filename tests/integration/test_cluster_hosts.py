@@ -64,18 +64,19 @@ def cluster(tmp_path_factory, worker_image, testbed_host):
 
 def left_of(cluster, prefix: str) -> dict[str, list[str]]:
     """What still carries `prefix`: containers (one engine), and per host its bridges and
-    interfaces."""
-    out = {
-        "containers": subprocess.run(
-            ["docker", "ps", "-a", "--filter", f"name=^{prefix}-", "--format", "{{.Names}}"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-    }
+    interfaces. A docker or host command that fails is an error, never "nothing left"."""
+    ps = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"name=^{prefix}-", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+    )
+    assert ps.returncode == 0, ps.stderr
+    out = {"containers": ps.stdout.split()}
     for h in ("h1", "h2"):
         done = cluster["hosts"].exec(
-            h, f"ovs-vsctl list-br; ls /sys/class/net; ls -d /var/lib/ces/{prefix} 2>/dev/null"
+            h, f"ovs-vsctl list-br && ls /sys/class/net && {{ ls -d /var/lib/ces/{prefix} || :; }}"
         )
+        assert done.returncode == 0, (h, done.stderr)
         out[h] = [w for w in done.stdout.split() if prefix in w]
     return out
 
@@ -262,15 +263,19 @@ def test_run_py_killed_9_then_cleanup_cluster_leaves_nothing(cluster, tmp_path):
         assert proc.stdout is not None
         for line in proc.stdout:  # until the stack is up: agents on the Master
             seen.append(line)
-            if " up in " in line:
+            if line.startswith("  up in "):
                 break
         else:
             raise AssertionError("run.py ended before its stack was up:\n" + "".join(seen))
+        # the kill must find the run up: still running, its nodes and both hosts' bridges there
+        up = left_of(cluster, prefix)
+        assert proc.poll() is None, "run.py ended on its own:\n" + "".join(seen)
+        assert up["containers"] and up["h1"] and up["h2"], (up, "".join(seen))
     finally:
         proc.kill()
         proc.wait()
-    left = left_of(cluster, prefix)
-    assert left["containers"] and left["h1"] and left["h2"], left
+    left = left_of(cluster, prefix)  # nothing ran the teardown: the kill -9 left it all
+    assert left["containers"] and left["h1"] and left["h2"], (left, "".join(seen))
     done = run_py("--cleanup", "--cluster", str(cluster["file"]), "--prefix", prefix)
     assert done.returncode == 0, done.stdout + done.stderr
     assert left_of(cluster, prefix) == {"containers": [], "h1": [], "h2": []}
