@@ -192,13 +192,21 @@ class NetworkController:
         return out
 
     def view(self, unschedulable: set[str]) -> Cluster:
-        """The cluster the Scheduler decides on: nodes it may not use marked offline, and the
-        bandwidth unscheduled traffic takes reserved (capped at what is left)."""
+        """The cluster the Scheduler decides on: nodes it may not use marked offline, the
+        bandwidth unscheduled traffic takes reserved (capped at what is left), and 1 − `HEADROOM`
+        of every link: grants that fill a link to its last Mbit/s are not what TCP carries
+        through its short queue once acknowledgements or a second sender share it (on the star,
+        flows into links their grants filled to 90-104 % read 0.76-0.96 of their grant,
+        retransmitting, against 0.91-1.05 at most 60 % loaded: docs/e2e.md)."""
         view = self.cluster.copy(share_graph=True)  # the graph's structure never changes
         view.offline |= unschedulable
         taken = dict(self.unscheduled())
         for link in self.down:
             taken[link] = float("inf")
+        for u, v in view.graph.edges:
+            for link in ((u, v), (v, u)):
+                margin = (1 - self.HEADROOM) * view.link_capacity(*link)
+                taken[link] = taken.get(link, 0.0) + margin
         for link, mbps in taken.items():
             if view.graph.has_edge(*link):
                 view.reserved[link] = view.reserved.get(link, 0.0) + min(mbps, view.residual(*link))
@@ -236,12 +244,8 @@ class NetworkController:
         spare = dict.fromkeys(self.pairs, 0.0)
         weighted = {pair: p.rate_mbps for pair, p in self.pairs.items() if p.rate_mbps > 0}
         if self.work_conserving and weighted:
-            room = self.view(set())  # grants and unscheduled traffic reserved, down links full
-            for u, v in room.graph.edges:
-                for link in ((u, v), (v, u)):
-                    room.reserved[link] = room.reserved.get(link, 0.0) + (
-                        1 - self.HEADROOM
-                    ) * room.link_capacity(*link)
+            # grants, unscheduled traffic and the headroom reserved, down links full
+            room = self.view(set())
             spare |= fair_rates(
                 room,
                 {pair: self.pairs[pair].path for pair in weighted},
