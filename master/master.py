@@ -640,9 +640,7 @@ class Master:
             }
             grew = not more <= affected
             affected |= more
-        view = self.network.view(self.unschedulable())
-        for name in affected:
-            view.release(name)
+        view = self.network.view(self.unschedulable(), without=affected)
         fixed = {
             pair: p.path
             for pair, p in self.network.pairs.items()
@@ -651,14 +649,11 @@ class Master:
         moved = []
         for rec in sorted((r for r in adjustable if r.name in affected), key=lambda r: r.name):
             old = rec.current.decision
-            avoid, share = view.copy(share_graph=True), view.copy(share_graph=True)
+            # staying on a hot link (`share`) leaves TCP's competition the headroom contended()
+            # wants: the view holds it on every link
+            avoid, share = view.copy(share_graph=True), view
             for link in hot:
                 avoid.reserved[link] = avoid.reserved.get(link, 0.0) + avoid.residual(*link)
-                # staying on a hot link leaves TCP's competition the headroom contended() wants
-                headroom = (1 - self.network.HEADROOM) * share.link_capacity(*link)
-                share.reserved[link] = share.reserved.get(link, 0.0) + min(
-                    headroom, share.residual(*link)
-                )
             options = []
             for cluster in (avoid, share):
                 try:

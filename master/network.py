@@ -12,8 +12,8 @@ link — so that the Master can re-route the jobs that use them.
 
 Work-conserving rates (`spare`, on by default): a grant is what a flow is guaranteed, and what the
 view reserves; capacity nobody is guaranteed is not left idle. Every scheduled pair gets, on top
-of its grants, a share of the spare capacity of its path — each link's `HEADROOM` less its grants
-and its unscheduled traffic — by weighted max-min fairness with the grants as weights (a job's
+of its grants, a share of the spare capacity of its path — each link's `GRANTABLE` share less its
+grants and its unscheduled traffic — by weighted max-min fairness with the grants as weights (a job's
 flows keep the ratio its decision gave them, so its collective still finishes together). The
 shares are recomputed whenever the grants change (a job starts, ends or is re-routed) and when the
 unscheduled traffic moves them by more than `SPARE_STEP`; they are what the meters and the
@@ -47,6 +47,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -128,6 +129,13 @@ class NetworkController:
     # full-size one (1514 bytes on the wire). Its way back matches every packet the other way
     # that no flow schedules: beyond this it carries another's traffic.
     ACK_SHARE = 66 / 1514
+    # The share of each direction of a link that grants (spare shares included) may take: with
+    # the acknowledgements of as much granted the other way, the link is HEADROOM full. Streams
+    # granted 0.95 of a link both ways at once (0.99 with the acknowledgements) read 0.92-0.99
+    # of their grant with nothing else running, at 0.90 (0.94) 0.99 (experiments/
+    # bench_headroom.py, K 1.75); in runs whose workers compute beside them, grants filling
+    # 0.95 read 0.84-0.96 (the star, docs/e2e.md).
+    GRANTABLE = HEADROOM / (1 + ACK_SHARE)
     # Readings after a pair's end in which it still counts as scheduled: the first may have been
     # sampled before the end (the SDN app samples every second, the Master reads every two).
     SETTLE_READINGS = 2
@@ -191,14 +199,26 @@ class NetworkController:
                 out[link] = extra
         return out
 
-    def view(self, unschedulable: set[str]) -> Cluster:
-        """The cluster the Scheduler decides on: nodes it may not use marked offline, and the
-        bandwidth unscheduled traffic takes reserved (capped at what is left)."""
+    def view(self, unschedulable: set[str], without: Iterable[str] = ()) -> Cluster:
+        """The cluster the Scheduler decides on: nodes it may not use marked offline, the
+        bandwidth unscheduled traffic takes reserved (capped at what is left), and 1 − `GRANTABLE`
+        of every link: room for the acknowledgements of the grants the other way and for the
+        link's queue (on the star, flows into links their grants and the acknowledgements filled
+        to 90-104 % read 0.76-0.96 of their grant, retransmitting, against 0.91-1.05 at most 60 %
+        loaded: docs/e2e.md). The jobs `without` are released first: what is reserved is capped
+        at what the grants leave, so a job released after would find its links' unscheduled
+        traffic and margin in the room it left."""
         view = self.cluster.copy(share_graph=True)  # the graph's structure never changes
         view.offline |= unschedulable
+        for name in without:
+            view.release(name)
         taken = dict(self.unscheduled())
         for link in self.down:
             taken[link] = float("inf")
+        for u, v in view.graph.edges:
+            for link in ((u, v), (v, u)):
+                margin = (1 - self.GRANTABLE) * view.link_capacity(*link)
+                taken[link] = taken.get(link, 0.0) + margin
         for link, mbps in taken.items():
             if view.graph.has_edge(*link):
                 view.reserved[link] = view.reserved.get(link, 0.0) + min(mbps, view.residual(*link))
@@ -236,12 +256,8 @@ class NetworkController:
         spare = dict.fromkeys(self.pairs, 0.0)
         weighted = {pair: p.rate_mbps for pair, p in self.pairs.items() if p.rate_mbps > 0}
         if self.work_conserving and weighted:
-            room = self.view(set())  # grants and unscheduled traffic reserved, down links full
-            for u, v in room.graph.edges:
-                for link in ((u, v), (v, u)):
-                    room.reserved[link] = room.reserved.get(link, 0.0) + (
-                        1 - self.HEADROOM
-                    ) * room.link_capacity(*link)
+            # grants, unscheduled traffic and the headroom reserved, down links full
+            room = self.view(set())
             spare |= fair_rates(
                 room,
                 {pair: self.pairs[pair].path for pair in weighted},

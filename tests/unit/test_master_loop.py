@@ -14,7 +14,10 @@ from two_paths import TWO_PATHS
 from edge.simulated import SimulatedAgent
 from master import Master, MasterConfig
 from master.client import MasterClient
+from master.network import NetworkController
 from topologies import load_topology, parse_topology
+
+GRANTABLE = NetworkController.GRANTABLE
 
 STAR = load_topology("star")  # e1, e2: 1 core; e3 0.75; e4, e5 0.5; e6 0.25
 
@@ -299,14 +302,16 @@ def test_without_runtime_adjustment_the_paths_stay():
     c = two_paths(adjust=False)
     try:
         direct_then(c)
-        assert {f["rate_mbps"] for f in c.sdn.puts[-1]} == {95.0}  # grant 50 + the spare
+        # grant 50 + the spare: the link's grantable share (room left for acknowledgements)
+        [both] = {f["rate_mbps"] for f in c.sdn.puts[-1]}
+        assert both == pytest.approx(GRANTABLE * 100, abs=0.01)
         c.sdn.carried[("a", "b")] = 50.0
         c.sdn.report("s1", "s2", 99.0)
         time.sleep(0.6)  # several link polls: the paths stay, the spare goes to the tenant
         assert all(f["path"] == ["s1", "s2"] for f in c.sdn.puts[-1] if f["src"] == "a")
         assert not c.job("j")["attempts"][0]["adjustments"]
         rates = {(f["src"], f["dst"]): f["rate_mbps"] for f in c.sdn.puts[-1]}
-        assert rates == {("a", "b"): 50.0, ("b", "a"): 95.0}
+        assert rates == {("a", "b"): 50.0, ("b", "a"): pytest.approx(GRANTABLE * 100, abs=0.01)}
         # the job stays on the contended link, and the notes say so from then on
         assert [flows for *_, flows in c.job("j")["attempts"][0]["contended"]] == [["w0>w1"]]
     finally:
@@ -315,8 +320,8 @@ def test_without_runtime_adjustment_the_paths_stay():
 
 def test_a_job_stays_on_a_contended_link_when_the_detour_is_thinner():
     """The way round through s3 has 10 Mbit/s: beside the tenant's 49 Mbit/s the 50 Mbit/s job
-    keeps the direct link at what is left of it less the headroom (100 - 49 - 5 = 46) instead
-    of crawling around — once: it does not flap at the next polls."""
+    keeps the direct link at its grantable share less the tenant's (100 × 0.91 - 49 = 42)
+    instead of crawling around — once: it does not flap at the next polls."""
     doc = {
         "name": "thin",
         "switches": [{"name": s} for s in ("s1", "s2", "s3")],
@@ -343,7 +348,7 @@ def test_a_job_stays_on_a_contended_link_when_the_detour_is_thinner():
         att = c.job("j")["attempts"][0]
         [flow] = [f for f in att["flows"] if f["src_node"] == "a"]
         assert flow["path"] == ["a", "s1", "s2", "b"]
-        assert flow["rate_mbps"] == pytest.approx(46.0)
+        assert flow["rate_mbps"] == pytest.approx(GRANTABLE * 100 - 49, abs=0.01)
         assert len(att["adjustments"]) == 1
         assert all(f["path"] == ["s1", "s2"] for f in c.sdn.puts[-1] if f["src"] == "a")
     finally:
