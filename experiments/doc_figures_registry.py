@@ -1885,8 +1885,34 @@ E2E_QUOTES = [
 ]
 
 
+HEADROOM_JSON = "results/bench_headroom.json"
+
+
+def _headroom_table(doc: dict) -> str:
+    """Per load and case: the lowest and the median wire/grant over flows and repeats, and the
+    drops of the links' shaping."""
+    cases = ("one", "both", "merge")
+    cells: dict[tuple[float, str], list[float]] = {}
+    drops: dict[tuple[float, str], int] = {}
+    for r in doc["rows"]:
+        key = (r["load"], r["case"])
+        cells.setdefault(key, []).extend(f["wire_ratio"] for f in r["flows"])
+        drops[key] = drops.get(key, 0) + r["switch_drops"]
+    rows = [
+        [f"{load:.2f}"]
+        + [
+            f"{min(cells[load, c]):.3f} / {statistics.median(cells[load, c]):.3f} "
+            f"({drops[load, c]})"
+            for c in cases
+        ]
+        for load in sorted({load for load, _ in cells})
+    ]
+    return md_table(["grants / link", "one way", "both ways", "two senders into one link"], rows)
+
+
 E2E_TABLES = [
     *(t for name in E2E_CONTENTION for t in _e2e_run_tables(name)),
+    Table("bench-headroom", E2E, (HEADROOM_JSON,), _headroom_table),
     Table("e2e-reroute-campus", E2E, (_e2e("reroute-campus"),), _e2e_schedulers),
     Table(
         "e2e-invariance",
