@@ -39,8 +39,7 @@ from pathlib import Path
 
 from edge import tc
 from experiments.bench_wire import ratio
-from experiments.common import REPO, RESULTS, require_root
-from experiments.machine import machine
+from experiments.common import REPO, RESULTS, require_root, write_results
 from protocol.dilation import Dilation
 from testbed import Emulation
 from topologies import parse_topology
@@ -244,16 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for d in dilations for r in measure(args, d, loads)]
     lines = summary(rows)
     print("\n".join(lines))
-    doc = {
-        "machine": machine(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "rows": rows,
-        "summary": lines,
-        "wall_s": round(time.monotonic() - started, 1),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args, started, rows=rows, summary=lines)
     return 0
 
 

@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 
 from edge import tc
-from experiments.common import REPO, RESULTS, require_root
-from experiments.machine import machine
+from experiments.common import REPO, RESULTS, require_root, write_results
 from protocol.dilation import Dilation
 from testbed import Emulation
 from topologies import parse_topology
@@ -342,15 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     require_root("it brings up an emulation")
     started = time.monotonic()
     rows = [r for dilation in dilations for r in measure(args, dilation, cpus)]
-    doc = {
-        "machine": machine(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "rows": rows,
-        "wall_s": round(time.monotonic() - started, 1),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args, started, rows=rows)
     return 0
 
 

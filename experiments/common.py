@@ -1,9 +1,11 @@
 """What the benchmark scripts share: where the repository and its results are, the refusal to run
-a testbed benchmark without root, and how a decision's latency is measured and summarised (the
+a testbed benchmark without root, how a testbed benchmark writes its results file, and how a decision's latency is measured and summarised (the
 8-task ring the scheduler benchmarks time, percentiles on one scale)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import time
@@ -28,6 +30,24 @@ def require_root(why: str) -> None:
     if os.geteuid() != 0:
         print(f"error: run as root (sudo): {why}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def write_results(args: argparse.Namespace, started: float, **fields: object) -> None:
+    """`args.out`: the machine, the settings (the script's arguments), `fields` and the wall time
+    since `started` (time.monotonic()); says where it wrote."""
+    # here, not at the top: experiments.machine imports the testbed, which the scheduler
+    # benchmarks that share this module do not need
+    from experiments.machine import machine
+
+    doc = {
+        "machine": machine(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        **fields,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 def percentile(values: list[float], q: float) -> float | None:
