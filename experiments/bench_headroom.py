@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from edge import tc
-from experiments.bench_wire import ratio
+from experiments.bench_wire import SOCKET_SINK, in_node, ratio
 from experiments.common import REPO, RESULTS, require_root, write_results
 from protocol.dilation import Dilation
 from testbed import Emulation
@@ -63,14 +63,6 @@ while time.monotonic() < end:
     s.sendall(chunk)
 after = tcp_send_counters()["peers"][dst]
 print(json.dumps({k: v - before.get(k, 0) if k != "options" else v for k, v in after.items()}))
-"""
-SINK = """
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
-c, _ = s.accept()
-while c.recv(1 << 20):
-    pass
 """
 
 
@@ -120,19 +112,23 @@ def run_case(
             pid=node.pid,
             dilation=dilation,
         )
-    inside = lambda n: ["nsenter", "-t", str(net.nodes[n].pid), "-n", sys.executable, "-c"]
     program = STREAM.replace("@REPO@", repr(str(REPO)))
     sinks, senders = [], []
     try:
         for i, (_, dst, _) in enumerate(flows):
             port = BASE_PORT + i
-            sinks.append(subprocess.Popen(inside(dst) + [SINK, net.topo.node(dst).ip, str(port)]))
+            sinks.append(
+                subprocess.Popen(
+                    in_node(net, dst) + [SOCKET_SINK, net.topo.node(dst).ip, str(port)]
+                )
+            )
             net.wait_listening(dst, port, "bench_headroom: a sink")
         host_s = str(dilation.host_seconds(seconds))
         for i, (src, dst, _) in enumerate(flows):
             senders.append(
                 subprocess.Popen(
-                    inside(src) + [program, net.topo.node(dst).ip, str(BASE_PORT + i), host_s],
+                    in_node(net, src)
+                    + [program, net.topo.node(dst).ip, str(BASE_PORT + i), host_s],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,

@@ -124,14 +124,20 @@ for _ in range(n):
 after = tcp_send_counters()["peers"][dst]
 print(json.dumps({k: v - before.get(k, 0) if k != "options" else v for k, v in after.items()}))
 """
+# A sink: accepts one connection on (address, port) and reads it to its end.
 SOCKET_SINK = """
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], @PORT@)); s.listen(1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
 c, _ = s.accept()
 while c.recv(1 << 20):
     pass
-""".replace("@PORT@", str(PORT))
+"""
+
+
+def in_node(net: Emulation, node: str) -> list[str]:
+    """The command prefix that runs a Python program (`-c`) in `node`'s network namespace."""
+    return ["nsenter", "-t", str(net.nodes[node].pid), "-n", sys.executable, "-c"]
 
 
 def ratio(counters: dict, rate_mbps: float, dilation: Dilation) -> float:
@@ -144,15 +150,13 @@ def ratio(counters: dict, rate_mbps: float, dilation: Dilation) -> float:
 
 
 def socket_case(net: Emulation, args: argparse.Namespace) -> dict:
-    pid = {n: net.nodes[n].pid for n in ("na", "nb")}
     dst = net.topo.node("nb").ip
-    inside = lambda n: ["nsenter", "-t", str(pid[n]), "-n", sys.executable, "-c"]
-    sink = subprocess.Popen(inside("nb") + [SOCKET_SINK, dst])
+    sink = subprocess.Popen(in_node(net, "nb") + [SOCKET_SINK, dst, str(PORT)])
     try:
         net.wait_listening("nb", PORT, "bench_wire: the sink")
         program = SOCKET_SENDER.replace("@REPO@", repr(str(REPO))).replace("@PORT@", str(PORT))
         done = subprocess.run(
-            inside("na")
+            in_node(net, "na")
             + [
                 program,
                 dst,

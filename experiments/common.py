@@ -1,6 +1,7 @@
 """What the benchmark scripts share: where the repository and its results are, the refusal to run
-a testbed benchmark without root, how a testbed benchmark writes its results file, and how a decision's latency is measured and summarised (the
-8-task ring the scheduler benchmarks time, percentiles on one scale)."""
+a testbed benchmark without root, how a testbed benchmark writes its results file, and how a
+decision's latency is measured and summarised (the 8-task ring the scheduler benchmarks time,
+percentiles on one scale)."""
 
 from __future__ import annotations
 

@@ -649,13 +649,13 @@ class Master:
         moved = []
         for rec in sorted((r for r in adjustable if r.name in affected), key=lambda r: r.name):
             old = rec.current.decision
-            # staying on a hot link (`share`) leaves TCP's competition the headroom contended()
-            # wants: the view holds it on every link
-            avoid, share = view.copy(share_graph=True), view
+            # off the hot links (`avoid`), or staying on them (the view itself, which keeps
+            # 1 - GRANTABLE of every link: the room TCP's competition needs beside the grants)
+            avoid = view.copy(share_graph=True)
             for link in hot:
                 avoid.reserved[link] = avoid.reserved.get(link, 0.0) + avoid.residual(*link)
             options = []
-            for cluster in (avoid, share):
+            for cluster in (avoid, view):
                 try:
                     flows = route_placement(cluster, rec.job, old.placement, fixed=fixed)
                 except NoPath as e:

@@ -13,8 +13,8 @@ link — so that the Master can re-route the jobs that use them.
 Work-conserving rates (`spare`, on by default): a grant is what a flow is guaranteed, and what the
 view reserves; capacity nobody is guaranteed is not left idle. Every scheduled pair gets, on top
 of its grants, a share of the spare capacity of its path — each link's `GRANTABLE` share less its
-grants and its unscheduled traffic — by weighted max-min fairness with the grants as weights (a job's
-flows keep the ratio its decision gave them, so its collective still finishes together). The
+grants and its unscheduled traffic — by weighted max-min fairness with the grants as weights (a
+job's flows keep the ratio its decision gave them, so its collective still finishes together). The
 shares are recomputed whenever the grants change (a job starts, ends or is re-routed) and when the
 unscheduled traffic moves them by more than `SPARE_STEP`; they are what the meters and the
 senders' tc classes let through. A demand says what a job needs to run at the pace its decision
@@ -256,7 +256,7 @@ class NetworkController:
         spare = dict.fromkeys(self.pairs, 0.0)
         weighted = {pair: p.rate_mbps for pair, p in self.pairs.items() if p.rate_mbps > 0}
         if self.work_conserving and weighted:
-            # grants, unscheduled traffic and the headroom reserved, down links full
+            # grants, unscheduled traffic and 1 - GRANTABLE reserved, down links full
             room = self.view(set())
             spare |= fair_rates(
                 room,
