@@ -5,8 +5,22 @@ One layout serves both link emulation and the per-destination grants of a node's
     root 1: htb default fffe
     └── 1:ffff  the interface's capacity (rate = ceil = capacity)
         ├── 1:fffe  everything not granted per destination (ARP, pings, unscheduled flows)
+        ├── 1:fffd  with the first grant: the node's TCP acknowledgements (segments under 128
+        │           bytes), rate = ceil = capacity, u32 filter at prio 1
         └── 1:<n>   one class per destination IP, rate = ceil = its grant, u32 filter on dst/32
-                    (n = the host part of the address, so no state is kept outside the kernel)
+                    at prio 2 (n = the host part of the address, so no state is kept outside
+                    the kernel)
+
+A grant carries the data its pair sends. The acknowledgements of the data coming the other way
+go to the same address, and in the grant's class they took a share of it and queued behind its
+data: in a direct all-reduce on a 200 Mbit/s bottleneck (every pair sending both ways, each
+direction granted 91 % of its share) the 37-packet queue of a 91 Mbit/s grant dropped 80-880 of
+the node's own packets per class and run, which TCP answers by halving its window without a
+retransmission, and the collective took 1.36-1.38 × its bound at the grants; with the
+acknowledgements in a class of their own, 1.04-1.05 × and no drops (1.14-1.16 × against
+1.29-1.40 × at 100 Mbit/s; the calibration's bottleneck, mlp-large, 2-3 runs each, the leaves'
+drop counters; experiments/calibrate_perfmodel.py measures the collective). The Master leaves
+the acknowledgements their room beside the grants (`master.network.NetworkController.GRANTABLE`).
 
 Every leaf gets a short pfifo queue, ~5 ms of traffic (`queue_pkts`), or netem with the same
 queue (and room for the packets in their delay, `netem_limit`) when the link has a delay and the
@@ -45,7 +59,11 @@ def netem_limit(rate_mbps: float, delay_ms: float) -> int:
     return queue_pkts(rate_mbps) + math.ceil(in_flight)
 
 
-LINK_CLASS, DEFAULT_CLASS = 0xFFFF, 0xFFFE
+LINK_CLASS, DEFAULT_CLASS, ACK_CLASS = 0xFFFF, 0xFFFE, 0xFFFD
+# TCP segments shorter than 128 bytes (IP total length): pure acknowledgements, 52 bytes with
+# timestamps and up to 84 with SACK blocks.
+ACK_MATCH = "match ip protocol 6 0xff match u16 0x0000 0xff80 at 2"
+ACK_PRIO, DESTINATION_PRIO = 1, 2
 _netem: bool | None = None  # learnt at first use
 
 
@@ -220,6 +238,15 @@ def change(
     # The leaf's queue length follows the rate; its delay stays unless a new one is given, and
     # then the granted classes' leaves take it too (`set_destination`).
     leaves = {DEFAULT_CLASS: rate_mbps}
+    if f"class htb 1:{ACK_CLASS:x} " in tc(pid, "class", "show", "dev", dev):
+        _batch(
+            pid,
+            [
+                f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{ACK_CLASS:x} htb "
+                f"{_htb_args(rate_mbps, dilation)}"
+            ],
+        )
+        leaves[ACK_CLASS] = rate_mbps
     if delay_ms is None:
         delay_ms = link_delay_ms(dev, pid, dilation)
     else:
@@ -247,10 +274,10 @@ def _parse_time_ms(text: str) -> float:
 
 def class_minor(dst_ip: str) -> int:
     host = int(ipaddress.IPv4Address(dst_ip)) & 0xFFFF
-    if not 0 < host < DEFAULT_CLASS:
+    if not 0 < host < ACK_CLASS:
         raise TcError(
             f"{dst_ip}: no per-destination class for this address (host part "
-            f"must be 1..{DEFAULT_CLASS - 1})"
+            f"must be 1..{ACK_CLASS - 1})"
         )
     return host
 
@@ -274,6 +301,18 @@ def set_destination(
     # The link's delay holds for granted traffic too: a grant shapes the rate, it does not
     # shorten the wire (a leaf without it skipped the node's link delay on netem kernels).
     delay = link_delay_ms(dev, pid, dilation) if _netem is not False else 0.0
+    if f"class htb 1:{ACK_CLASS:x} " not in classes:
+        capacity = link_rate(dev, pid, dilation) or rate_mbps
+        _batch(
+            pid,
+            [
+                f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{ACK_CLASS:x} htb "
+                f"{_htb_args(capacity, dilation)}",
+                f"filter add dev {dev} parent 1: protocol ip prio {ACK_PRIO} u32 {ACK_MATCH} "
+                f"flowid 1:{ACK_CLASS:x}",
+            ],
+        )
+        _leaf(pid, dev, ACK_CLASS, capacity, delay, "add", dilation)
     if exists:
         if delay > 0:  # netem's limit holds the packets in their delay: it follows the rate
             _leaf(pid, dev, minor, rate_mbps, delay, "replace", dilation)
@@ -290,7 +329,7 @@ def set_destination(
             "protocol",
             "ip",
             "prio",
-            "1",
+            str(DESTINATION_PRIO),
             "u32",
             "match",
             "ip",
@@ -307,7 +346,8 @@ def remove_destination(dev: str, dst_ip: str, pid: int | None = None) -> None:
 
 
 def remove_class(dev: str, minor: int, pid: int | None = None) -> None:
-    """Drop the per-destination class `minor` (as `destinations` lists it) and its filter."""
+    """Drop the per-destination class `minor` (as `destinations` lists it) and its filter; with
+    the last of them the acknowledgements' class goes too, leaving the plain link."""
     for line in tc(pid, "filter", "show", "dev", dev, "parent", "1:").splitlines():
         words = line.split()
         if f"1:{minor:x}" in words and "fh" in words:  # "... fh 800::801 ... flowid 1:2"
@@ -322,12 +362,15 @@ def remove_class(dev: str, minor: int, pid: int | None = None) -> None:
                 "protocol",
                 "ip",
                 "prio",
-                "1",
+                str(DESTINATION_PRIO),
                 "handle",
                 words[words.index("fh") + 1],
                 "u32",
             )
     tc(pid, "class", "del", "dev", dev, "classid", f"1:{minor:x}", check=False)
+    if not destinations(dev, pid):
+        tc(pid, "filter", "del", "dev", dev, "parent", "1:", "prio", str(ACK_PRIO), check=False)
+        tc(pid, "class", "del", "dev", dev, "classid", f"1:{ACK_CLASS:x}", check=False)
 
 
 def destinations(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> dict[int, float]:
@@ -337,7 +380,7 @@ def destinations(dev: str, pid: int | None = None, dilation: Dilation = NONE) ->
         words = line.split()
         if len(words) > 2 and words[1] == "htb":
             minor = int(words[2].split(":")[1], 16)
-            if minor not in (LINK_CLASS, DEFAULT_CLASS):
+            if minor not in (LINK_CLASS, DEFAULT_CLASS, ACK_CLASS):
                 out[minor] = dilation.emulated_mbps(_parse_rate(words[words.index("rate") + 1]))
     return out
 

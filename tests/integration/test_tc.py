@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -11,27 +12,53 @@ import pytest
 from edge import tc
 
 
+def _namespace() -> subprocess.Popen:
+    """A process in a fresh network namespace of its own."""
+    proc = subprocess.Popen(["unshare", "--net", "sleep", "600"])
+    ours = os.readlink("/proc/self/ns/net")
+    deadline = time.monotonic() + 10
+    while os.readlink(f"/proc/{proc.pid}/ns/net") == ours:  # until unshare(2) has happened
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("unshare did not create a namespace")
+        time.sleep(0.01)
+    return proc
+
+
+def _in(pid: int, *cmd: str) -> None:
+    subprocess.run(["nsenter", "-t", str(pid), "-n", *cmd], check=True)
+
+
 @pytest.fixture
 def netns_pid(prefix: str):
     """A process in a fresh network namespace holding a veth pair `d0`/`d1` (up)."""
-    proc = subprocess.Popen(["unshare", "--net", "sleep", "600"])
+    proc = _namespace()
     try:
-        pid = proc.pid
-        ours = os.readlink("/proc/self/ns/net")
-        deadline = time.monotonic() + 10
-        while os.readlink(f"/proc/{pid}/ns/net") == ours:  # until unshare(2) has happened
-            assert time.monotonic() < deadline, "unshare did not create a namespace"
-            time.sleep(0.01)
-        for cmd in (
-            ["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
-            ["ip", "link", "set", "d0", "up"],
-            ["ip", "link", "set", "d1", "up"],
-        ):
-            subprocess.run(["nsenter", "-t", str(pid), "-n", *cmd], check=True)
-        yield pid
+        _in(proc.pid, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        _in(proc.pid, "ip", "link", "set", "d0", "up")
+        _in(proc.pid, "ip", "link", "set", "d1", "up")
+        yield proc.pid
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def two_hosts(prefix: str):
+    """Two network namespaces joined by a veth pair: `d0` 10.9.0.1 in the first, `d1`
+    10.9.0.2 in the second; yields their pids."""
+    a, b = _namespace(), _namespace()
+    try:
+        _in(a.pid, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        _in(a.pid, "ip", "link", "set", "d1", "netns", str(b.pid))
+        for proc, dev, ip in ((a, "d0", "10.9.0.1"), (b, "d1", "10.9.0.2")):
+            _in(proc.pid, "ip", "addr", "add", f"{ip}/24", "dev", dev)
+            _in(proc.pid, "ip", "link", "set", dev, "up")
+        yield a.pid, b.pid
+    finally:
+        for proc in (a, b):
+            proc.kill()
+            proc.wait()
 
 
 def test_destination_classes_for_any_host_number(netns_pid: int):
@@ -63,3 +90,90 @@ def test_destination_needs_a_shaped_interface_and_a_host_address(netns_pid: int)
     tc.shape("d0", 100, pid=netns_pid)
     with pytest.raises(tc.TcError, match="no per-destination class"):
         tc.set_destination("d0", "10.0.0.0", 10, pid=netns_pid)
+
+
+def test_the_first_grant_gives_the_acknowledgements_a_class_and_the_last_takes_it(netns_pid: int):
+    """A grant carries its pair's data: the node's TCP acknowledgements (the data coming the
+    other way) are matched first, into a class of their own at the link's rate; the plain
+    link comes back with the last grant."""
+    tc.shape("d0", 200, pid=netns_pid)
+    tc.set_destination("d0", "10.0.0.2", 90, pid=netns_pid)
+    tc.set_destination("d0", "10.0.0.3", 90, pid=netns_pid)
+
+    def filters() -> list[tuple[str, str]]:  # (pref, flowid) of every rule
+        out = tc.tc(netns_pid, "filter", "show", "dev", "d0", "parent", "1:")
+        rules = [line.split() for line in out.splitlines() if "flowid " in line]
+        # "... fh 800::800 order 2048 key ht 800 bkt 0 *flowid 1:fffd not_in_hw"
+        at = [next(i for i, x in enumerate(w) if x.endswith("flowid")) for w in rules]
+        return [(w[w.index("pref") + 1], w[i + 1]) for w, i in zip(rules, at)]
+
+    assert filters() == [("1", "1:fffd"), ("2", "1:2"), ("2", "1:3")]
+    classes = tc.tc(netns_pid, "class", "show", "dev", "d0")
+    assert "class htb 1:fffd parent 1:ffff" in classes
+    assert tc.destinations("d0", pid=netns_pid) == {2: pytest.approx(90), 3: pytest.approx(90)}
+    tc.change("d0", 100, pid=netns_pid)  # the acknowledgements' class follows the link
+    ack = next(
+        line
+        for line in tc.tc(netns_pid, "class", "show", "dev", "d0").splitlines()
+        if "1:fffd" in line.split()
+    )
+    assert tc._parse_rate(ack.split()[ack.split().index("rate") + 1]) == pytest.approx(100)
+    tc.remove_destination("d0", "10.0.0.2", pid=netns_pid)
+    assert filters() == [("1", "1:fffd"), ("2", "1:3")]
+    tc.remove_destination("d0", "10.0.0.3", pid=netns_pid)
+    assert filters() == []
+    assert "1:fffd" not in tc.tc(netns_pid, "class", "show", "dev", "d0")
+
+
+def _sent(pid: int, dev: str) -> dict[str, tuple[int, int]]:
+    """{class id: (bytes, packets) it sent} of `dev`'s HTB classes (a packet may be a GSO
+    super-packet of many segments)."""
+    out, sent, current = tc.tc(pid, "-s", "class", "show", "dev", dev), {}, ""
+    for line in out.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            current = words[2]
+        elif words[:1] == ["Sent"]:
+            sent[current] = (int(words[1]), int(words[3]))
+    return sent
+
+
+def _stream(src: int, dst: int, dst_ip: str, nbytes: int) -> None:
+    """`nbytes` over one TCP connection from namespace `src` to a receiver in `dst`."""
+    receiver = subprocess.Popen(
+        ["nsenter", "-t", str(dst), "-n", sys.executable, "-c",
+         "import socket\n"
+         f"s = socket.create_server(('{dst_ip}', 5001))\n"
+         "c, _ = s.accept()\n"
+         "while c.recv(1 << 16): pass\n"],
+    )  # fmt: skip
+    try:
+        code = (
+            "import socket, time\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            f"        c = socket.create_connection(('{dst_ip}', 5001)); break\n"
+            "    except OSError: time.sleep(0.05)\n"
+            f"c.sendall(bytes({nbytes})); c.close()\n"
+        )
+        _in(src, sys.executable, "-c", code)
+        assert receiver.wait(timeout=30) == 0
+    finally:
+        receiver.kill()
+
+
+def test_the_acknowledgements_leave_the_grant_to_its_data(two_hosts: tuple[int, int]):
+    """What the first namespace sends to the second: a grant's data in the grant's class, the
+    acknowledgements of what the second sends it in their own class."""
+    a, b = two_hosts
+    tc.shape("d0", 1000, pid=a)
+    tc.set_destination("d0", "10.9.0.2", 500, pid=a)
+    before = _sent(a, "d0")
+    _stream(b, a, "10.9.0.1", 4_000_000)  # a only acknowledges
+    acked = _sent(a, "d0")
+    assert acked["1:fffd"][1] - before["1:fffd"][1] >= 10, acked
+    assert acked["1:2"][1] - before["1:2"][1] <= 3, acked  # nothing but the connection's own
+    _stream(a, b, "10.9.0.2", 4_000_000)  # a sends the data
+    sent = _sent(a, "d0")
+    assert sent["1:2"][0] - acked["1:2"][0] >= 4_000_000, sent
+    assert sent["1:fffd"][0] - acked["1:fffd"][0] < 100_000, sent  # its own handshake, no data

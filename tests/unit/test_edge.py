@@ -348,8 +348,10 @@ def test_a_grant_keeps_its_links_delay(monkeypatch):
     k = Dilation(3.5)
     assert tc.link_delay_ms("eth0", 1, k) == pytest.approx(1.0)
     tc.set_destination("eth0", "10.0.0.2", 10.0, pid=1, dilation=k)
-    [leaf] = kernel.leaves
+    acks, leaf = kernel.leaves  # the first grant brings the acknowledgements' class
     assert leaf == ("1:2", "netem", "delay", "3.5ms", "limit", str(tc.queue_pkts(10.0) + 1))
+    link = 100.0 * 3.5  # the link's emulated rate
+    assert acks == ("1:fffd", "netem", "delay", "3.5ms", "limit", str(tc.netem_limit(link, 1.0)))
     kernel.leaves.clear()
     tc.set_destination("eth0", "10.0.0.2", 190.0, pid=1, dilation=k)  # the grant is raised
     [leaf] = kernel.leaves
@@ -358,6 +360,7 @@ def test_a_grant_keeps_its_links_delay(monkeypatch):
     tc.change("eth0", 100.0, delay_ms=2.0, pid=1, dilation=k)
     assert sorted(leaf[:4] for leaf in kernel.leaves) == [
         ("1:2", "netem", "delay", "7.0ms"),
+        ("1:fffd", "netem", "delay", "7.0ms"),
         ("1:fffe", "netem", "delay", "7.0ms"),
     ]
 
