@@ -28,8 +28,9 @@ all-reduce, or the worker's other collectives (`workloads.collectives`).
    `perfmodel.flow_bytes`, `perfmodel.collective_steps`), its flows at their equal shares of the
    links among themselves; and each flow's bytes, as its source counted them, vs the model's.
    Each on the networks of `--networks`: `best-effort`, nothing reserved, TCP shares the links;
-   `enforced`, every flow held to its share by a class of its own on its sender's interface,
-   as CES's Network Manager holds a flow to its grant (`edge.tc.set_destination`). The ring
+   `enforced`, every flow held by a class of its own on its sender's interface, as CES's
+   Network Manager holds a flow to its grant (`edge.tc.set_destination`), to its share of the
+   `GRANTABLE` part of the links the Master grants from. The ring
    runs best-effort only: each of its flows has a link to itself, so its share is the link.
    The custom graph is a cycle through the three tasks plus a side loop (a->b->c->a and
    a->c->a), the shape of workloads/jobs/custom-cycle.yaml on three nodes.
@@ -67,6 +68,7 @@ from scipy.optimize import least_squares
 from edge import tc
 from experiments.common import RESULTS, require_root
 from experiments.machine import machine
+from master.network import NetworkController
 from scheduler.compose import best_effort_flows
 from scheduler.jobs import (
     BUILDERS,
@@ -94,6 +96,7 @@ COMPUTE_GUESS_S = 0.05  # per iteration, for planning a run before its model's p
 
 
 BEST_EFFORT, ENFORCED = "best-effort", "enforced"
+GRANTABLE = NetworkController.GRANTABLE
 NETWORKS = (BEST_EFFORT, ENFORCED)  # how the collective checks' flows share the links
 
 
@@ -263,13 +266,17 @@ def modelled(
     s: Settings, point: Point, nbytes: float, compute_s: float
 ) -> tuple[Cluster, Job, Decision]:
     """One run as the scheduler sees it: the bottleneck network, the job, its task i on node
-    w{i+1}, each flow at its equal share of the links among the job's flows (what TCP gives it
-    when nothing is reserved, what the enforced network holds it to)."""
-    collective, _, mbps, _ = point
+    w{i+1}, each flow at its equal share of the links among the job's flows: what TCP gives it
+    when nothing is reserved; enforced, of the `GRANTABLE` share of every link the Master's view
+    shows the scheduler, what its grant holds it to."""
+    collective, _, mbps, network = point
     cluster = Cluster.from_topology(bottleneck_topology(s.workers, s.cpu, s.mem_mb, mbps))
     job = calibration_job(s, collective, nbytes, mbps, compute_s)
     placement = {t.name: f"w{i + 1}" for i, t in enumerate(job.tasks)}
-    return cluster, job, Decision(job.name, placement, best_effort_flows(cluster, job, placement))
+    flows = best_effort_flows(cluster, job, placement)
+    if network == ENFORCED:
+        flows = [replace(f, rate_mbps=f.rate_mbps * GRANTABLE) for f in flows]
+    return cluster, job, Decision(job.name, placement, flows)
 
 
 def planned_iters(s: Settings, point: Point, compute: dict[str, float]) -> int:

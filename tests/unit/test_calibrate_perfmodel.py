@@ -124,14 +124,21 @@ def test_a_check_compares_the_iteration_and_every_flows_bytes_with_the_model():
     s = replace(S, collectives=("star",), check_models=("cnn",))
     cluster, job, decision = cal.modelled(s, ("star", "cnn", 200.0, BE), M, 0.05 * s.cpu)
     predicted = cal.predicted_iteration_s(cluster, job, decision, FITTED)
+    # Enforced, each flow is granted its share of the GRANTABLE part of the links, as CES does.
+    _, _, granted = cal.modelled(s, ("star", "cnn", 200.0, EN), M, 0.05 * s.cpu)
+    assert [f.rate_mbps for f in granted.flows] == pytest.approx(
+        [f.rate_mbps * cal.GRANTABLE for f in decision.flows]
+    )
+    at_grants = cal.predicted_iteration_s(cluster, job, granted, FITTED)
     exact = {"1>0": M, "0>1": M, "2>0": M, "0>2": M}
     runs = [
         _run("ring", s.reference_mbps, 0.07, None),
         _run("star", 200.0, 1.3 * predicted, exact),
-        _run("star", 200.0, 1.1 * predicted, exact, EN),  # the same point, held to its shares
+        _run("star", 200.0, 1.1 * at_grants, exact, EN),  # the same point, held to its grants
     ]
     [row, held] = cal.check(cal.aggregate(runs), s, FITTED)
-    assert held["network"] == EN and held["predicted_iter_s"] == pytest.approx(predicted)
+    assert held["network"] == EN and held["predicted_iter_s"] == pytest.approx(at_grants)
+    assert held["lower_bound_s"] == pytest.approx(2 * M * 8 / (100.0 * cal.GRANTABLE * 1e6))
     assert held["within_tolerance"] and cal.within([held]) == {"star (enforced)": "1/1"}
     assert row["collective"] == "star" and row["network"] == BE and row["steps"] == 2
     assert row["predicted_iter_s"] == pytest.approx(predicted)
