@@ -22,10 +22,20 @@ acknowledgements in a class of their own, 1.04-1.05 × and no drops (1.14-1.16 �
 drop counters; experiments/calibrate_perfmodel.py measures the collective). The Master leaves
 the acknowledgements their room beside the grants (`master.network.NetworkController.GRANTABLE`).
 
-Every leaf gets a short pfifo queue, ~5 ms of traffic (`queue_pkts`), or netem with the same
-queue (and room for the packets in their delay, `netem_limit`) when the link has a delay and the
-kernel has sch_netem: a long queue makes OVS's userspace datapath drop inside the switch
-(ENVIRONMENT.md "Queues matter").
+Every class's leaf is a TBF at the class's rate and burst holding a short queue, ~5 ms of
+traffic (`queue_pkts`: a long queue makes OVS's userspace datapath drop inside the switch,
+ENVIRONMENT.md "Queues matter"), with netem below it when the link has a delay and the kernel
+has sch_netem (its limit the same queue and room for the packets in their delay,
+`netem_limit`). The TBF is there for TCP's segmentation offload: TCP hands the qdisc packets of
+up to 64 KB (GSO, whatever the device's offloads), and HTB charges such a packet whole against
+its class's tokens and lets it out at line rate whenever they are positive. A class granted
+1.14 Mbit/s with a 15 000-byte burst let each 60 000-byte message of a TCP sender through in
+one go after a 0.5 s pause, and held the messages to 1.9 × its rate while busy after 0.175 s
+pauses (a scratch probe: two namespaces, the receiver's tcpdump, the class's counters); a UDP
+sender's 1448-byte datagrams through the same class were held to the burst and the rate. TBF
+cuts a packet larger than its bucket into segments, so the class's burst is what it says; the
+segments would be cut at the device anyway (its checksum offload is off, `testbed`), so it
+costs no CPU.
 
 Rates are emulated Mbit/s. Under time dilation (`protocol.dilation`) a class's rate is the host's
 share of it (÷ K) and a delay lasts K times longer, while what is counted in bytes or packets —
@@ -104,14 +114,38 @@ def _rate(mbps: float) -> str:
     return f"{max(mbps, 0.001) * 1000:.0f}kbit"
 
 
+def _burst(mbps: float) -> int:
+    """A class's (and its TBF's) burst in bytes: 4 ms of traffic, so that the userspace
+    datapath's batches pass and the shaper's timer may be that late, and at least two full-size
+    packets (a TBF drops a packet larger than its bucket). A message that starts on a full
+    bucket passes the burst at line rate beyond the grant: a 60 000-byte message after a pause
+    took 1.31 × a 1.14 Mbit/s grant on the wire with the 15 000 bytes this floor used to be
+    (100 ms of that grant), 1.05 × with 3028 (the probe above). TCP streams through 2, 5 and 20
+    Mbit/s grants reached 0.95-0.96 of them in goodput with this leaf and floor, 0.96-0.97 with
+    the pfifo leaf and 15 000 before it, also beside two busy loops (iperf3, 8 s each)."""
+    return max(3028, int(mbps * 1e6 / 8 * 0.004))
+
+
 def _htb_args(mbps: float, dilation: Dilation) -> str:
-    # burst: ≥ 4 ms of traffic so the userspace datapath's batches pass; quantum: explicit, so
-    # HTB does not warn about r2q at high rates.
-    nbytes = mbps * 1e6 / 8
-    burst = max(15_000, int(nbytes * 0.004))
-    quantum = min(max(1514, int(nbytes / 1000)), 200_000)
+    # quantum: explicit, so HTB does not warn about r2q at high rates.
+    quantum = min(max(1514, int(mbps * 1e6 / 8 / 1000)), 200_000)
     rate = _rate(dilation.host_mbps(mbps))
+    burst = _burst(mbps)
     return f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {quantum}"
+
+
+# The largest packet TCP hands a qdisc (GSO): a TBF's queue holds one beside its full-size
+# packets, as the pfifo before it held any packet as one.
+GSO_MAX_BYTES = 65_536
+
+
+def _tbf_args(mbps: float, dilation: Dilation) -> str:
+    """A leaf's TBF: the class's rate and burst; its queue `queue_pkts` full-size packets and
+    one of TCP's largest (`GSO_MAX_BYTES`)."""
+    return (
+        f"rate {_rate(dilation.host_mbps(mbps))} burst {_burst(mbps)} "
+        f"limit {queue_pkts(mbps) * 1514 + GSO_MAX_BYTES}"
+    )
 
 
 def probe_netem() -> bool:
@@ -136,46 +170,59 @@ def _leaf(
     verb: str,
     dilation: Dilation = NONE,
 ) -> None:
+    """Class 1:`minor`'s leaf (`verb` add, or replace for a class that has one): its TBF, and
+    netem below it for the link's delay where the kernel has sch_netem."""
     global _netem
     # No explicit handle: the kernel picks a free one (a handle derived from the minor would
     # collide with the root's `1:` for a destination whose host part is 1).
-    parent = f"parent 1:{minor:x}"
-    if delay_ms > 0 and _netem is not False:
-        try:
-            tc(
-                pid,
-                "qdisc",
-                verb,
-                "dev",
-                dev,
-                *parent.split(),
-                "netem",
-                "delay",
-                f"{dilation.host_seconds(delay_ms)}ms",
-                "limit",
-                str(netem_limit(rate_mbps, delay_ms)),
-            )
-            _netem = True
-            return
-        except TcError as e:
-            if "unknown" not in str(e).lower() and "no such file" not in str(e).lower():
-                raise
-            _netem = False
-            log.warning(
-                "this kernel has no sch_netem: link delays are NOT emulated "
-                "(bandwidth shaping still works)"
-            )
+    parent = f"1:{minor:x}"
     tc(
         pid,
         "qdisc",
         verb,
         "dev",
         dev,
-        *parent.split(),
-        "pfifo",
-        "limit",
-        str(queue_pkts(rate_mbps)),
+        "parent",
+        parent,
+        "tbf",
+        *_tbf_args(rate_mbps, dilation).split(),
     )
+    if delay_ms <= 0 or _netem is False:
+        return
+    handle = _leaf_handle(tc(pid, "qdisc", "show", "dev", dev), parent)
+    try:
+        tc(
+            pid,
+            "qdisc",
+            "replace",  # in place of the TBF's own queue, or of the netem a change replaces
+            "dev",
+            dev,
+            "parent",
+            f"{handle}1",
+            "netem",
+            "delay",
+            f"{dilation.host_seconds(delay_ms)}ms",
+            "limit",
+            str(netem_limit(rate_mbps, delay_ms)),
+        )
+        _netem = True
+    except TcError as e:
+        if "unknown" not in str(e).lower() and "no such file" not in str(e).lower():
+            raise
+        _netem = False
+        log.warning(
+            "this kernel has no sch_netem: link delays are NOT emulated "
+            "(bandwidth shaping still works)"
+        )
+
+
+def _leaf_handle(qdiscs: str, parent: str) -> str:
+    """The handle ("8005:") of the qdisc under class `parent` ("1:2") in `tc qdisc show`."""
+    for line in qdiscs.splitlines():
+        words = line.split()
+        if "parent" in words and words[words.index("parent") + 1] == parent:
+            return words[2]
+    raise TcError(f"no qdisc under class {parent}")
 
 
 def shape(
@@ -201,21 +248,23 @@ def shape_lines(
     """`shape` as `tc -batch` lines for a `dev` with no root qdisc yet, its leaf netem where
     `netem` (the kernel has it) and the link has a delay: for a host reached over SSH, where
     one `tc -batch` per network namespace shapes every interface of it (`lab.fabric`)."""
-    if delay_ms > 0 and netem:
-        leaf = (
-            f"netem delay {dilation.host_seconds(delay_ms)}ms "
-            f"limit {netem_limit(rate_mbps, delay_ms)}"
-        )
-    else:
-        leaf = f"pfifo limit {queue_pkts(rate_mbps)}"
-    return [
+    # The default class's TBF gets a handle of its own choosing (one `tc -batch` cannot read
+    # back the one the kernel picks; the kernel picks from 8000: up, the root is 1:).
+    lines = [
         f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS:x}",
         f"class add dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb "
         f"{_htb_args(rate_mbps, dilation)}",
         f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
         f"{_htb_args(rate_mbps, dilation)}",
-        f"qdisc add dev {dev} parent 1:{DEFAULT_CLASS:x} {leaf}",
+        f"qdisc add dev {dev} parent 1:{DEFAULT_CLASS:x} handle 2: tbf "
+        f"{_tbf_args(rate_mbps, dilation)}",
     ]
+    if delay_ms > 0 and netem:
+        lines.append(
+            f"qdisc replace dev {dev} parent 2:1 netem delay "
+            f"{dilation.host_seconds(delay_ms)}ms limit {netem_limit(rate_mbps, delay_ms)}"
+        )
+    return lines
 
 
 def change(
@@ -258,9 +307,14 @@ def change(
 
 def link_delay_ms(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> float:
     """The delay of `dev`'s link (its default leaf's netem) in emulated ms; 0 without netem."""
-    for line in tc(pid, "qdisc", "show", "dev", dev).splitlines():
+    qdiscs = tc(pid, "qdisc", "show", "dev", dev)
+    try:
+        below = f"{_leaf_handle(qdiscs, f'1:{DEFAULT_CLASS:x}')}1"
+    except TcError:  # not shaped
+        return 0.0
+    for line in qdiscs.splitlines():
         words = line.split()
-        if "netem" in words and f"1:{DEFAULT_CLASS:x}" in words and "delay" in words:
+        if "netem" in words and below in words and "delay" in words:
             return dilation.emulated_seconds(_parse_time_ms(words[words.index("delay") + 1]))
     return 0.0
 
@@ -313,9 +367,8 @@ def set_destination(
             ],
         )
         _leaf(pid, dev, ACK_CLASS, capacity, delay, "add", dilation)
-    if exists:
-        if delay > 0:  # netem's limit holds the packets in their delay: it follows the rate
-            _leaf(pid, dev, minor, rate_mbps, delay, "replace", dilation)
+    if exists:  # the leaf's rate and queue (and netem's limit) follow the grant
+        _leaf(pid, dev, minor, rate_mbps, delay, "replace", dilation)
     else:
         _leaf(pid, dev, minor, rate_mbps, delay, "add", dilation)
         tc(

@@ -1745,6 +1745,7 @@ E2E_CONTENTION = (
 )
 E2E_SETS = (
     *E2E_CONTENTION,
+    "default-campus-2k",
     "contention-campus-2k",
     "quick-campus",
     "reroute-campus",
@@ -1917,7 +1918,7 @@ E2E_TABLES = [
     Table(
         "e2e-invariance",
         E2E,
-        (_e2e("contention-campus"), _e2e("contention-campus-2k")),
+        (_e2e("default-campus"), _e2e("default-campus-2k")),
         _e2e_invariance,
     ),
     Table(

@@ -177,3 +177,48 @@ def test_the_acknowledgements_leave_the_grant_to_its_data(two_hosts: tuple[int, 
     sent = _sent(a, "d0")
     assert sent["1:2"][0] - acked["1:2"][0] >= 4_000_000, sent
     assert sent["1:fffd"][0] - acked["1:fffd"][0] < 100_000, sent  # its own handshake, no data
+
+
+def test_a_class_holds_a_tcp_message_to_its_rate_and_burst(two_hosts: tuple[int, int]):
+    """TCP hands the qdisc packets of up to 64 KB (GSO), which HTB charges whole when its class
+    has tokens: past slow start, a 60 000-byte message after a pause went out at once through a
+    1.14 Mbit/s class. The leaf's TBF cuts such a packet to the class's burst, so the last of a
+    few messages takes what the class's rate allows beyond its burst."""
+    a, b = two_hosts
+    rate, nbytes = 2.0, 60_000
+    tc.shape("d0", 100, pid=a)
+    tc.set_destination("d0", "10.9.0.2", rate, pid=a)
+    receiver = subprocess.Popen(
+        ["nsenter", "-t", str(b), "-n", sys.executable, "-c",
+         "import socket\n"
+         "s = socket.create_server(('10.9.0.2', 5002))\n"
+         "c, _ = s.accept()\n"
+         "while c.recv(1 << 16): pass\n"],
+    )  # fmt: skip
+    try:
+        code = (
+            "import socket, time\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            "        c = socket.create_connection(('10.9.0.2', 5002)); break\n"
+            "    except OSError: time.sleep(0.05)\n"
+            "for _ in range(4):\n"  # past slow start: TCP's window holds a message
+            "    time.sleep(0.3)\n"  # the class's bucket fills
+            "    t = time.monotonic()\n"
+            f"    c.sendall(bytes({nbytes}))\n"
+            "    while int.from_bytes(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)"
+            "[24:28], 'little'):\n"  # tcpi_unacked
+            "        time.sleep(0.001)\n"
+            "print(time.monotonic() - t)\n"
+        )
+        done = subprocess.run(
+            ["nsenter", "-t", str(a), "-n", sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    finally:
+        receiver.kill()
+    at_rate = (nbytes - tc._burst(rate)) * 8 / (rate * 1e6)  # headers left out: a lower bound
+    assert float(done.stdout) >= 0.9 * at_rate, (done.stdout, at_rate)

@@ -310,11 +310,21 @@ def test_network_manager_changes_only_what_differs(monkeypatch):
 
 class FakeKernelTc:
     """`tc` against one shaped interface whose link has a delay (3.5 ms on the host): answers
-    `class show` and `qdisc show` as the kernel does and records every leaf added."""
+    `class show` and `qdisc show` as the kernel does, each class's leaf a TBF with netem below
+    it, and records every netem placed (`placed`)."""
 
     def __init__(self) -> None:
         self.classes = {0xFFFE: "100Mbit"}
-        self.leaves: list[tuple[str, ...]] = []
+        # parent -> (handle, kind, args): the default class's TBF and its netem
+        self.qdiscs = {
+            "1:fffe": ("8001:", "tbf", ("rate", "100Mbit")),
+            "8001:1": ("8002:", "netem", ("limit", "32", "delay", "3.5ms")),
+        }
+        self.placed: list[tuple[str, ...]] = []  # (class, netem's args) in order
+        self.handles = iter(range(0x8003, 0x9000))  # the kernel's: each new qdisc its own
+
+    def _class_of(self, parent: str) -> str:
+        return next((p for p, (h, _, _) in self.qdiscs.items() if f"{h}1" == parent), parent)
 
     def tc(self, pid, *args, check=True):
         if args[:2] == ("class", "show"):
@@ -323,11 +333,21 @@ class FakeKernelTc:
                 for m, r in self.classes.items()
             )
         if args[:2] == ("qdisc", "show"):
-            return "qdisc htb 1: root refcnt 2 r2q 10 default 0xfffe\n" + (
-                "qdisc netem 8001: parent 1:fffe limit 32 delay 3.5ms\n"
+            return "qdisc htb 1: root refcnt 2 r2q 10 default 0xfffe\n" + "".join(
+                f"qdisc {kind} {handle} parent {parent} {' '.join(rest)}\n"
+                for parent, (handle, kind, rest) in self.qdiscs.items()
             )
-        if args[:2] in (("qdisc", "add"), ("qdisc", "replace")):
-            self.leaves.append(args[args.index("parent") + 1 :])
+        if args[:2] == ("qdisc", "del"):
+            parent = args[args.index("parent") + 1]
+            handle = self.qdiscs.pop(parent, ("", "", ()))[0]
+            self.qdiscs.pop(f"{handle}1", None)
+        elif args[:2] in (("qdisc", "add"), ("qdisc", "replace")):
+            at = args.index("parent") + 1
+            parent, kind, rest = args[at], args[at + 1], args[at + 2 :]
+            handle = self.qdiscs.get(parent, (f"{next(self.handles):x}:",))[0]
+            self.qdiscs[parent] = (handle, kind, rest)
+            if kind == "netem":
+                self.placed.append((self._class_of(parent), *rest))
         return ""
 
     def batch(self, pid, lines):
@@ -348,21 +368,25 @@ def test_a_grant_keeps_its_links_delay(monkeypatch):
     k = Dilation(3.5)
     assert tc.link_delay_ms("eth0", 1, k) == pytest.approx(1.0)
     tc.set_destination("eth0", "10.0.0.2", 10.0, pid=1, dilation=k)
-    acks, leaf = kernel.leaves  # the first grant brings the acknowledgements' class
-    assert leaf == ("1:2", "netem", "delay", "3.5ms", "limit", str(tc.queue_pkts(10.0) + 1))
+    acks, leaf = kernel.placed  # the first grant brings the acknowledgements' class
+    assert leaf == ("1:2", "delay", "3.5ms", "limit", str(tc.queue_pkts(10.0) + 1))
     link = 100.0 * 3.5  # the link's emulated rate
-    assert acks == ("1:fffd", "netem", "delay", "3.5ms", "limit", str(tc.netem_limit(link, 1.0)))
-    kernel.leaves.clear()
+    assert acks == ("1:fffd", "delay", "3.5ms", "limit", str(tc.netem_limit(link, 1.0)))
+    assert kernel.qdiscs["1:2"][1] == "tbf"  # netem sits below the class's TBF
+    kernel.placed.clear()
     tc.set_destination("eth0", "10.0.0.2", 190.0, pid=1, dilation=k)  # the grant is raised
-    [leaf] = kernel.leaves
-    assert leaf == ("1:2", "netem", "delay", "3.5ms", "limit", str(tc.queue_pkts(190.0) + 16))
-    kernel.leaves.clear()
+    [leaf] = kernel.placed
+    assert leaf == ("1:2", "delay", "3.5ms", "limit", str(tc.queue_pkts(190.0) + 16))
+    tbf = kernel.qdiscs["1:2"][2]
+    assert tbf[tbf.index("rate") + 1] == "54286kbit"  # the TBF follows the grant (190 / 3.5)
+    kernel.placed.clear()
     tc.change("eth0", 100.0, delay_ms=2.0, pid=1, dilation=k)
-    assert sorted(leaf[:4] for leaf in kernel.leaves) == [
-        ("1:2", "netem", "delay", "7.0ms"),
-        ("1:fffd", "netem", "delay", "7.0ms"),
-        ("1:fffe", "netem", "delay", "7.0ms"),
+    assert sorted(leaf[:3] for leaf in kernel.placed) == [
+        ("1:2", "delay", "7.0ms"),
+        ("1:fffd", "delay", "7.0ms"),
+        ("1:fffe", "delay", "7.0ms"),
     ]
+    assert tc.link_delay_ms("eth0", 1, k) == pytest.approx(2.0)
 
 
 def test_netem_holds_the_packets_in_their_delay_beside_its_queue():
@@ -371,10 +395,11 @@ def test_netem_holds_the_packets_in_their_delay_beside_its_queue():
     assert tc.netem_limit(190.0, 0.0) == tc.queue_pkts(190.0) == 79
     assert tc.netem_limit(190.0, 20.0) == 79 + 317  # 190e6/8 × 0.020 / 1500 = 316.7
     assert tc.netem_limit(10.0, 1.0) == 32 + 1
-    [*_, leaf] = tc.shape_lines("eth0", 190.0, delay_ms=20.0, dilation=Dilation(4), netem=True)
-    assert leaf.endswith("netem delay 80.0ms limit 396")  # the delay dilated, the limit not
+    [*_, tbf, leaf] = tc.shape_lines("eth0", 190.0, delay_ms=20.0, dilation=Dilation(4), netem=True)
+    assert "parent 1:fffe handle 2: tbf rate 47500kbit" in tbf
+    assert leaf.endswith("parent 2:1 netem delay 80.0ms limit 396")  # dilated delay, not limit
     [*_, leaf] = tc.shape_lines("eth0", 190.0, delay_ms=20.0, netem=False)
-    assert leaf.endswith("pfifo limit 79")
+    assert leaf.endswith(f"tbf rate 190000kbit burst 95000 limit {79 * 1514 + 65536}")
 
 
 def test_threads_are_not_left_behind(master):
