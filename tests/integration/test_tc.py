@@ -138,8 +138,9 @@ def _sent(pid: int, dev: str) -> dict[str, tuple[int, int]]:
     return sent
 
 
-def _stream(src: int, dst: int, dst_ip: str, nbytes: int) -> None:
-    """`nbytes` over one TCP connection from namespace `src` to a receiver in `dst`."""
+def _send(src: int, dst: int, dst_ip: str, sending: str) -> str:
+    """Run `sending` (Python, `c` a TCP connection to a receiver in namespace `dst` that reads
+    to the end) in namespace `src`; what it printed."""
     receiver = subprocess.Popen(
         ["nsenter", "-t", str(dst), "-n", sys.executable, "-c",
          "import socket\n"
@@ -154,10 +155,17 @@ def _stream(src: int, dst: int, dst_ip: str, nbytes: int) -> None:
             "    try:\n"
             f"        c = socket.create_connection(('{dst_ip}', 5001)); break\n"
             "    except OSError: time.sleep(0.05)\n"
-            f"c.sendall(bytes({nbytes})); c.close()\n"
+            f"{sending}c.close()\n"
         )
-        _in(src, sys.executable, "-c", code)
+        done = subprocess.run(
+            ["nsenter", "-t", str(src), "-n", sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert receiver.wait(timeout=30) == 0
+        return done.stdout
     finally:
         receiver.kill()
 
@@ -169,11 +177,11 @@ def test_the_acknowledgements_leave_the_grant_to_its_data(two_hosts: tuple[int, 
     tc.shape("d0", 1000, pid=a)
     tc.set_destination("d0", "10.9.0.2", 500, pid=a)
     before = _sent(a, "d0")
-    _stream(b, a, "10.9.0.1", 4_000_000)  # a only acknowledges
+    _send(b, a, "10.9.0.1", "c.sendall(bytes(4_000_000))\n")  # a only acknowledges
     acked = _sent(a, "d0")
     assert acked["1:fffd"][1] - before["1:fffd"][1] >= 10, acked
     assert acked["1:2"][1] - before["1:2"][1] <= 3, acked  # nothing but the connection's own
-    _stream(a, b, "10.9.0.2", 4_000_000)  # a sends the data
+    _send(a, b, "10.9.0.2", "c.sendall(bytes(4_000_000))\n")  # a sends the data
     sent = _sent(a, "d0")
     assert sent["1:2"][0] - acked["1:2"][0] >= 4_000_000, sent
     assert sent["1:fffd"][0] - acked["1:fffd"][0] < 100_000, sent  # its own handshake, no data
@@ -188,37 +196,18 @@ def test_a_class_holds_a_tcp_message_to_its_rate_and_burst(two_hosts: tuple[int,
     rate, nbytes = 2.0, 60_000
     tc.shape("d0", 100, pid=a)
     tc.set_destination("d0", "10.9.0.2", rate, pid=a)
-    receiver = subprocess.Popen(
-        ["nsenter", "-t", str(b), "-n", sys.executable, "-c",
-         "import socket\n"
-         "s = socket.create_server(('10.9.0.2', 5002))\n"
-         "c, _ = s.accept()\n"
-         "while c.recv(1 << 16): pass\n"],
-    )  # fmt: skip
-    try:
-        code = (
-            "import socket, time\n"
-            "for _ in range(100):\n"
-            "    try:\n"
-            "        c = socket.create_connection(('10.9.0.2', 5002)); break\n"
-            "    except OSError: time.sleep(0.05)\n"
-            "for _ in range(4):\n"  # past slow start: TCP's window holds a message
-            "    time.sleep(0.3)\n"  # the class's bucket fills
-            "    t = time.monotonic()\n"
-            f"    c.sendall(bytes({nbytes}))\n"
-            "    while int.from_bytes(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)"
-            "[24:28], 'little'):\n"  # tcpi_unacked
-            "        time.sleep(0.001)\n"
-            "print(time.monotonic() - t)\n"
-        )
-        done = subprocess.run(
-            ["nsenter", "-t", str(a), "-n", sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-    finally:
-        receiver.kill()
+    took = _send(
+        a,
+        b,
+        "10.9.0.2",
+        "for _ in range(4):\n"  # past slow start: TCP's window holds a message
+        "    time.sleep(0.3)\n"  # the class's bucket fills
+        "    t = time.monotonic()\n"
+        f"    c.sendall(bytes({nbytes}))\n"
+        "    while int.from_bytes(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)"
+        "[24:28], 'little'):\n"  # tcpi_unacked
+        "        time.sleep(0.001)\n"
+        "print(time.monotonic() - t)\n",
+    )
     at_rate = (nbytes - tc._burst(rate)) * 8 / (rate * 1e6)  # headers left out: a lower bound
-    assert float(done.stdout) >= 0.9 * at_rate, (done.stdout, at_rate)
+    assert float(took) >= 0.9 * at_rate, (took, at_rate)
