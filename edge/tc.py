@@ -245,9 +245,9 @@ def shape_lines(
     dilation: Dilation = NONE,
     netem: bool = False,
 ) -> list[str]:
-    """`shape` as `tc -batch` lines for a `dev` with no root qdisc yet, its leaf netem where
-    `netem` (the kernel has it) and the link has a delay: for a host reached over SSH, where
-    one `tc -batch` per network namespace shapes every interface of it (`lab.fabric`)."""
+    """`shape` as `tc -batch` lines for a `dev` with no root qdisc yet, netem below its leaf's
+    TBF where `netem` (the kernel has it) and the link has a delay: for a host reached over SSH,
+    where one `tc -batch` per network namespace shapes every interface of it (`lab.fabric`)."""
     # The default class's TBF gets a handle of its own choosing (one `tc -batch` cannot read
     # back the one the kernel picks; the kernel picks from 8000: up, the root is 1:).
     lines = [
