@@ -275,27 +275,25 @@ def change(
     dilation: Dilation = NONE,
 ) -> None:
     """Change the capacity (and delay) of a shaped `dev`, keeping its per-destination classes."""
+    # The classes at the link's rate: the default one, and the acknowledgements' while grants hold.
+    at_link = [DEFAULT_CLASS]
+    if f"class htb 1:{ACK_CLASS:x} " in tc(pid, "class", "show", "dev", dev):
+        at_link.append(ACK_CLASS)
     _batch(
         pid,
         [
             f"class change dev {dev} parent 1: classid 1:{LINK_CLASS:x} htb "
             f"{_htb_args(rate_mbps, dilation)}",
-            f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
-            f"{_htb_args(rate_mbps, dilation)}",
+            *(
+                f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{minor:x} htb "
+                f"{_htb_args(rate_mbps, dilation)}"
+                for minor in at_link
+            ),
         ],
     )
     # The leaf's queue length follows the rate; its delay stays unless a new one is given, and
     # then the granted classes' leaves take it too (`set_destination`).
-    leaves = {DEFAULT_CLASS: rate_mbps}
-    if f"class htb 1:{ACK_CLASS:x} " in tc(pid, "class", "show", "dev", dev):
-        _batch(
-            pid,
-            [
-                f"class change dev {dev} parent 1:{LINK_CLASS:x} classid 1:{ACK_CLASS:x} htb "
-                f"{_htb_args(rate_mbps, dilation)}"
-            ],
-        )
-        leaves[ACK_CLASS] = rate_mbps
+    leaves = dict.fromkeys(at_link, rate_mbps)
     if delay_ms is None:
         delay_ms = link_delay_ms(dev, pid, dilation)
     else:
