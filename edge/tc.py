@@ -22,10 +22,10 @@ acknowledgements in a class of their own, 1.04-1.05 Ã— and no drops (1.14-1.16 Ã
 drop counters; experiments/calibrate_perfmodel.py measures the collective). The Master leaves
 the acknowledgements their room beside the grants (`master.network.NetworkController.GRANTABLE`).
 
-Every class's leaf is a TBF at the class's rate and burst holding a short queue, ~5 ms of
-traffic (`queue_pkts`: a long queue makes OVS's userspace datapath drop inside the switch,
-ENVIRONMENT.md "Queues matter"), with netem below it when the link has a delay and the kernel
-has sch_netem (its limit the same queue and room for the packets in their delay,
+Every class's leaf is a TBF at the class's rate and burst holding `queue_pkts` (~5 ms of
+traffic: a queue of 1000 packets made OVS's userspace datapath drop inside the switch,
+ENVIRONMENT.md "Queues matter") of TCP's largest packets (`queue_bytes`), with netem below it
+when the link has a delay and the kernel has sch_netem (its limit the same queue and room for the packets in their delay,
 `netem_limit`). The TBF is there for TCP's segmentation offload: TCP hands the qdisc packets of
 up to 64 KB (GSO, whatever the device's offloads), and HTB charges such a packet whole against
 its class's tokens and lets it out at line rate whenever they are positive. A class granted
@@ -56,17 +56,34 @@ log = logging.getLogger(__name__)
 
 
 def queue_pkts(rate_mbps: float) -> int:
-    """Leaf queue: ~5 ms of traffic at the rate, between 32 and 128 full-size packets."""
+    """Leaf queue: ~5 ms of traffic at the rate, between 32 and 128 packets."""
     return int(min(max(rate_mbps * 1e6 / 8 * 0.005 / 1500, 32), 128))
 
 
+# The largest packet TCP hands a qdisc (GSO), and a full-size one on the wire.
+GSO_MAX_BYTES, WIRE_MTU_BYTES = 65_536, 1514
+
+
+def queue_bytes(rate_mbps: float) -> int:
+    """A leaf's queue in bytes: `queue_pkts` of TCP's largest packets, as much as the pfifo leaf
+    before the TBF could hold (it counted a 64 KB packet as one). TCP fills a queue with a message's window at
+    once: a ring step of 135 KB through a 30 Mbit/s grant lost 4.7 packets per message to a
+    queue of 32 full-size packets and one largest (and every message recovered), none to this
+    one (a scratch probe at K = 2.75; docs/testbed.md, "Links"). A loss whose retransmission is
+    lost too waits out TCP's timeouts, which run on the host's clock: K times longer in emulated
+    time. In runs whose leaves held the shorter queue, 2 of 36 stalled a ring for 1.9 and 3.3
+    s (host), 5.3 and 9.3 s at K = 2.75; none of 27 with the pfifo leaf."""
+    return queue_pkts(rate_mbps) * GSO_MAX_BYTES
+
+
 def netem_limit(rate_mbps: float, delay_ms: float) -> int:
-    """A netem leaf's limit: its queue (`queue_pkts`) and the full-size packets in their delay at
+    """A netem leaf's limit in packets: below the TBF, which cuts TCP's large packets into
+    full-size ones, the leaf's queue (`queue_bytes`) in those, and the packets in their delay at
     the rate. netem counts the packets it delays in its limit: with the queue's alone, a link of
     190 Mbit/s and 20 ms would carry 79 packets per 20 ms, 47 Mbit/s. Emulated rate and delay,
     so the same at any K."""
     in_flight = rate_mbps * 1e6 / 8 * delay_ms / 1000 / 1500
-    return queue_pkts(rate_mbps) + math.ceil(in_flight)
+    return math.ceil(queue_bytes(rate_mbps) / WIRE_MTU_BYTES) + math.ceil(in_flight)
 
 
 LINK_CLASS, DEFAULT_CLASS, ACK_CLASS = 0xFFFF, 0xFFFE, 0xFFFD
@@ -134,18 +151,9 @@ def _htb_args(mbps: float, dilation: Dilation) -> str:
     return f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {quantum}"
 
 
-# The largest packet TCP hands a qdisc (GSO): a TBF's queue holds one beside its full-size
-# packets, as the pfifo before it held any packet as one.
-GSO_MAX_BYTES = 65_536
-
-
 def _tbf_args(mbps: float, dilation: Dilation) -> str:
-    """A leaf's TBF: the class's rate and burst; its queue `queue_pkts` full-size packets and
-    one of TCP's largest (`GSO_MAX_BYTES`)."""
-    return (
-        f"rate {_rate(dilation.host_mbps(mbps))} burst {_burst(mbps)} "
-        f"limit {queue_pkts(mbps) * 1514 + GSO_MAX_BYTES}"
-    )
+    """A leaf's TBF: the class's rate and burst, its queue `queue_bytes`."""
+    return f"rate {_rate(dilation.host_mbps(mbps))} burst {_burst(mbps)} limit {queue_bytes(mbps)}"
 
 
 def probe_netem() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -211,3 +212,36 @@ def test_a_class_holds_a_tcp_message_to_its_rate_and_burst(two_hosts: tuple[int,
     )
     at_rate = (nbytes - tc._burst(rate)) * 8 / (rate * 1e6)  # headers left out: a lower bound
     assert float(took) >= 0.9 * at_rate, (took, at_rate)
+
+
+def _dropped(pid: int, dev: str, parent: str) -> int:
+    """Packets the qdisc under class `parent` dropped ("qdisc tbf 8003: parent 1:2 ...", then
+    " Sent ... (dropped N, ...")."""
+    lines = tc.tc(pid, "-s", "qdisc", "show", "dev", dev).splitlines()
+    for line, stats in itertools.pairwise(lines):
+        words = line.split()
+        if "parent" in words and words[words.index("parent") + 1] == parent:
+            return int(stats.split("dropped")[1].split(",")[0])
+    raise AssertionError(f"no qdisc under {parent} on {dev}")
+
+
+def test_a_class_queues_a_message_window_without_a_drop(two_hosts: tuple[int, int]):
+    """TCP puts a message's window in the queue at once: a ring step's 135 KB through a 30
+    Mbit/s grant lost ~5 packets per message to a queue of 32 full-size packets and one of 64
+    KB, and a lost retransmission waits out TCP's timeouts. The leaf holds what the pfifo before
+    it held: as many of TCP's largest packets."""
+    a, b = two_hosts
+    tc.shape("d0", 100, pid=a)
+    tc.set_destination("d0", "10.9.0.2", 30, pid=a)
+    _send(
+        a,
+        b,
+        "10.9.0.2",
+        "for _ in range(20):\n"
+        "    c.sendall(bytes(135_000))\n"
+        "    while int.from_bytes(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)"
+        "[24:28], 'little'):\n"  # tcpi_unacked: the step is over
+        "        time.sleep(0.001)\n",
+    )
+    assert _sent(a, "d0")["1:2"][0] >= 20 * 135_000
+    assert _dropped(a, "d0", "1:2") == 0

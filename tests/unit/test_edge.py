@@ -369,14 +369,14 @@ def test_a_grant_keeps_its_links_delay(monkeypatch):
     assert tc.link_delay_ms("eth0", 1, k) == pytest.approx(1.0)
     tc.set_destination("eth0", "10.0.0.2", 10.0, pid=1, dilation=k)
     acks, leaf = kernel.placed  # the first grant brings the acknowledgements' class
-    assert leaf == ("1:2", "delay", "3.5ms", "limit", str(tc.queue_pkts(10.0) + 1))
+    assert leaf == ("1:2", "delay", "3.5ms", "limit", str(tc.netem_limit(10.0, 1.0)))
     link = 100.0 * 3.5  # the link's emulated rate
     assert acks == ("1:fffd", "delay", "3.5ms", "limit", str(tc.netem_limit(link, 1.0)))
     assert kernel.qdiscs["1:2"][1] == "tbf"  # netem sits below the class's TBF
     kernel.placed.clear()
     tc.set_destination("eth0", "10.0.0.2", 190.0, pid=1, dilation=k)  # the grant is raised
     [leaf] = kernel.placed
-    assert leaf == ("1:2", "delay", "3.5ms", "limit", str(tc.queue_pkts(190.0) + 16))
+    assert leaf == ("1:2", "delay", "3.5ms", "limit", str(tc.netem_limit(190.0, 1.0)))
     tbf = kernel.qdiscs["1:2"][2]
     assert tbf[tbf.index("rate") + 1] == "54286kbit"  # the TBF follows the grant (190 / 3.5)
     kernel.placed.clear()
@@ -391,15 +391,17 @@ def test_a_grant_keeps_its_links_delay(monkeypatch):
 
 def test_netem_holds_the_packets_in_their_delay_beside_its_queue():
     """netem counts the packets it delays in its limit: a limit of the queue alone would cap a
-    190 Mbit/s link of 20 ms at what 79 packets per 20 ms carry (47 Mbit/s)."""
-    assert tc.netem_limit(190.0, 0.0) == tc.queue_pkts(190.0) == 79
-    assert tc.netem_limit(190.0, 20.0) == 79 + 317  # 190e6/8 × 0.020 / 1500 = 316.7
-    assert tc.netem_limit(10.0, 1.0) == 32 + 1
+    190 Mbit/s link of 20 ms at what the queue's packets per 20 ms carry. Below the TBF, which
+    has cut TCP's large packets, the queue is its bytes in full-size packets."""
+    assert tc.queue_pkts(190.0) == 79 and tc.queue_bytes(190.0) == 79 * 65_536
+    assert tc.netem_limit(190.0, 0.0) == 3420  # 79 × 65 536 / 1514 = 3419.6
+    assert tc.netem_limit(190.0, 20.0) == 3420 + 317  # 190e6/8 × 0.020 / 1500 = 316.7
+    assert tc.netem_limit(10.0, 1.0) == 1386 + 1  # 32 × 65 536 / 1514 = 1385.2
     [*_, tbf, leaf] = tc.shape_lines("eth0", 190.0, delay_ms=20.0, dilation=Dilation(4), netem=True)
     assert "parent 1:fffe handle 2: tbf rate 47500kbit" in tbf
-    assert leaf.endswith("parent 2:1 netem delay 80.0ms limit 396")  # dilated delay, not limit
+    assert leaf.endswith("parent 2:1 netem delay 80.0ms limit 3737")  # dilated delay, not limit
     [*_, leaf] = tc.shape_lines("eth0", 190.0, delay_ms=20.0, netem=False)
-    assert leaf.endswith(f"tbf rate 190000kbit burst 95000 limit {79 * 1514 + 65536}")
+    assert leaf.endswith(f"tbf rate 190000kbit burst 95000 limit {79 * 65_536}")
 
 
 def test_threads_are_not_left_behind(master):
