@@ -408,8 +408,10 @@ def fidelity_section(results: dict) -> list[str]:
         "(nearly) all busy, the binding flows of a ring on the wire "
         f"within {WIRE_BAND[0]}–{WIRE_BAND[1]} of their grant, the switches' receive drops. "
         "Beside them, not judged: the host's pressure stall (PSI `some`: it counts "
-        "quota-throttled tasks as waiting) and the worst worker's own wait beyond its "
-        "throttling (on cgroup v1 its threads' turns under its quota count too)."
+        "quota-throttled tasks as waiting), the worst worker's own wait beyond its "
+        "throttling (on cgroup v1 its threads' turns under its quota count too), and the "
+        "flows' TCP retransmission timeouts (each a stall of the emulated network, not of the "
+        "host; `–` where the kernel does not count them)."
         + (
             f" Judged again by later rules (`report.py --rejudge`, {r['at']}): {r['changed']} "
             "runs' verdicts changed; results.json keeps each one's verdict at the time "
@@ -429,9 +431,9 @@ def fidelity_section(results: dict) -> list[str]:
         "",
         "| scheduler | seed | attempt | # | host before | faithful | switch wait | host saturated "
         "| binding in band | wire/grant median | switch drops | PSI stall | worst worker wait "
-        "| host cores used | why not |",
+        "| TCP timeouts (longest recovery) | host cores used | why not |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- |",
+        "| --- | --- |",
     ]
     order = {s: i for i, s in enumerate(results.get("schedulers") or [])}
     place = {id(run): i + 1 for i, run in enumerate(results["runs"])}
@@ -452,7 +454,7 @@ def fidelity_section(results: dict) -> list[str]:
             f"{_pct(v.get('host_saturated_share'))} | {v.get('binding_in_band', 0)}/"
             f"{v.get('binding_flows', 0)} | {_f(v.get('wire_ratio_median'), 2)} | "
             f"{_pct(v.get('switch_drop_share'), 2)} | {_pct(v.get('cpu_stalled_share'))} | "
-            f"{_pct(v.get('workers_starved_max'))} | "
+            f"{_pct(v.get('workers_starved_max'))} | {_timeouts(v)} | "
             f"{_f((run.get('cpu_cores') or {}).get('host'), 2)} | "
             f"{'; '.join(v['reasons']) or '–'} |"
         )
@@ -504,6 +506,12 @@ def _band(ratios: list[float]) -> str:
 
 def _f(x: Any, digits: int = 1) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _timeouts(verdict: dict) -> str:
+    """A run's TCP retransmission timeouts and the longest a flow spent recovering from them."""
+    n = verdict.get("tcp_timeouts")
+    return "–" if n is None else f"{n} ({verdict['tcp_rto_s_max']:.1f} s)" if n else "0"
 
 
 def summary(results: dict) -> str:

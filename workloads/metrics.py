@@ -140,7 +140,9 @@ def _throttled_s() -> float | None:
 # Fields of the kernel's struct tcp_info (linux/tcp.h; append-only, so the offsets are stable):
 # offset → (name, format). busy/rwnd/sndbuf are microseconds (Linux ≥ 4.10), bytes_sent and
 # bytes_retrans Linux ≥ 4.19; segs_out counts every segment sent, pure ACKs included,
-# data_segs_out (Linux ≥ 4.6) those that carried data.
+# data_segs_out (Linux ≥ 4.6) those that carried data; rto_count (tcpi_total_rto) the
+# retransmission timeouts and rto_ms (tcpi_total_rto_time) the milliseconds spent recovering from
+# them (Linux ≥ 6.7; a kernel without them leaves them out).
 _TCP_INFO_FIELDS = {
     5: ("options", "B"),
     120: ("bytes_acked", "Q"),
@@ -151,9 +153,11 @@ _TCP_INFO_FIELDS = {
     184: ("sndbuf_limited_us", "Q"),
     200: ("bytes_sent", "Q"),
     208: ("bytes_retrans", "Q"),
+    240: ("rto_count", "H"),
+    244: ("rto_ms", "I"),
 }
-_TCP_INFO_LEN = 232
-_TCP_INFO_TIMES = ("busy_us", "rwnd_limited_us", "sndbuf_limited_us")
+_TCP_INFO_LEN = 248
+_TCP_INFO_TIMES = ("busy_us", "rwnd_limited_us", "sndbuf_limited_us", "rto_ms")
 _TCPI_OPT_TIMESTAMPS = 1
 
 
@@ -162,7 +166,8 @@ def tcp_send_counters(clock: Dilation = NONE) -> dict:
     flows: {"address": this end's IP, "peers": {peer IP: counters}} with, per peer, the
     connection that sent it the most (bytes_acked, bytes_sent (retransmissions included),
     segs_out, options, busy_us: time with data queued or in flight, rwnd_limited_us,
-    sndbuf_limited_us, bytes_retrans). bytes_acked / busy_us is the rate the network carried
+    sndbuf_limited_us, bytes_retrans, rto_count and rto_ms: its retransmission timeouts and the
+    time it spent recovering from them). bytes_acked / busy_us is the rate the network carried
     while the sender had something to send, whatever the application did in between
     (computing, waiting for a slower ring member); `wire_rate_mbps` adds the frames' headers.
     The times are emulated microseconds under time dilation (`clock`), so the rates are too."""

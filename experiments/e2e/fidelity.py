@@ -22,7 +22,11 @@ mix the host's contention with the worker's threads taking turns under its quota
 scheduler's wake-up latency: a task weighted like a node, busy 0.5 ms every 20 ms under no quota,
 waited 35-41 % of the time it wanted a core at K = 6 with the host 37-40 % busy.
 (PSI measured: one busy loop at --cpus 0.2 on an idle 2-core host, `some` 75 % with the host 13 %
-busy.)
+busy.) And the flows' TCP retransmission timeouts (`tcp_timeouts`, `tcp_rto_s_max`: the most
+seconds one flow spent recovering from them): a queue that drops what a retransmission resends
+stalls a ring for seconds, timeout after doubled timeout, as the Network Manager's leaves did
+when they held 32-128 full-size packets (edge/tc.py, `queue_bytes`). That is the emulated
+system's behaviour, not the host's, so it judges nothing; it says where such a run's time went.
 
 The thresholds are here and nowhere else (docs/testbed.md, "Fidelity", gives their measurements).
 """
@@ -165,6 +169,12 @@ def verdict(run: dict) -> dict[str, Any]:
         for w in row.get("workers", [])
         if w.get("starved_share") is not None
     ]
+    timeouts = [
+        (f["tcp_rto"], f.get("tcp_rto_s") or 0.0)
+        for row in run.get("jobs", [])
+        for f in row.get("flows", [])
+        if f.get("tcp_rto") is not None
+    ]
     ratios = [x for row in run.get("jobs", []) for x in rate_ratios(row)]
     outside = [x for x in ratios if not WIRE_BAND[0] <= x <= WIRE_BAND[1]]
     if outside:
@@ -196,4 +206,6 @@ def verdict(run: dict) -> dict[str, Any]:
         "binding_in_band": len(ratios) - len(outside),
         "wire_ratio_median": round(statistics.median(ratios), 3) if ratios else None,
         "switch_drop_share": None if drop_share is None else round(drop_share, 6),
+        "tcp_timeouts": sum(n for n, _ in timeouts) if timeouts else None,
+        "tcp_rto_s_max": max(s for _, s in timeouts) if timeouts else None,
     }

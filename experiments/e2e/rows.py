@@ -34,8 +34,9 @@ def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
     address (`workloads.metrics.tcp_send_counters`):
     `tcp_mbps` (goodput while the socket had data to send: what the shaping and the switches
     delivered, application pauses excluded), `wire_mbps` (the same time's bytes on the wire,
-    headers and retransmissions included: what the grant limits), the retransmitted share and
-    the share of busy time the receiver's window held it back."""
+    headers and retransmissions included: what the grant limits), the retransmitted share, the
+    share of busy time the receiver's window held it back, and its retransmission timeouts and
+    the seconds it spent recovering from them (None where the kernel does not count them)."""
     c = _last_tcp(sender).get("peers", {}).get(_address(receiver))
     if not c or not c.get("busy_us"):
         return {"tcp_mbps": None, "wire_mbps": None}
@@ -44,6 +45,8 @@ def tcp_view(sender: list[dict], receiver: list[dict]) -> dict:
         "wire_mbps": wire_rate_mbps(c),
         "tcp_retrans_share": round(c.get("bytes_retrans", 0) / max(c["bytes_acked"], 1), 5),
         "tcp_rwnd_limited_share": round(c.get("rwnd_limited_us", 0) / c["busy_us"], 4),
+        "tcp_rto": c.get("rto_count"),
+        "tcp_rto_s": None if c.get("rto_ms") is None else round(c["rto_ms"] / 1000, 3),
     }
 
 

@@ -207,6 +207,19 @@ def test_what_could_not_be_measured_is_not_held_against_a_run():
     assert fidelity.verdict({"jobs": []})["faithful"]
 
 
+def test_tcp_timeouts_are_reported_not_judged():
+    """A flow's retransmission timeouts stall its ring in the emulated network (a queue that
+    dropped what was resent), not on the host: the run stays faithful and says where its time
+    went; a kernel that does not count them leaves the figure out."""
+    stalled = run()
+    stalled["jobs"][0]["flows"][0] |= {"tcp_rto": 7, "tcp_rto_s": 9.3}
+    stalled["jobs"][0]["flows"][1] |= {"tcp_rto": 0, "tcp_rto_s": 0.0}
+    v = fidelity.verdict(stalled)
+    assert v["faithful"] and v["tcp_timeouts"] == 7 and v["tcp_rto_s_max"] == 9.3
+    v = fidelity.verdict(run())
+    assert v["tcp_timeouts"] is None and v["tcp_rto_s_max"] is None
+
+
 def test_a_workers_wait_counts_only_beyond_what_its_quota_held_it_back():
     # a busy loop at --cpus 0.2 on an idle host: waited 5.10 s, throttled 5.15 s, used 1.3 s
     idle_host = {"main_used_s": 1.3, "main_wait_s": 5.10, "throttled_s": 5.15}

@@ -62,6 +62,8 @@ def view(reached: bool) -> dict:
                         "busy_us": 1_000_000,
                         "bytes_retrans": 10_000,
                         "rwnd_limited_us": 100_000,
+                        "rto_count": 3,
+                        "rto_ms": 2_500,
                         "bytes_sent": 10_010_000,
                         "segs_out": 6_000,
                         "options": 1,
@@ -149,6 +151,8 @@ def test_job_row():
     assert w1_w0["wire_mbps"] == pytest.approx((9_600_000 + 54 * 10_000) * 8 / 2e6)
     assert w0_w1["tcp_retrans_share"] == pytest.approx(0.001)
     assert w0_w1["tcp_rwnd_limited_share"] == pytest.approx(0.1)
+    assert w0_w1["tcp_rto"] == 3 and w0_w1["tcp_rto_s"] == 2.5
+    assert w1_w0["tcp_rto"] is None and w1_w0["tcp_rto_s"] is None  # a kernel without them
     assert row["curve"] == [[1.5, 0.5], [3.0, 0.92]]
     assert row["decision_ms"] == 2.0 and row["median_iter_s"] == pytest.approx(0.11)
     late = rows.job_row("k8s-spread", 2, "heavy", view(False), timed_out=True)

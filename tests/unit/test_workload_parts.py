@@ -186,6 +186,8 @@ def test_tcp_send_counters_read_the_kernel_view_of_each_peer():
     assert to_server["data_segs_out"] > 0 and to_server["segs_out"] >= to_server["data_segs_out"]
     acked = counters["peers"]["127.0.0.1"]  # the receiving end sent pure ACKs only
     assert acked["data_segs_out"] == 0 < acked["segs_out"]
+    if "rto_count" in to_server:  # Linux >= 6.7: nothing timed out on the loopback
+        assert to_server["rto_count"] == 0 and to_server["rto_ms"] == 0
     # pure ACKs (segs_out − data_segs_out) sent while the socket had nothing of its own to send
     # are not the busy time's
     acks = {**wire, "segs_out": 1500, "data_segs_out": 1000, "options": 1}
