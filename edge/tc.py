@@ -66,13 +66,14 @@ GSO_MAX_BYTES, WIRE_MTU_BYTES = 65_536, 1514
 
 def queue_bytes(rate_mbps: float) -> int:
     """A leaf's queue in bytes: `queue_pkts` of TCP's largest packets, as much as the pfifo leaf
-    before the TBF could hold (it counted a 64 KB packet as one). TCP fills a queue with a message's window at
-    once: a ring step of 135 KB through a 30 Mbit/s grant lost 4.7 packets per message to a
-    queue of 32 full-size packets and one largest (and every message recovered), none to this
-    one (a scratch probe at K = 2.75; docs/testbed.md, "Links"). A loss whose retransmission is
-    lost too waits out TCP's timeouts, which run on the host's clock: K times longer in emulated
-    time. In runs whose leaves held the shorter queue, 2 of 36 stalled a ring for 1.9 and 3.3
-    s (host), 5.3 and 9.3 s at K = 2.75; none of 27 with the pfifo leaf."""
+    before the TBF could hold (it counted a 64 KB packet as one). TCP puts a message's window in
+    the queue at once: a ring step of 135 KB through a 30 Mbit/s grant lost 4.7 packets per
+    message to a queue of 32 full-size packets and one largest (every message recovered), none
+    to this one (a scratch probe at K = 2.75; docs/testbed.md, "Links"). A loss whose
+    retransmission is lost too waits out a retransmission timeout, then one twice as long: with
+    the shorter queue, 4 of 42 campus runs had a ring stall for 5.6-25 s of the host's clock,
+    lengths that follow TCP's doubling timeouts (0.2 s × (2^n − 1), n = 5-7); none of 20 with
+    the pfifo leaf."""
     return queue_pkts(rate_mbps) * GSO_MAX_BYTES
 
 
