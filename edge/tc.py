@@ -71,7 +71,7 @@ def queue_bytes(rate_mbps: float) -> int:
     message to a queue of 32 full-size packets and one largest (every message recovered), none
     to this one (a scratch probe at K = 2.75; docs/testbed.md, "Links"). A loss whose
     retransmission is lost too waits out a retransmission timeout, then one twice as long: with
-    the shorter queue, 4 of 42 campus runs had a ring stall for 5.6-25 s of the host's clock,
+    the shorter queue, 4 of 42 campus runs had a ring stall for 5.7-25 s of the host's clock,
     lengths that follow TCP's doubling timeouts (0.2 s × (2^n − 1), n = 5-7); none of 20 with
     the pfifo leaf."""
     return queue_pkts(rate_mbps) * GSO_MAX_BYTES
