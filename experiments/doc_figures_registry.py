@@ -1647,7 +1647,8 @@ def _e2e_headline(res: dict) -> str:
 
 def _e2e_fidelity(names: tuple[str, ...], *results: dict) -> str:
     """Per run set (results/e2e/NAME): scenario, topology, dilation, faithful runs, re-runs, the
-    invariants' medians and extremes, and the host's wall time."""
+    invariants' medians and extremes, the flows' TCP retransmission timeouts (reported, not
+    judged; – for a set made before they were counted), and the host's wall time."""
     out = []
     for name, res in zip(names, results, strict=True):
         runs = res["runs"]
@@ -1655,6 +1656,7 @@ def _e2e_fidelity(names: tuple[str, ...], *results: dict) -> str:
         waits = [x["switch_wait_share"] for x in v if x.get("switch_wait_share") is not None]
         sat = [x["host_saturated_share"] for x in v if x.get("host_saturated_share") is not None]
         band = sum(x["binding_in_band"] for x in v), sum(x["binding_flows"] for x in v)
+        rto = [x for x in v if x.get("tcp_timeouts") is not None]
         out.append(
             [
                 f"{name} ({len(res['schedulers'])} schedulers)",
@@ -1667,6 +1669,10 @@ def _e2e_fidelity(names: tuple[str, ...], *results: dict) -> str:
                 else "–",
                 f"{100 * max(sat):.0f} %" if sat else "–",
                 f"{band[0]}/{band[1]}",
+                f"{sum(x['tcp_timeouts'] for x in rto)} in {sum(x['tcp_timeouts'] > 0 for x in rto)}"
+                f"/{len(rto)} runs"
+                if rto
+                else "–",
                 f"{res['wall_s'] / 60:.1f}",
             ]
         )
@@ -1680,6 +1686,7 @@ def _e2e_fidelity(names: tuple[str, ...], *results: dict) -> str:
             "switch wait: median",
             "saturated s: max",
             "binding flows in band",
+            "TCP timeouts",
             "wall min",
         ],
         out,
