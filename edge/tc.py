@@ -24,7 +24,9 @@ the acknowledgements their room beside the grants (`master.network.NetworkContro
 
 Every class's leaf is a TBF at the class's rate and burst holding `queue_pkts` (~5 ms of
 traffic: a queue of 1000 packets made OVS's userspace datapath drop inside the switch,
-ENVIRONMENT.md "Queues matter") of TCP's largest packets (`queue_bytes`), with netem below it
+ENVIRONMENT.md "Queues matter") of the largest packets its sender hands it (`queue_bytes`: on
+a node's interface its own TCP's, up to 64 KB; on a switch's port full-size frames), with
+netem below it
 when the link has a delay and the kernel has sch_netem (its limit the same queue and room for the packets in their delay,
 `netem_limit`). The TBF is there for TCP's segmentation offload: TCP hands the qdisc packets of
 up to 64 KB (GSO, whatever the device's offloads), and HTB charges such a packet whole against
@@ -60,31 +62,38 @@ def queue_pkts(rate_mbps: float) -> int:
     return int(min(max(rate_mbps * 1e6 / 8 * 0.005 / 1500, 32), 128))
 
 
-# The largest packet TCP hands a qdisc (GSO), and a full-size one on the wire.
-GSO_MAX_BYTES, WIRE_MTU_BYTES = 65_536, 1514
+# The largest packet a node's own TCP hands its interface's qdisc (GSO, whatever the device's
+# offloads; the device cuts it, its checksum offload off), and a full-size frame: the largest a
+# switch forwards to its port.
+GSO_MAX_BYTES, FRAME_BYTES = 65_536, 1514
 
 
-def queue_bytes(rate_mbps: float) -> int:
-    """A leaf's queue in bytes: `queue_pkts` of TCP's largest packets, as much as the pfifo leaf
-    before the TBF could hold (it counted a 64 KB packet as one). TCP puts a message's window in
-    the queue at once: a ring step of 135 KB through a 30 Mbit/s grant lost 4.7 packets per
-    message to a queue of 32 full-size packets and one largest (every message recovered), none
-    to this one (a scratch probe at K = 2.75; docs/testbed.md, "Links"). A loss whose
-    retransmission is lost too waits out a retransmission timeout, then one twice as long: with
-    the shorter queue, 4 of 42 campus runs had a ring stall for 5.7-25 s of the host's clock,
-    lengths that follow TCP's doubling timeouts (0.2 s × (2^n − 1), n = 5-7); none of 20 with
-    the pfifo leaf."""
-    return queue_pkts(rate_mbps) * GSO_MAX_BYTES
+def queue_bytes(rate_mbps: float, switch_port: bool = False) -> int:
+    """A leaf's queue in bytes: `queue_pkts` of the largest packets its sender hands it, as much
+    as the pfifo leaf before the TBF held (it counted any packet as one).
+
+    On a node's interface, TCP's: it puts a message's window in the queue at once. A ring step
+    of 135 KB through a 30 Mbit/s grant lost 4.7 packets per message to a queue of 32 full-size
+    packets and one of 64 KB (every message recovered), none to this one (a scratch probe at K
+    = 2.75; docs/testbed.md, "Links"). A loss whose retransmission is lost too waits out a
+    retransmission timeout, then one twice as long: with the shorter queue, 4 of 42 campus
+    runs had a ring stall for 5.7-25 s of the host's clock, lengths that follow TCP's doubling
+    timeouts (0.2 s × (2^n − 1), n = 5-7); none of 20 with the pfifo leaf.
+
+    On a switch's port, frames: what the queue holds stays charged to the packet socket the
+    userspace datapath sends through, and a longer queue fills the socket's send buffer, which
+    drops inside the switch (ENVIRONMENT.md, "Queues matter")."""
+    return queue_pkts(rate_mbps) * (FRAME_BYTES if switch_port else GSO_MAX_BYTES)
 
 
-def netem_limit(rate_mbps: float, delay_ms: float) -> int:
+def netem_limit(rate_mbps: float, delay_ms: float, switch_port: bool = False) -> int:
     """A netem leaf's limit in packets: below the TBF, which cuts TCP's large packets into
     full-size ones, the leaf's queue (`queue_bytes`) in those, and the packets in their delay at
     the rate. netem counts the packets it delays in its limit: with the queue's alone, a link of
     190 Mbit/s and 20 ms would carry 79 packets per 20 ms, 47 Mbit/s. Emulated rate and delay,
     so the same at any K."""
     in_flight = rate_mbps * 1e6 / 8 * delay_ms / 1000 / 1500
-    return math.ceil(queue_bytes(rate_mbps) / WIRE_MTU_BYTES) + math.ceil(in_flight)
+    return math.ceil(queue_bytes(rate_mbps, switch_port) / FRAME_BYTES) + math.ceil(in_flight)
 
 
 LINK_CLASS, DEFAULT_CLASS, ACK_CLASS = 0xFFFF, 0xFFFE, 0xFFFD
@@ -152,9 +161,12 @@ def _htb_args(mbps: float, dilation: Dilation) -> str:
     return f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {quantum}"
 
 
-def _tbf_args(mbps: float, dilation: Dilation) -> str:
+def _tbf_args(mbps: float, dilation: Dilation, switch_port: bool = False) -> str:
     """A leaf's TBF: the class's rate and burst, its queue `queue_bytes`."""
-    return f"rate {_rate(dilation.host_mbps(mbps))} burst {_burst(mbps)} limit {queue_bytes(mbps)}"
+    return (
+        f"rate {_rate(dilation.host_mbps(mbps))} burst {_burst(mbps)} "
+        f"limit {queue_bytes(mbps, switch_port)}"
+    )
 
 
 def probe_netem() -> bool:
@@ -178,9 +190,11 @@ def _leaf(
     delay_ms: float,
     verb: str,
     dilation: Dilation = NONE,
+    switch_port: bool = False,
 ) -> None:
     """Class 1:`minor`'s leaf (`verb` add, or replace for a class that has one): its TBF, and
-    netem below it for the link's delay where the kernel has sch_netem."""
+    netem below it for the link's delay where the kernel has sch_netem; its queue a switch
+    port's when `switch_port` (`queue_bytes`)."""
     global _netem
     # No explicit handle: the kernel picks a free one (a handle derived from the minor would
     # collide with the root's `1:` for a destination whose host part is 1).
@@ -194,7 +208,7 @@ def _leaf(
         "parent",
         parent,
         "tbf",
-        *_tbf_args(rate_mbps, dilation).split(),
+        *_tbf_args(rate_mbps, dilation, switch_port).split(),
     )
     if delay_ms <= 0 or _netem is False:
         return
@@ -212,7 +226,7 @@ def _leaf(
             "delay",
             f"{dilation.host_seconds(delay_ms)}ms",
             "limit",
-            str(netem_limit(rate_mbps, delay_ms)),
+            str(netem_limit(rate_mbps, delay_ms, switch_port)),
         )
         _netem = True
     except TcError as e:
@@ -240,11 +254,13 @@ def shape(
     delay_ms: float = 0.0,
     pid: int | None = None,
     dilation: Dilation = NONE,
+    switch_port: bool = False,
 ) -> None:
-    """Shape `dev` to `rate_mbps` (+ `delay_ms` where netem exists); replaces any old setup."""
+    """Shape `dev` to `rate_mbps` (+ `delay_ms` where netem exists); replaces any old setup.
+    `switch_port`: `dev` is a switch's port, not a node's interface (`queue_bytes`)."""
     tc(pid, "qdisc", "del", "dev", dev, "root", check=False)  # `replace` fails on an HTB root
     _batch(pid, shape_lines(dev, rate_mbps, dilation=dilation)[:3])
-    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add", dilation)
+    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add", dilation, switch_port)
 
 
 def shape_lines(
@@ -253,6 +269,7 @@ def shape_lines(
     delay_ms: float = 0.0,
     dilation: Dilation = NONE,
     netem: bool = False,
+    switch_port: bool = False,
 ) -> list[str]:
     """`shape` as `tc -batch` lines for a `dev` with no root qdisc yet, netem below its leaf's
     TBF where `netem` (the kernel has it) and the link has a delay: for a host reached over SSH,
@@ -266,12 +283,13 @@ def shape_lines(
         f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
         f"{_htb_args(rate_mbps, dilation)}",
         f"qdisc add dev {dev} parent 1:{DEFAULT_CLASS:x} handle 2: tbf "
-        f"{_tbf_args(rate_mbps, dilation)}",
+        f"{_tbf_args(rate_mbps, dilation, switch_port)}",
     ]
     if delay_ms > 0 and netem:
         lines.append(
             f"qdisc replace dev {dev} parent 2:1 netem delay "
-            f"{dilation.host_seconds(delay_ms)}ms limit {netem_limit(rate_mbps, delay_ms)}"
+            f"{dilation.host_seconds(delay_ms)}ms "
+            f"limit {netem_limit(rate_mbps, delay_ms, switch_port)}"
         )
     return lines
 
@@ -282,8 +300,10 @@ def change(
     delay_ms: float | None = None,
     pid: int | None = None,
     dilation: Dilation = NONE,
+    switch_port: bool = False,
 ) -> None:
-    """Change the capacity (and delay) of a shaped `dev`, keeping its per-destination classes."""
+    """Change the capacity (and delay) of a shaped `dev` (a switch's port: `shape`), keeping its
+    per-destination classes."""
     # The classes at the link's rate: the default one, and the acknowledgements' while grants hold.
     at_link = [DEFAULT_CLASS]
     if f"class htb 1:{ACK_CLASS:x} " in tc(pid, "class", "show", "dev", dev):
@@ -309,7 +329,7 @@ def change(
         leaves |= destinations(dev, pid, dilation)
     for minor, mbps in leaves.items():
         tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{minor:x}", check=False)
-        _leaf(pid, dev, minor, mbps, delay_ms, "add", dilation)
+        _leaf(pid, dev, minor, mbps, delay_ms, "add", dilation, switch_port)
 
 
 def link_delay_ms(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> float:

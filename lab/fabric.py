@@ -571,7 +571,10 @@ class ClusterEmulation(Lifecycle):
         return "\n".join(lines) + "\n"
 
     def _shape(self, dev: str, lk: Link, f: HostFacts) -> list[str]:
-        return tc.shape_lines(dev, lk.bw_mbps, lk.delay_ms, self.dilation, f.netem)
+        """A switch's port `dev` on `lk`, as `tc -batch` lines (a node's interface: phase 2)."""
+        return tc.shape_lines(
+            dev, lk.bw_mbps, lk.delay_ms, self.dilation, f.netem, switch_port=True
+        )
 
     # --- phase 2: the compute nodes --------------------------------------------------------------
     def parent(self, node: str, f: HostFacts) -> str:

@@ -275,7 +275,8 @@ class Emulation(Lifecycle):
                 frozenset((self._topo_name(mlink.intf1.node), self._topo_name(mlink.intf2.node)))
             ]
             for intf in (mlink.intf1, mlink.intf2):
-                tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, self._pid(intf), self.dilation)
+                pid = self._pid(intf)  # a switch's port is in the host's namespace
+                tc.shape(intf.name, lk.bw_mbps, lk.delay_ms, pid, self.dilation, pid is None)
 
     def _enlarge_port_buffers(self, ports: list[str] | None = None) -> None:
         """Room for the userspace datapath to fall behind without dropping (ovs_sockets), on
@@ -468,6 +469,7 @@ class Emulation(Lifecycle):
                     bw_mbps,
                     delay_ms,
                     dilation=self.dilation,
+                    switch_port=True,
                 )
         new = dataclasses.replace(
             lk, bw_mbps=bw_mbps, delay_ms=lk.delay_ms if delay_ms is None else delay_ms

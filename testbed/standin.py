@@ -105,7 +105,7 @@ class LabHosts(NetnsNetwork):
             for end in (lk.a, lk.b):
                 if end in self.bridges:
                     ports.append(self.port_name(end, lk.port_of(end)))
-                    tc.shape(ports[-1], lk.bw_mbps, lk.delay_ms)
+                    tc.shape(ports[-1], lk.bw_mbps, lk.delay_ms, switch_port=True)
                 else:
                     tc.shape("eth1", lk.bw_mbps, lk.delay_ms, self._pid(end))
         if datapath_type() == "netdev":  # as the emulation: see testbed/ovs_sockets.py

@@ -5,6 +5,7 @@ A two-switch network with two (at times three) containers; the middle link is th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -134,6 +135,23 @@ def test_shaped_rate_and_node_limits(net: Emulation) -> None:
     assert int(weight.read_text()) == cgroups.weight(0.5, v) < (100 if v == 2 else 1024) / 10
     node.container.reload()
     assert node.container.attrs["HostConfig"]["CpuQuota"] == 50_000
+
+
+def _queue_bytes(dev: str, pid: int | None = None) -> float:
+    """The default class's TBF queue on `dev`: tc shows its latency, (limit − burst) / rate."""
+    [tbf] = [
+        q for q in json.loads(tc.tc(pid, "-j", "qdisc", "show", "dev", dev)) if q["kind"] == "tbf"
+    ]
+    o = tbf["options"]
+    return o["lat"] / 1e6 * o["rate"] + o["burst"]
+
+
+def test_a_switch_port_queues_frames_and_a_node_its_tcps_largest_packets(net: Emulation) -> None:
+    port, node = net.interface_name("s1", 7), net.nodes["h1"].container_pid
+    assert _queue_bytes(port) == pytest.approx(tc.queue_bytes(10, switch_port=True), rel=0.01)
+    assert _queue_bytes("eth0", node) == pytest.approx(tc.queue_bytes(1000), rel=0.01)
+    net.set_link("s1", "s2", bw_mbps=5)
+    assert _queue_bytes(port) == pytest.approx(tc.queue_bytes(5, switch_port=True), rel=0.01)
 
 
 def test_link_change_at_run_time(net: Emulation) -> None:

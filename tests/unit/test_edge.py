@@ -404,6 +404,17 @@ def test_netem_holds_the_packets_in_their_delay_beside_its_queue():
     assert leaf.endswith(f"tbf rate 190000kbit burst 95000 limit {79 * 65_536}")
 
 
+def test_a_switch_port_queues_frames_and_a_node_its_tcps_largest_packets():
+    """A node's TCP hands its qdisc packets of up to 64 KB, a switch its port full-size frames:
+    the same number of either (the pfifo leaf's count), so that a node's queue holds a message's
+    window and a switch's does not fill the socket its datapath sends through."""
+    assert tc.queue_bytes(10.0) == 32 * 65_536
+    assert tc.queue_bytes(10.0, switch_port=True) == 32 * 1514
+    assert tc.netem_limit(190.0, 20.0, switch_port=True) == 79 + 317
+    [*_, tbf, leaf] = tc.shape_lines("s1-eth2", 190.0, 20.0, Dilation(4), True, switch_port=True)
+    assert tbf.endswith(f"limit {79 * 1514}") and leaf.endswith("limit 396")
+
+
 def test_threads_are_not_left_behind(master):
     def agent_side() -> set[threading.Thread]:  # the Master's server keeps its pool of threads
         return {t for t in threading.enumerate() if t.name != f"http-{master.server.port}"}
