@@ -22,22 +22,28 @@ acknowledgements in a class of their own, 1.04-1.05 × and no drops (1.14-1.16 �
 drop counters; experiments/calibrate_perfmodel.py measures the collective). The Master leaves
 the acknowledgements their room beside the grants (`master.network.NetworkController.GRANTABLE`).
 
-Every class's leaf is a TBF at the class's rate and burst holding `queue_pkts` (~5 ms of
-traffic: a queue of 1000 packets made OVS's userspace datapath drop inside the switch,
+Every class's leaf is a TBF at the link's rate with the class's burst, holding `queue_pkts`
+(~5 ms of traffic: a queue of 1000 packets made OVS's userspace datapath drop inside the switch,
 ENVIRONMENT.md "Queues matter") of the largest packets its sender hands it (`queue_bytes`: on
 a node's interface its own TCP's, up to 64 KB; on a switch's port full-size frames), with
-netem below it
-when the link has a delay and the kernel has sch_netem (its limit the same queue and room for the packets in their delay,
-`netem_limit`). The TBF is there for TCP's segmentation offload: TCP hands the qdisc packets of
-up to 64 KB (GSO, whatever the device's offloads), and HTB charges such a packet whole against
-its class's tokens and lets it out at line rate whenever they are positive. A class granted
-1.14 Mbit/s with a 15 000-byte burst let each 60 000-byte message of a TCP sender through in
-one go after a 0.5 s pause, and held the messages to 1.9 × its rate while busy after 0.175 s
-pauses (a scratch probe: two namespaces, the receiver's tcpdump, the class's counters); a UDP
-sender's 1448-byte datagrams through the same class were held to the burst and the rate. TBF
-cuts a packet larger than its bucket into segments, so the class's burst is what it says; the
+netem below it when the link has a delay and the kernel has sch_netem (its limit the same queue
+and room for the packets in their delay, `netem_limit`). The TBF is there for TCP's
+segmentation offload: TCP hands the qdisc packets of up to 64 KB (GSO, whatever the device's
+offloads), and HTB charges such a packet whole against its class's tokens and lets it out at
+line rate whenever they are positive. A class granted 1.14 Mbit/s with a 15 000-byte burst let
+each 60 000-byte message of a TCP sender through in one go after a 0.5 s pause, and held the
+messages to 1.9 × its rate while busy after 0.175 s pauses (a scratch probe: two namespaces,
+the receiver's tcpdump, the class's counters); a UDP sender's 1448-byte datagrams through the
+same class were held to the burst and the rate. A TBF cuts a packet larger than its bucket
+into segments, which HTB then charges one by one, so the class's burst is what it says; the
 segments would be cut at the device anyway (its checksum offload is off, `testbed`), so it
-costs no CPU.
+costs no CPU. The class's HTB is the shaper; the TBF passes the link's rate and does not follow
+a grant: a TBF changed under HTB while TCP sends through it stopped the flow for 1.5-2 s at
+each change (a scratch probe at K = 2.75: a stream through a grant stepping between 133 and
+157 Mbit/s every 2 s carried nothing for 1.5-2 s after each step, 9 retransmission timeouts in
+14 s and no drop; with the HTB class changed alone, none). In runs whose leaves followed their
+grant, 6 of 58 campus runs had a ring stall at its grants' changes for 2.1-9.2 s (emulated, K
+= 2.75), timeout after doubled timeout (`tests/integration/test_tc.py`).
 
 Rates are emulated Mbit/s. Under time dilation (`protocol.dilation`) a class's rate is the host's
 share of it (÷ K) and a delay lasts K times longer, while what is counted in bytes or packets —
@@ -73,12 +79,10 @@ def queue_bytes(rate_mbps: float, switch_port: bool = False) -> int:
     as the pfifo leaf before the TBF held (it counted any packet as one).
 
     On a node's interface, TCP's: it puts a message's window in the queue at once. A ring step
-    of 135 KB through a 30 Mbit/s grant lost 4.7 packets per message to a queue of 32 full-size
-    packets and one of 64 KB (every message recovered), none to this one (a scratch probe at K
-    = 2.75; docs/testbed.md, "Links"). A loss whose retransmission is lost too waits out a
-    retransmission timeout, then one twice as long: with the shorter queue, 4 of 42 campus
-    runs had a ring stall for 5.7-25 s of the host's clock, lengths that follow TCP's doubling
-    timeouts (0.2 s × (2^n − 1), n = 5-7); none of 20 with the pfifo leaf.
+    of 135 KB through a 30 Mbit/s grant lost 4.7 packets per message to a queue of 32
+    full-size packets and one of 64 KB, none to this one (a scratch probe at K = 2.75; every
+    message recovered, in the same time), and iperf3 streams through 2, 5 and 20 Mbit/s grants
+    retransmitted 2-17 segments in 8 s with that queue, none with this one.
 
     On a switch's port, frames: what the queue holds stays charged to the packet socket the
     userspace datapath sends through, and a longer queue fills the socket's send buffer, which
@@ -161,11 +165,14 @@ def _htb_args(mbps: float, dilation: Dilation) -> str:
     return f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {quantum}"
 
 
-def _tbf_args(mbps: float, dilation: Dilation, switch_port: bool = False) -> str:
-    """A leaf's TBF: the class's rate and burst, its queue `queue_bytes`."""
+def _tbf_args(
+    class_mbps: float, link_mbps: float, dilation: Dilation, switch_port: bool = False
+) -> str:
+    """A leaf's TBF: the link's rate, the class's burst (what it cuts larger packets to) and its
+    queue (`queue_bytes`), both at the class's rate when the leaf was made."""
     return (
-        f"rate {_rate(dilation.host_mbps(mbps))} burst {_burst(mbps)} "
-        f"limit {queue_bytes(mbps, switch_port)}"
+        f"rate {_rate(dilation.host_mbps(link_mbps))} burst {_burst(class_mbps)} "
+        f"limit {queue_bytes(class_mbps, switch_port)}"
     )
 
 
@@ -187,12 +194,12 @@ def _leaf(
     dev: str,
     minor: int,
     rate_mbps: float,
+    link_mbps: float,
     delay_ms: float,
-    verb: str,
     dilation: Dilation = NONE,
     switch_port: bool = False,
 ) -> None:
-    """Class 1:`minor`'s leaf (`verb` add, or replace for a class that has one): its TBF, and
+    """A new leaf for class 1:`minor` (at `rate_mbps`, on a link of `link_mbps`): its TBF, and
     netem below it for the link's delay where the kernel has sch_netem; its queue a switch
     port's when `switch_port` (`queue_bytes`)."""
     global _netem
@@ -202,13 +209,13 @@ def _leaf(
     tc(
         pid,
         "qdisc",
-        verb,
+        "add",
         "dev",
         dev,
         "parent",
         parent,
         "tbf",
-        *_tbf_args(rate_mbps, dilation, switch_port).split(),
+        *_tbf_args(rate_mbps, link_mbps, dilation, switch_port).split(),
     )
     if delay_ms <= 0 or _netem is False:
         return
@@ -217,7 +224,7 @@ def _leaf(
         tc(
             pid,
             "qdisc",
-            "replace",  # in place of the TBF's own queue, or of the netem a change replaces
+            "replace",  # in place of the TBF's own queue
             "dev",
             dev,
             "parent",
@@ -260,7 +267,7 @@ def shape(
     `switch_port`: `dev` is a switch's port, not a node's interface (`queue_bytes`)."""
     tc(pid, "qdisc", "del", "dev", dev, "root", check=False)  # `replace` fails on an HTB root
     _batch(pid, shape_lines(dev, rate_mbps, dilation=dilation)[:3])
-    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, delay_ms, "add", dilation, switch_port)
+    _leaf(pid, dev, DEFAULT_CLASS, rate_mbps, rate_mbps, delay_ms, dilation, switch_port)
 
 
 def shape_lines(
@@ -283,7 +290,7 @@ def shape_lines(
         f"class add dev {dev} parent 1:{LINK_CLASS:x} classid 1:{DEFAULT_CLASS:x} htb "
         f"{_htb_args(rate_mbps, dilation)}",
         f"qdisc add dev {dev} parent 1:{DEFAULT_CLASS:x} handle 2: tbf "
-        f"{_tbf_args(rate_mbps, dilation, switch_port)}",
+        f"{_tbf_args(rate_mbps, rate_mbps, dilation, switch_port)}",
     ]
     if delay_ms > 0 and netem:
         lines.append(
@@ -306,8 +313,10 @@ def change(
     per-destination classes."""
     # The classes at the link's rate: the default one, and the acknowledgements' while grants hold.
     at_link = [DEFAULT_CLASS]
-    if f"class htb 1:{ACK_CLASS:x} " in tc(pid, "class", "show", "dev", dev):
+    classes = tc(pid, "class", "show", "dev", dev)
+    if f"class htb 1:{ACK_CLASS:x} " in classes:
         at_link.append(ACK_CLASS)
+    before = _link_rate(classes, dilation) or 0.0
     _batch(
         pid,
         [
@@ -320,16 +329,16 @@ def change(
             ),
         ],
     )
-    # The leaf's queue length follows the rate; its delay stays unless a new one is given, and
-    # then the granted classes' leaves take it too (`set_destination`).
+    # The leaves at the link's rate follow it; the granted classes' leaves are made again for a
+    # new delay, or when the link grows beyond the rate their TBF passes.
     leaves = dict.fromkeys(at_link, rate_mbps)
+    if delay_ms is not None or rate_mbps > before:
+        leaves |= destinations(dev, pid, dilation)
     if delay_ms is None:
         delay_ms = link_delay_ms(dev, pid, dilation)
-    else:
-        leaves |= destinations(dev, pid, dilation)
     for minor, mbps in leaves.items():
         tc(pid, "qdisc", "del", "dev", dev, "parent", f"1:{minor:x}", check=False)
-        _leaf(pid, dev, minor, mbps, delay_ms, "add", dilation, switch_port)
+        _leaf(pid, dev, minor, mbps, rate_mbps, delay_ms, dilation, switch_port)
 
 
 def link_delay_ms(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> float:
@@ -393,11 +402,9 @@ def set_destination(
                 f"flowid 1:{ACK_CLASS:x}",
             ],
         )
-        _leaf(pid, dev, ACK_CLASS, capacity, delay, "add", dilation)
-    if exists:  # the leaf's rate and queue (and netem's limit) follow the grant
-        _leaf(pid, dev, minor, rate_mbps, delay, "replace", dilation)
-    else:
-        _leaf(pid, dev, minor, rate_mbps, delay, "add", dilation)
+        _leaf(pid, dev, ACK_CLASS, capacity, capacity, delay, dilation)
+    if not exists:  # a changed grant keeps its leaf (module doc: a TBF changed under load stalls)
+        _leaf(pid, dev, minor, rate_mbps, capacity, delay, dilation)
         tc(
             pid,
             "filter",

@@ -23,10 +23,10 @@ scheduler's wake-up latency: a task weighted like a node, busy 0.5 ms every 20 m
 waited 35-41 % of the time it wanted a core at K = 6 with the host 37-40 % busy.
 (PSI measured: one busy loop at --cpus 0.2 on an idle 2-core host, `some` 75 % with the host 13 %
 busy.) And the flows' TCP retransmission timeouts (`tcp_timeouts`, `tcp_rto_s_max`: the most
-seconds one flow spent recovering from them): a queue that drops what a retransmission resends
-stalls a ring for seconds, timeout after doubled timeout, as the Network Manager's leaves did
-when they held 32-128 full-size packets (edge/tc.py, `queue_bytes`). That is the emulated
-system's behaviour, not the host's, so it judges nothing; it says where such a run's time went.
+seconds one flow spent recovering from them): a flow that waits out a timeout, then one twice
+as long, stalls its ring for seconds, as the Network Manager's leaves did when they followed
+their grants (edge/tc.py). That is the emulated system's own shaping, not the host, so it judges
+nothing; it says where such a run's time went.
 
 The thresholds are here and nowhere else (docs/testbed.md, "Fidelity", gives their measurements).
 """

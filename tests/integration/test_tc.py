@@ -245,3 +245,58 @@ def test_a_class_queues_a_message_window_without_a_drop(two_hosts: tuple[int, in
     )
     assert _sent(a, "d0")["1:2"][0] >= 20 * 135_000
     assert _dropped(a, "d0", "1:2") == 0
+
+
+def test_a_changed_grant_keeps_its_flow_going(two_hosts: tuple[int, int]):
+    """The Master re-shares the spare every few seconds, and each share moves the grant's rate.
+    A leaf changed with it (a TBF at the grant's rate) stopped a stream for 1.5-2 s at each step
+    down, in TCP's retransmission timeouts with nothing dropped; the class's HTB alone follows
+    the grant, and the stream goes on at the new rate."""
+    from protocol.dilation import Dilation
+
+    a, b = two_hosts
+    k = Dilation(2.75)
+    for pid, dev in ((a, "d0"), (b, "d1")):  # as the emulation's links: segments cut in software
+        _in(pid, "ethtool", "-K", dev, "tx", "off")
+    tc.shape("d0", 200, pid=a, dilation=k)
+    tc.set_destination("d0", "10.9.0.2", 152, pid=a, dilation=k)
+    receiver = subprocess.Popen(
+        ["nsenter", "-t", str(b), "-n", sys.executable, "-c",
+         "import socket, time\n"
+         "s = socket.create_server(('10.9.0.2', 5001))\n"
+         "c, _ = s.accept()\n"
+         "t0, got, marks = time.monotonic(), 0, []\n"
+         "while (n := len(c.recv(1 << 20))):\n"
+         "    got += n\n"
+         "    marks.append((time.monotonic() - t0, got))\n"
+         "print(' '.join(f'{t:.3f}:{g}' for t, g in marks))\n"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    sender = subprocess.Popen(
+        ["nsenter", "-t", str(a), "-n", sys.executable, "-c",
+         "import socket, time\n"
+         "for _ in range(100):\n"
+         "    try:\n"
+         "        c = socket.create_connection(('10.9.0.2', 5001)); break\n"
+         "    except OSError: time.sleep(0.05)\n"
+         "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b'cubic')\n"  # the nodes'
+         "end = time.monotonic() + 7\n"
+         "while time.monotonic() < end: c.sendall(bytes(1 << 18))\n"
+         "c.close()\n"],
+    )  # fmt: skip
+    try:
+        for mbps in (136, 154, 133, 157, 135):
+            time.sleep(1.0)
+            tc.set_destination("d0", "10.9.0.2", mbps, pid=a, dilation=k)
+        assert sender.wait(timeout=30) == 0
+        out, _ = receiver.communicate(timeout=30)
+    finally:
+        sender.kill()
+        receiver.kill()
+    marks = [(float(t), int(g)) for t, g in (m.split(":") for m in out.split())]
+    # every half second from the first change on carries at least half the lowest grant
+    floor = 0.5 * k.host_mbps(133) * 1e6 / 8 * 0.5
+    for start in [1.0 + 0.5 * i for i in range(10)]:
+        sent = [g for t, g in marks if start <= t < start + 0.5]
+        assert sent and sent[-1] - sent[0] >= floor, (start, sent and sent[-1] - sent[0], floor)
