@@ -139,34 +139,39 @@ def _sent(pid: int, dev: str) -> dict[str, tuple[int, int]]:
     return sent
 
 
+def _python(pid: int, code: str, **popen: object) -> subprocess.Popen:
+    """Python `code` run in the network namespace of `pid`."""
+    return subprocess.Popen(["nsenter", "-t", str(pid), "-n", sys.executable, "-c", code], **popen)
+
+
+def _connect(dst_ip: str) -> str:
+    """Python that connects `c` to the receiver at `dst_ip`, once it listens."""
+    return (
+        "import socket, time\n"
+        "for _ in range(100):\n"
+        "    try:\n"
+        f"        c = socket.create_connection(('{dst_ip}', 5001)); break\n"
+        "    except OSError: time.sleep(0.05)\n"
+    )
+
+
 def _send(src: int, dst: int, dst_ip: str, sending: str) -> str:
     """Run `sending` (Python, `c` a TCP connection to a receiver in namespace `dst` that reads
     to the end) in namespace `src`; what it printed."""
-    receiver = subprocess.Popen(
-        ["nsenter", "-t", str(dst), "-n", sys.executable, "-c",
-         "import socket\n"
-         f"s = socket.create_server(('{dst_ip}', 5001))\n"
-         "c, _ = s.accept()\n"
-         "while c.recv(1 << 16): pass\n"],
-    )  # fmt: skip
+    receiver = _python(
+        dst,
+        "import socket\n"
+        f"s = socket.create_server(('{dst_ip}', 5001))\n"
+        "c, _ = s.accept()\n"
+        "while c.recv(1 << 16): pass\n",
+    )
     try:
-        code = (
-            "import socket, time\n"
-            "for _ in range(100):\n"
-            "    try:\n"
-            f"        c = socket.create_connection(('{dst_ip}', 5001)); break\n"
-            "    except OSError: time.sleep(0.05)\n"
-            f"{sending}c.close()\n"
+        sender = _python(
+            src, f"{_connect(dst_ip)}{sending}c.close()\n", stdout=subprocess.PIPE, text=True
         )
-        done = subprocess.run(
-            ["nsenter", "-t", str(src), "-n", sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        assert receiver.wait(timeout=30) == 0
-        return done.stdout
+        out, _ = sender.communicate(timeout=60)
+        assert sender.returncode == 0 and receiver.wait(timeout=30) == 0
+        return out
     finally:
         receiver.kill()
 
@@ -260,31 +265,27 @@ def test_a_changed_grant_keeps_its_flow_going(two_hosts: tuple[int, int]):
         _in(pid, "ethtool", "-K", dev, "tx", "off")
     tc.shape("d0", 200, pid=a, dilation=k)
     tc.set_destination("d0", "10.9.0.2", 152, pid=a, dilation=k)
-    receiver = subprocess.Popen(
-        ["nsenter", "-t", str(b), "-n", sys.executable, "-c",
-         "import socket, time\n"
-         "s = socket.create_server(('10.9.0.2', 5001))\n"
-         "c, _ = s.accept()\n"
-         "t0, got, marks = time.monotonic(), 0, []\n"
-         "while (n := len(c.recv(1 << 20))):\n"
-         "    got += n\n"
-         "    marks.append((time.monotonic() - t0, got))\n"
-         "print(' '.join(f'{t:.3f}:{g}' for t, g in marks))\n"],
+    receiver = _python(
+        b,
+        "import socket, time\n"
+        "s = socket.create_server(('10.9.0.2', 5001))\n"
+        "c, _ = s.accept()\n"
+        "t0, got, marks = time.monotonic(), 0, []\n"
+        "while (n := len(c.recv(1 << 20))):\n"
+        "    got += n\n"
+        "    marks.append((time.monotonic() - t0, got))\n"
+        "print(' '.join(f'{t:.3f}:{g}' for t, g in marks))\n",
         stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
-    sender = subprocess.Popen(
-        ["nsenter", "-t", str(a), "-n", sys.executable, "-c",
-         "import socket, time\n"
-         "for _ in range(100):\n"
-         "    try:\n"
-         "        c = socket.create_connection(('10.9.0.2', 5001)); break\n"
-         "    except OSError: time.sleep(0.05)\n"
-         "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b'cubic')\n"  # the nodes'
-         "end = time.monotonic() + 7\n"
-         "while time.monotonic() < end: c.sendall(bytes(1 << 18))\n"
-         "c.close()\n"],
-    )  # fmt: skip
+    )
+    sender = _python(
+        a,
+        _connect("10.9.0.2")
+        + "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b'cubic')\n"  # the nodes'
+        "end = time.monotonic() + 7\n"
+        "while time.monotonic() < end: c.sendall(bytes(1 << 18))\n"
+        "c.close()\n",
+    )
     try:
         for mbps in (136, 154, 133, 157, 135):
             time.sleep(1.0)
