@@ -333,7 +333,7 @@ def change(
     # new delay, or when the link grows beyond the rate their TBF passes.
     leaves = dict.fromkeys(at_link, rate_mbps)
     if delay_ms is not None or rate_mbps > before:
-        leaves |= destinations(dev, pid, dilation)
+        leaves |= _destinations(classes, dilation)
     if delay_ms is None:
         delay_ms = link_delay_ms(dev, pid, dilation)
     for minor, mbps in leaves.items():
@@ -389,6 +389,8 @@ def set_destination(
             f"classid 1:{minor:x} htb {_htb_args(rate_mbps, dilation)}"
         ],
     )
+    if exists:  # a changed grant keeps its leaf (module doc: a TBF changed under load stalls)
+        return
     # The link's delay holds for granted traffic too: a grant shapes the rate, it does not
     # shorten the wire (a leaf without it skipped the node's link delay on netem kernels).
     delay = link_delay_ms(dev, pid, dilation) if _netem is not False else 0.0
@@ -403,28 +405,27 @@ def set_destination(
             ],
         )
         _leaf(pid, dev, ACK_CLASS, capacity, capacity, delay, dilation)
-    if not exists:  # a changed grant keeps its leaf (module doc: a TBF changed under load stalls)
-        _leaf(pid, dev, minor, rate_mbps, capacity, delay, dilation)
-        tc(
-            pid,
-            "filter",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "protocol",
-            "ip",
-            "prio",
-            str(DESTINATION_PRIO),
-            "u32",
-            "match",
-            "ip",
-            "dst",
-            f"{dst_ip}/32",
-            "flowid",
-            f"1:{minor:x}",
-        )
+    _leaf(pid, dev, minor, rate_mbps, capacity, delay, dilation)
+    tc(
+        pid,
+        "filter",
+        "add",
+        "dev",
+        dev,
+        "parent",
+        "1:",
+        "protocol",
+        "ip",
+        "prio",
+        str(DESTINATION_PRIO),
+        "u32",
+        "match",
+        "ip",
+        "dst",
+        f"{dst_ip}/32",
+        "flowid",
+        f"1:{minor:x}",
+    )
 
 
 def remove_destination(dev: str, dst_ip: str, pid: int | None = None) -> None:
@@ -462,8 +463,13 @@ def remove_class(dev: str, minor: int, pid: int | None = None) -> None:
 
 def destinations(dev: str, pid: int | None = None, dilation: Dilation = NONE) -> dict[int, float]:
     """{class minor (= host part of the destination): rate in Mbit/s} of the granted classes."""
+    return _destinations(tc(pid, "class", "show", "dev", dev), dilation)
+
+
+def _destinations(classes: str, dilation: Dilation) -> dict[int, float]:
+    """`destinations` from `tc class show`'s output."""
     out = {}
-    for line in tc(pid, "class", "show", "dev", dev).splitlines():
+    for line in classes.splitlines():
         words = line.split()
         if len(words) > 2 and words[1] == "htb":
             minor = int(words[2].split(":")[1], 16)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from edge import tc
+from protocol.dilation import Dilation
 
 
 def _namespace() -> subprocess.Popen:
@@ -257,8 +258,6 @@ def test_a_changed_grant_keeps_its_flow_going(two_hosts: tuple[int, int]):
     A leaf changed with it (a TBF at the grant's rate) stopped a stream for 1.5-2 s at each step
     down, in TCP's retransmission timeouts with nothing dropped; the class's HTB alone follows
     the grant, and the stream goes on at the new rate."""
-    from protocol.dilation import Dilation
-
     a, b = two_hosts
     k = Dilation(2.75)
     for pid, dev in ((a, "d0"), (b, "d1")):  # as the emulation's links: segments cut in software
