@@ -406,25 +406,12 @@ def set_destination(
         )
         _leaf(pid, dev, ACK_CLASS, capacity, capacity, delay, dilation)
     _leaf(pid, dev, minor, rate_mbps, capacity, delay, dilation)
-    tc(
+    _batch(
         pid,
-        "filter",
-        "add",
-        "dev",
-        dev,
-        "parent",
-        "1:",
-        "protocol",
-        "ip",
-        "prio",
-        str(DESTINATION_PRIO),
-        "u32",
-        "match",
-        "ip",
-        "dst",
-        f"{dst_ip}/32",
-        "flowid",
-        f"1:{minor:x}",
+        [
+            f"filter add dev {dev} parent 1: protocol ip prio {DESTINATION_PRIO} u32 "
+            f"match ip dst {dst_ip}/32 flowid 1:{minor:x}"
+        ],
     )
 
 
