@@ -75,12 +75,13 @@ class IterationModel:
     policies (CES-PPO's checkpoint, TapFinger's, EADE's) all use them, so that a decision does
     not depend on which machine last ran the calibration. `experiments/calibrate_perfmodel.py`
     measures the constants on the testbed and `from_calibration()` reads them; the committed fit
-    (results/calibration.json, the development VM) is efficiency 0.965, 1.35 ms per message,
-    0.6 ms of overhead and 431 Mbit/s of goodput per worker (earlier fits gave 0.944, 0.94 ms
-    and 389 Mbit/s, 0.871, 1.40 ms and 342 Mbit/s, and 0.947, 0.41 ms and 492 Mbit/s: the
-    latency and the stack bound move with the VM's load). Against it the defaults' transfers
-    take 5 % more (efficiency 0.92), each message 0.85 ms less, and there is no stack bound:
-    above about 450 Mbit/s per flow (431 / 0.965) the defaults predict collectives much faster
+    (results/calibration.json, the development VM) is efficiency 0.972, 0.68 ms per message,
+    0.5 ms of overhead and 544 Mbit/s of goodput per worker (earlier fits gave 0.965, 1.35 ms
+    and 431 Mbit/s, 0.944, 0.94 ms and 389 Mbit/s, 0.871, 1.40 ms and 342 Mbit/s, and 0.947,
+    0.41 ms and 492 Mbit/s: the latency and the stack bound move with the VM's load and the
+    testbed's shaping). Against it the defaults' transfers take 6 % more (efficiency 0.92),
+    each message 0.18 ms less, and there is no stack bound: above about 560 Mbit/s per flow
+    (544 / 0.972) the defaults predict collectives much faster
     than that machine ran them.
     """
 
