@@ -687,9 +687,9 @@ def run_order(schedulers: list[str], seeds: int) -> list[tuple[str, int]]:
     """Every (scheduler, seed), seed by seed, each seed's schedulers in the order of the last
     rotated by one: the runs a comparison pairs come minutes apart rather than a set's length
     apart, and what the host does early in a set or drifts through weighs on every scheduler,
-    not on the seeds of the one that ran first. On the ring (results/e2e/contention-ring,
-    scheduler by scheduler) the set's 4 unfaithful runs were its first 4, all CES-PPO's, the
-    host's other load highest in the first two."""
+    not on the seeds of the one that ran first. On the ring, in a set made scheduler by
+    scheduler (git history of results/e2e/contention-ring), the 4 unfaithful runs were its
+    first 4, all CES-PPO's, the host's other load highest in the first two."""
     n = len(schedulers)
     return [(schedulers[(seed + k) % n], seed) for seed in range(seeds) for k in range(n)]
 

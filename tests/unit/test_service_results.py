@@ -503,7 +503,11 @@ def test_a_set_is_judged_again_by_todays_rules(tmp_path: Path):
 
     rerun = tmp_path / "rerun" / "results.json"
     rerun.parent.mkdir()
-    before = (REPO / "results/e2e/contention-ring/results.json").read_text()
+    ring = json.loads((REPO / "results/e2e/contention-ring/results.json").read_text())
+    first = dict(ring["runs"][0], fidelity={**ring["runs"][0]["fidelity"], "faithful": False})
+    ring["runs"][0]["attempt"] = 2  # ran again after `first` was judged unfaithful
+    ring["runs"].insert(0, first)
+    before = json.dumps(ring)
     rerun.write_text(before)
     assert report.main([str(rerun), "--rejudge"]) == 2
     assert rerun.read_text() == before and not (rerun.parent / "summary.md").exists()
