@@ -8,10 +8,10 @@ with nothing else running.
 A run's binding flows are judged by what their sender put on the wire while busy against their
 grant (`experiments.e2e.rows.wire_ratio`, band `fidelity.WIRE_BAND`). On the star, in the set
 made before the grantable share (git history of results/e2e/contention-star), the flows into
-links their grants filled to 90-104 % read 0.76-0.96, against 0.91-1.05 at most 60 % loaded. This isolates that: three nodes on one switch
-of the testbed's datapath, every link `--link` emulated Mbit/s (shaped on the switch's ports as
-the emulation shapes links), each sender held by the per-destination class a grant installs
-(`edge.tc.set_destination`), no meter. At each load x:
+links their grants filled to 90-104 % read 0.76-0.96, against 0.91-1.05 at most 60 % loaded.
+This isolates that: three nodes on one switch of the testbed's datapath, every link `--link`
+emulated Mbit/s (shaped on the switch's ports as the emulation shapes links), each sender held
+by the per-destination class a grant installs (`edge.tc.set_destination`), no meter. At each load x:
 - `one`: na → nb granted x × the link;
 - `both`: na → nb and nb → na, each x × the link, at once (a two-node ring: each link carries
   one flow's data and the other's acknowledgements);

@@ -81,8 +81,7 @@ class IterationModel:
     0.41 ms and 492 Mbit/s: the latency and the stack bound move with the VM's load and the
     testbed's shaping). Against it the defaults' transfers take 6 % more (efficiency 0.92),
     each message 0.18 ms less, and there is no stack bound: above about 560 Mbit/s per flow
-    (544 / 0.972) the defaults predict collectives much faster
-    than that machine ran them.
+    (544 / 0.972) the defaults predict collectives much faster than that machine ran them.
     """
 
     efficiency: float = 0.92  # goodput / granted rate of a metered/shaped TCP flow
