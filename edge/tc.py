@@ -145,7 +145,7 @@ def _rate(mbps: float) -> str:
     return f"{max(mbps, 0.001) * 1000:.0f}kbit"
 
 
-def _burst(mbps: float) -> int:
+def burst_bytes(mbps: float) -> int:
     """A class's (and its TBF's) burst in bytes: 4 ms of traffic, so that the userspace
     datapath's batches pass and the shaper's timer may be that late, and at least two full-size
     packets (a TBF drops a packet larger than its bucket). A message that starts on a full
@@ -161,7 +161,7 @@ def _htb_args(mbps: float, dilation: Dilation) -> str:
     # quantum: explicit, so HTB does not warn about r2q at high rates.
     quantum = min(max(1514, int(mbps * 1e6 / 8 / 1000)), 200_000)
     rate = _rate(dilation.host_mbps(mbps))
-    burst = _burst(mbps)
+    burst = burst_bytes(mbps)
     return f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {quantum}"
 
 
@@ -171,7 +171,7 @@ def _tbf_args(
     """A leaf's TBF: the link's rate, the class's burst (what it cuts larger packets to) and its
     queue (`queue_bytes`), both at the class's rate when the leaf was made."""
     return (
-        f"rate {_rate(dilation.host_mbps(link_mbps))} burst {_burst(class_mbps)} "
+        f"rate {_rate(dilation.host_mbps(link_mbps))} burst {burst_bytes(class_mbps)} "
         f"limit {queue_bytes(class_mbps, switch_port)}"
     )
 

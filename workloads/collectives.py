@@ -56,6 +56,9 @@ class CommWindow:
     first_launch: float | None = None  # perf_counter when the collective started
     last_launch: float | None = None  # ... the last one (all gradients were ready by then)
     last_done: float | None = None  # ... when the last one completed
+    # How many exchanges it made (a ring: one all-reduce per DDP gradient bucket). Each starts
+    # after the sender idled, on a full token bucket (experiments/e2e/fidelity.py `wire_top`).
+    calls: int = 0
     # Application payload this rank's collective sent to / received from each peer rank.
     tx_by_peer: Counter[int] = field(default_factory=Counter)
     rx_by_peer: Counter[int] = field(default_factory=Counter)
@@ -89,6 +92,7 @@ class _Timed:
             w = self._window
             w.first_launch = now if w.first_launch is None else w.first_launch
             w.last_launch = now
+            w.calls += 1
 
     def _count(self, peer: int, tx: int, rx: int) -> None:
         with self._lock:

@@ -330,6 +330,7 @@ def run(cfg: TrainConfig, log: JsonLines) -> dict:
             iter_s=em(t_end - t_start),
             compute_s=em(compute_s),
             comm_s=em(window.seconds),
+            comm_calls=window.calls,
             tx_bytes=tx,
             rx_bytes=rx,
             payload_tx_bytes=window.payload_tx,

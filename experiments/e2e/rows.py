@@ -235,7 +235,9 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
     rank0 = records.get(att["workers"][view["tasks"][0]], []) if att else []
     evals = [r for r in rank0 if r.get("type") == "eval"]
     end = next((r for r in rank0 if r.get("type") == "end"), None)
+    start = next((r for r in rank0 if r.get("type") == "start"), {})
     iters = [r["iter_s"] for r in rank0 if r.get("type") == "iter"]
+    calls = [r["comm_calls"] for r in rank0 if r.get("type") == "iter" and "comm_calls" in r]
     reached = bool(end and end.get("reached_target"))
     network = att.get("network", "enforced") if att else None
     flows = []
@@ -293,6 +295,10 @@ def job_row(scheduler: str, seed: int, base: str, view: dict, timed_out: bool) -
         "job": base,
         "collective": view["collective"],
         "model": view["workload"].get("model", ""),
+        # the model's gradient and the exchanges an iteration makes of it (DDP's buckets), for
+        # the verdict's view of a ring's flows against their grant's burst (`fidelity.wire_top`)
+        "gradient_bytes": start.get("gradient_bytes"),
+        "comm_calls": statistics.median(calls) if calls else None,
         "state": state,
         "reason": view["reason"],
         "reached_target": reached,

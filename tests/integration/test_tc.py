@@ -216,7 +216,7 @@ def test_a_class_holds_a_tcp_message_to_its_rate_and_burst(two_hosts: tuple[int,
         "        time.sleep(0.001)\n"
         "print(time.monotonic() - t)\n",
     )
-    at_rate = (nbytes - tc._burst(rate)) * 8 / (rate * 1e6)  # headers left out: a lower bound
+    at_rate = (nbytes - tc.burst_bytes(rate)) * 8 / (rate * 1e6)  # headers left out: a lower bound
     assert float(took) >= 0.9 * at_rate, (took, at_rate)
 
 

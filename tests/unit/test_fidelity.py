@@ -191,6 +191,53 @@ def test_each_broken_invariant_makes_the_run_unfaithful_and_says_why(broken, say
     assert not v["faithful"] and len(v["reasons"]) == 1 and says in v["reasons"][0]
 
 
+def ring_row(gradient_bytes: int | None, calls: int | None, ratios: tuple, rate: float) -> dict:
+    return {
+        "job": "light",
+        "collective": "ring",
+        "gradient_bytes": gradient_bytes,
+        "comm_calls": calls,
+        "placement": {"w0": "a", "w1": "b", "w2": "c"},
+        "flows": [flow(r, rate) | {"rate_max_mbps": rate} for r in ratios],
+    }
+
+
+CNN, MLP_LARGE = 406_504, 8_966_184  # the workers' gradient bytes (workloads.models)
+
+
+def test_a_ring_that_moves_little_per_exchange_may_read_above_the_band_by_its_burst():
+    """A ring's sender idles before each exchange and its first B bytes go out at line rate on
+    a full token bucket: over an iteration of P bytes and n exchanges it reads up to
+    P / (P − n B) × its rate while busy. The CNN at 160 Mbit/s (an 80 KB burst, one bucket) may
+    read 1.05 × 1.42; mlp-large's two buckets at the same rate only 1.05 × 1.014."""
+    assert tc.burst_bytes(160) == 80_000
+    small, large = ring_row(CNN, 1, (1.11, 1.0), 160), ring_row(MLP_LARGE, 2, (1.11, 1.0), 160)
+    per_iter = 4 / 3 * CNN
+    assert fidelity.wire_top(small, small["flows"][0]) == pytest.approx(
+        1.05 * per_iter / (per_iter - 80_000)
+    )
+    assert fidelity.wire_top(large, large["flows"][0]) == pytest.approx(1.05 * 1.01356, abs=1e-4)
+    v = fidelity.verdict({"jobs": [small]})
+    assert v["faithful"] and v["binding_in_band"] == 2
+    v = fidelity.verdict({"jobs": [large]})
+    assert not v["faithful"] and "1 of 2 binding flows outside" in v["reasons"][0]
+    assert fidelity.RAISED in v["reasons"][0]
+    # more than the bursts allow is more than the shaper lets through
+    assert not fidelity.verdict({"jobs": [ring_row(CNN, 1, (1.6, 1.0), 160)]})["faithful"]
+    # below the band is the host's doing whatever the exchanges: the burst only adds
+    assert not fidelity.verdict({"jobs": [ring_row(CNN, 1, (0.85, 1.0), 160)]})["faithful"]
+    # an iteration that the bursts can carry whole has no top to hold it to
+    tiny = ring_row(50_000, 1, (3.0, 1.0), 160)
+    assert fidelity.wire_top(tiny, tiny["flows"][0]) == math.inf
+    assert fidelity.verdict({"jobs": [tiny]})["faithful"]
+    # a row recorded before rows held these counts is judged by the plain band, as it was
+    for old in (ring_row(None, None, (1.11, 1.0), 160), ring_row(CNN, None, (1.11, 1.0), 160)):
+        assert fidelity.wire_top(old, old["flows"][0]) == fidelity.WIRE_BAND[1]
+        v = fidelity.verdict({"jobs": [old]})
+        assert not v["faithful"] and fidelity.RAISED not in v["reasons"][0]
+    assert fidelity.over_grant(small) == [] and len(fidelity.over_grant(large)) == 1
+
+
 @pytest.mark.parametrize("collective", ["ps", "star", "tree", "all-to-all", "custom"])
 def test_message_flows_are_not_judged_on_the_wire(collective):
     """A collective that sends one message per flow and round reads far on both sides of the

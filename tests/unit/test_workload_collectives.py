@@ -87,6 +87,7 @@ def test_averaging_collectives_carry_the_models_bytes_on_its_flows(
             assert tx == rx == model[pair], pair
     assert len({t.end["param_sum"] for t in logs}) == 1  # replicas identical
     assert all(r["comm_s"] > 0 and r["iter_s"] > 0 for t in logs for r in t.iters)
+    assert all(r["comm_calls"] == 1 for t in logs for r in t.iters)  # one exchange an iteration
     summary = read_job(paths)
     assert summary.flow_bytes == {f"{s}>{d}": n for (s, d), n in model.items()}
     assert summary.collective == collective and not summary.synthetic
