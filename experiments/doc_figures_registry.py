@@ -1885,10 +1885,37 @@ E2E_QUOTES = [
     Q(
         E2E,
         LOADED,
-        "Only {name}'s draw has a faithful run of both: CES-PPO took {r:.2f} of "
-        "network-aware/ces's mean TTA",
-        name=lambda d: " and ".join(d["summary"]["by_topology"]),
-        r=lambda d: d["summary"]["mean_tta"]["geomean"],
+        "All {n} draws have a faithful run of both",
+        n=("summary", "ran"),
+    ),
+    Q(
+        E2E,
+        LOADED,
+        "Over the {n} draws CES-PPO's mean TTA is {r:.2f} of network-aware/ces's, and faster in {w} "
+        "of them. Paired by draw, the 95 % interval is [{lo:.2f}, {hi:.2f}]",
+        n=("summary", "ran"),
+        r=("summary", "mean_tta", "geomean"),
+        w=("summary", "mean_tta", "wins"),
+        lo=("summary", "paired", "mean_tta vs network-aware/ces", "low"),
+        hi=("summary", "paired", "mean_tta vs network-aware/ces", "high"),
+    ),
+    Q(
+        PPO,
+        LOADED,
+        "CES-PPO's mean TTA over {n} draws, every one with both runs faithful, is {r:.2f} "
+        "[{lo:.2f}, {hi:.2f}] of network-aware's placement with CES's network",
+        n=("summary", "ran"),
+        r=("summary", "mean_tta", "geomean"),
+        lo=("summary", "paired", "mean_tta vs network-aware/ces", "low"),
+        hi=("summary", "paired", "mean_tta vs network-aware/ces", "high"),
+    ),
+    Q(
+        E2E,
+        LOADED,
+        "Mean JCT is {r:.2f} [{lo:.2f}, {hi:.2f}]",
+        r=("summary", "mean_jct", "geomean"),
+        lo=("summary", "paired", "mean_jct vs network-aware/ces", "low"),
+        hi=("summary", "paired", "mean_jct vs network-aware/ces", "high"),
     ),
 ]
 
