@@ -1511,6 +1511,17 @@ E2E = "docs/e2e.md"
 LOADED = "results/e2e/loaded/summary.json"
 
 
+def _loaded_paired(measure: str) -> dict[str, tuple]:
+    """bench_loaded's draws, the geometric mean of `measure`'s ratios and its paired interval."""
+    paired = ("summary", "paired", f"{measure} vs network-aware/ces")
+    return {
+        "n": ("summary", "ran"),
+        "r": ("summary", measure, "geomean"),
+        "lo": (*paired, "low"),
+        "hi": (*paired, "high"),
+    }
+
+
 def _loaded_table(doc: dict) -> str:
     """bench_loaded's summary per topology (e2e.md, "On networks other tenants have loaded")."""
     from experiments import report
@@ -1882,41 +1893,23 @@ E2E_QUOTES = [
         "default-campus",
         "here the two take the same placements in {same} of {n} seeds",
     ),
-    Q(
-        E2E,
-        LOADED,
-        "All {n} draws have a faithful run of both",
-        n=("summary", "ran"),
-    ),
+    Q(E2E, LOADED, "All {n} draws have a faithful run of both", n=("summary", "ran")),
     Q(
         E2E,
         LOADED,
         "Over the {n} draws CES-PPO's mean TTA is {r:.2f} of network-aware/ces's, and faster in {w} "
         "of them. Paired by draw, the 95 % interval is [{lo:.2f}, {hi:.2f}]",
-        n=("summary", "ran"),
-        r=("summary", "mean_tta", "geomean"),
         w=("summary", "mean_tta", "wins"),
-        lo=("summary", "paired", "mean_tta vs network-aware/ces", "low"),
-        hi=("summary", "paired", "mean_tta vs network-aware/ces", "high"),
+        **_loaded_paired("mean_tta"),
     ),
     Q(
         PPO,
         LOADED,
         "CES-PPO's mean TTA over {n} draws, every one with both runs faithful, is {r:.2f} "
         "[{lo:.2f}, {hi:.2f}] of network-aware's placement with CES's network",
-        n=("summary", "ran"),
-        r=("summary", "mean_tta", "geomean"),
-        lo=("summary", "paired", "mean_tta vs network-aware/ces", "low"),
-        hi=("summary", "paired", "mean_tta vs network-aware/ces", "high"),
+        **_loaded_paired("mean_tta"),
     ),
-    Q(
-        E2E,
-        LOADED,
-        "Mean JCT is {r:.2f} [{lo:.2f}, {hi:.2f}]",
-        r=("summary", "mean_jct", "geomean"),
-        lo=("summary", "paired", "mean_jct vs network-aware/ces", "low"),
-        hi=("summary", "paired", "mean_jct vs network-aware/ces", "high"),
-    ),
+    Q(E2E, LOADED, "Mean JCT is {r:.2f} [{lo:.2f}, {hi:.2f}]", **_loaded_paired("mean_jct")),
 ]
 
 
