@@ -1909,7 +1909,12 @@ E2E_QUOTES = [
         "[{lo:.2f}, {hi:.2f}] of network-aware's placement with CES's network",
         **_loaded_paired("mean_tta"),
     ),
-    Q(E2E, LOADED, "Mean JCT is {r:.2f} [{lo:.2f}, {hi:.2f}]", **_loaded_paired("mean_jct")),
+    Q(
+        E2E,
+        LOADED,
+        "Mean JCT over the {n} draws is {r:.2f} [{lo:.2f}, {hi:.2f}]",
+        **_loaded_paired("mean_jct"),
+    ),
 ]
 
 

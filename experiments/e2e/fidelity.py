@@ -121,8 +121,8 @@ def wire_top(row: dict, flow: dict) -> float:
     B taken at the flow's highest installed rate (the class's burst follows its rate). Counting
     one idle per exchange errs toward the plain band, never toward passing a flow that bypassed
     its shaper; where n × B ≥ P everything an iteration sends can go out as bursts, and there is
-    no top. The small CNN (406 504 bytes: P = 271 KB) installed at 160 Mbit/s (an 80 KB burst,
-    one bucket) may read 1.05 × 1.42; mlp-large (8 966 184 bytes, two buckets) at the same rate
+    no top. The small CNN (406 504 bytes: P = 542 KB) installed at 160 Mbit/s (an 80 KB burst,
+    one bucket) may read 1.05 × 1.17; mlp-large (8 966 184 bytes, two buckets) at the same rate
     1.05 × 1.014. Rows recorded before they held `gradient_bytes` and `comm_calls` are judged
     by WIRE_BAND alone, as they were."""
     rate = flow.get("rate_max_mbps") or flow.get("rate_mbps")

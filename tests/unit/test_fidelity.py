@@ -209,7 +209,7 @@ def test_a_ring_that_moves_little_per_exchange_may_read_above_the_band_by_its_bu
     """A ring's sender idles before each exchange and its first B bytes go out at line rate on
     a full token bucket: over an iteration of P bytes and n exchanges it reads up to
     P / (P − n B) × its rate while busy. The CNN at 160 Mbit/s (an 80 KB burst, one bucket) may
-    read 1.05 × 1.42; mlp-large's two buckets at the same rate only 1.05 × 1.014."""
+    read 1.05 × 1.17; mlp-large's two buckets at the same rate only 1.05 × 1.014."""
     assert tc.burst_bytes(160) == 80_000
     small, large = ring_row(CNN, 1, (1.11, 1.0), 160), ring_row(MLP_LARGE, 2, (1.11, 1.0), 160)
     per_iter = 4 / 3 * CNN
