@@ -233,8 +233,8 @@ def test_summary_and_csv(tmp_path: Path):
     assert "median 1.01 × granted (min 1.01, max 1.01); 4 of 4 (100%) within 0.9…1.05" in text
     assert "median 0.96 × granted (min 0.96, max 0.96); 4 of 4 (100%) within 0.9…1.05" in text
     assert (
-        "Above the band's top (1.05, raised by the burst where a ring moves little per exchange) × "
-        "their grant on the wire: 0 of 8 measured flows" in text
+        f"Above the band's top (1.05; {fidelity.RAISED}) × their grant on the wire: 0 of 8 "
+        "measured flows" in text
     )
     assert "median 1.20 × granted (min 0.80, max 1.60); 0 of 8 (0%)" in text
     assert "k8s-spread seed 1 `heavy`" in text
