@@ -31,6 +31,7 @@ from experiments.e2e.fidelity import (
     in_band,
     judged_ratios,
     over_grant,
+    raised,
     rate_ratios,
     ring_bottleneck,
     verdict,
@@ -504,11 +505,10 @@ def _band(judged: list[tuple[float, float]]) -> str:
         return "no flow to judge"
     ratios = [x for x, _ in judged]
     inside = sum(in_band(x, top) for x, top in judged)
-    raised = any(top != WIRE_BAND[1] for _, top in judged)
     return (
         f"median {statistics.median(ratios):.2f} × granted (min {min(ratios):.2f}, max "
         f"{max(ratios):.2f}); {inside} of {len(ratios)} ({100 * inside / len(ratios):.0f}%) "
-        f"within {WIRE_BAND[0]}…{WIRE_BAND[1]}{f' ({RAISED})' if raised else ''}"
+        f"within {WIRE_BAND[0]}…{WIRE_BAND[1]}{f' ({RAISED})' if raised(judged) else ''}"
     )
 
 

@@ -139,6 +139,12 @@ def in_band(ratio: float, top: float = WIRE_BAND[1]) -> bool:
     return WIRE_BAND[0] <= ratio <= top
 
 
+def raised(judged: list[tuple[float, float]]) -> bool:
+    """Whether `wire_top` raised the top of any of these (ratio, top): the texts then say so
+    (`RAISED`)."""
+    return any(top != WIRE_BAND[1] for _, top in judged)
+
+
 def judged_ratios(row: dict, measure: str = "wire_mbps") -> list[tuple[dict, float]]:
     """(flow, `measure` / granted rate) of the flows their grant holds back (`binding_flows`);
     by default what the sender put on the wire while its socket was busy (`rows.tcp_view`): the
@@ -222,11 +228,10 @@ def verdict(run: dict) -> dict[str, Any]:
     ratios = [x for x, _ in judged]
     outside = [x for x, top in judged if not in_band(x, top)]
     if outside:
-        raised = any(top != WIRE_BAND[1] for _, top in judged)
         reasons.append(
             f"{len(outside)} of {len(ratios)} binding flows outside {WIRE_BAND[0]}-"
             f"{WIRE_BAND[1]} of their grant on the wire (min {min(ratios):.2f}, max "
-            f"{max(ratios):.2f}{f'; {RAISED}' if raised else ''})"
+            f"{max(ratios):.2f}{f'; {RAISED}' if raised(judged) else ''})"
         )
     drops = run.get("switch_drops") or {}
     drop_share = drops["rx_dropped"] / drops["rx_packets"] if drops.get("rx_packets") else None
