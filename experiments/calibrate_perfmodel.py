@@ -49,6 +49,7 @@ if __name__ == "__main__" and not __package__:  # python experiments/X.py
     import _venv  # noqa: F401  (re-exec under .venv, the repository on sys.path)
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -86,7 +87,7 @@ from testbed import Emulation, EmulationError
 from topologies import Topology, parse_topology
 from workloads.data import DATASET_SHAPES
 from workloads.job import TestbedJobError, run_job
-from workloads.models import MODELS, build_model, gradient_bytes
+from workloads.models import MODELS, build_model, ddp_buckets, gradient_bytes
 from workloads.results import WARMUP_ITERS, JobSummary, read_job
 
 SWITCH = "s1"
@@ -213,6 +214,12 @@ def model_bytes(model: str, dataset: str) -> int:
     return gradient_bytes(build_model(model, *DATASET_SHAPES[dataset]))
 
 
+@functools.cache
+def model_buckets(model: str, dataset: str) -> tuple[int, ...]:
+    """The model's gradient as the ring's DDP buckets it (`workloads.models.ddp_buckets`)."""
+    return tuple(ddp_buckets(build_model(model, *DATASET_SHAPES[dataset])))
+
+
 def planned_points(s: Settings) -> list[Point]:
     """Every point to measure, in order: each model's compute profile (a ring at the reference
     rate) first, then the ring fit and its checks, then every collective on the check models."""
@@ -245,13 +252,21 @@ def custom_pairs(k: int) -> list[tuple[int, int]]:
 
 
 def calibration_job(
-    s: Settings, collective: str, nbytes: float, mbps: float, compute_s: float
+    s: Settings,
+    collective: str,
+    nbytes: float,
+    mbps: float,
+    compute_s: float,
+    buckets: tuple[float, ...] = (),
 ) -> Job:
     """The scheduler's model of one run: `s.workers` tasks of `s.cpu` cores (task i is rank i;
     a star's server is one of them), the collective's flows and bytes per flow for a gradient
-    of `nbytes`, `compute_s` seconds of one reference core per iteration."""
+    of `nbytes`, `compute_s` seconds of one reference core per iteration, a ring's gradient in
+    DDP's `buckets`."""
     k, demand = s.workers, Resources(s.cpu, s.mem_mb)
     fields = {"compute_s": compute_s, "iterations": 1}
+    if collective == "ring":
+        fields["ddp_buckets"] = buckets
     if collective == "star":
         return star_job(collective, k - 1, demand, nbytes, mbps, **fields)
     if collective == "custom":
@@ -269,9 +284,10 @@ def modelled(
     w{i+1}, each flow at its equal share of the links among the job's flows: what TCP gives it
     when nothing is reserved; enforced, of the `GRANTABLE` share of every link the Master's view
     shows the scheduler, what its grant holds it to."""
-    collective, _, mbps, network = point
+    collective, model, mbps, network = point
     cluster = Cluster.from_topology(bottleneck_topology(s.workers, s.cpu, s.mem_mb, mbps))
-    job = calibration_job(s, collective, nbytes, mbps, compute_s)
+    buckets = model_buckets(model, dataset_of(s, model)) if collective == "ring" else ()
+    job = calibration_job(s, collective, nbytes, mbps, compute_s, buckets)
     placement = {t.name: f"w{i + 1}" for i, t in enumerate(job.tasks)}
     flows = best_effort_flows(cluster, job, placement)
     if network == ENFORCED:

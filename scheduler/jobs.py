@@ -181,6 +181,7 @@ JOB_KEYS = {
     "model_params",
     "model_bytes",
     "compute_s",
+    "gradient_buckets",
     "demand_mbps",
     "iterations",
     "target_accuracy",
@@ -321,6 +322,12 @@ def parse_job(doc: Any, file: str = "<job>", index: int | None = None) -> Job:
         command=_str(d, "command", w, "command", default=""),
         workload=_workload(d.get("workload") or {}, w, collective),
     )
+    if "gradient_buckets" in d:
+        if collective != "ring":
+            raise w.error(
+                "gradient_buckets", f"no such field for a {collective} job (DDP buckets a ring's)"
+            )
+        fields["ddp_buckets"] = _buckets(d["gradient_buckets"], w)
     if fields["target_accuracy"] is not None and fields["target_accuracy"] > 1:
         raise w.error("target_accuracy", "a fraction in (0, 1]", fields["target_accuracy"])
     if fields["iterations"] is None and fields["target_accuracy"] is None:
@@ -346,6 +353,12 @@ def parse_job(doc: Any, file: str = "<job>", index: int | None = None) -> Job:
         ps = _resources(d["ps"], w, "ps") if "ps" in d else None
         return star_job(name, workers, demand, model_bytes, mbps, ps_demand=ps, **fields)
     return BUILDERS[collective](name, workers, demand, model_bytes, mbps, **fields)
+
+
+def _buckets(v: Any, w: _Where) -> tuple[float, ...]:
+    if not isinstance(v, list) or not v or not all(is_number(b) and b > 0 for b in v):
+        raise w.error("gradient_buckets", "a non-empty list of bytes > 0, in DDP's launch order", v)
+    return tuple(float(b) for b in v)
 
 
 def _custom(d: dict, w: _Where, name: str, model_bytes: float, fields: dict) -> Job:

@@ -74,7 +74,7 @@ def predicted_iteration_s(
             rtt_s = max(rtt_s, 2 * path_delay_ms(cluster, fa.path) / 1000)
     steps = collective_steps(job.collective, len(job.tasks)) if flows else 0
     phases = collective_phases(job.collective, flows)
-    return model.iteration_s(compute, *phases, steps=steps, rtt_s=rtt_s)
+    return model.iteration_s(compute, *phases, steps=steps, rtt_s=rtt_s, buckets=job.ddp_buckets)
 
 
 def spare_iteration_s(

@@ -80,6 +80,9 @@ class Job:
     image: str = ""
     command: str = ""
     workload: dict = field(default_factory=dict)  # what the real worker runs (model, dataset, ...)
+    # A ring's gradient as DDP buckets it (bytes per bucket, in launch order: `perfmodel.
+    # overlapped_s`); empty: one bucket, all-reduced after the backward pass.
+    ddp_buckets: tuple[float, ...] = ()
 
     def task(self, name: str) -> Task:
         return next(t for t in self.tasks if t.name == name)

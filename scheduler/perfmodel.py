@@ -5,6 +5,8 @@ measurements (`experiments/calibrate_perfmodel.py` fits `IterationModel`'s const
 
     iteration = slowest task's compute + collective time / efficiency + fixed overhead
 
+less what a ring's DDP hides of its all-reduce under the backward pass (`overlapped_s`).
+
 The collective is expressed as bytes per logical flow per iteration, grouped into the phases the
 worker (`workloads.collectives`) runs one after the other (`collective_phases`). The flows of a
 phase run in parallel, so a phase takes as long as its slowest flow, and the collective as long
@@ -21,7 +23,7 @@ testbed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TypeVar
@@ -33,6 +35,11 @@ COLLECTIVES = ("ring", "star", "tree", "all-to-all", "custom")
 CALIBRATION_FILE = Path(__file__).resolve().parent.parent / "results" / "calibration.json"
 Transfer = tuple[float, float]  # one flow of a collective: (bytes per iteration, rate in Mbit/s)
 T = TypeVar("T")
+# The backward pass's share of a training step's compute. Measured on one core here (forward and
+# backward at batch 32, workloads.models): ResNet-18 0.67, the large MLP 0.58, MobileNetV2 0.55,
+# the Transformer 0.45. The ring's ResNet-18 prediction moves by about 1 % between 0.55 and 0.67,
+# so one value serves every model.
+BACKWARD_SHARE = 2 / 3
 
 
 def flow_bytes(collective: str, workers: int, model_bytes: float) -> float:
@@ -138,13 +145,39 @@ class IterationModel:
         *phases: Iterable[Transfer],
         steps: int = 1,
         rtt_s: float = 0.0,
+        buckets: Sequence[float] = (),
     ) -> float:
-        """Slowest task's compute + the collective's phases (`communication_s`) + overhead."""
+        """Slowest task's compute + the collective's phases (`communication_s`) + overhead; the
+        collective in DDP's gradient `buckets` (a ring's `Job.ddp_buckets`) overlaps the
+        backward pass as `overlapped_s` says."""
         return (
-            max(compute_times_s, default=0.0)
-            + self.communication_s(*phases, steps=steps, rtt_s=rtt_s)
+            overlapped_s(
+                max(compute_times_s, default=0.0),
+                self.communication_s(*phases, steps=steps, rtt_s=rtt_s),
+                buckets,
+            )
             + self.overhead_s
         )
+
+
+def overlapped_s(compute_s: float, comm_s: float, buckets: Sequence[float] = ()) -> float:
+    """A training step's compute and its all-reduce of `comm_s` together, when DDP hands the
+    gradient to gloo in `buckets` (their bytes, in the order DDP launches them): bucket i is
+    all-reduced once the backward pass has produced it — the gradient's bytes taken to come at
+    an even pace through the backward pass (`BACKWARD_SHARE` of the compute, after the forward
+    pass) — and after bucket i-1 (gloo runs them one after the other), each taking its share of
+    `comm_s`. With one bucket, or none given, nothing overlaps: compute + comm_s. (The ring's
+    ResNet-18 measured 3.57 s an iteration with 2.83 s of compute and 2.80 s of all-reduce in
+    the same run: docs/workloads.md.)"""
+    total = float(sum(buckets))
+    if len(buckets) < 2 or total <= 0 or comm_s <= 0:
+        return compute_s + comm_s
+    forward, backward = compute_s * (1 - BACKWARD_SHARE), compute_s * BACKWARD_SHARE
+    produced = done = 0.0
+    for size in buckets:
+        produced += size / total
+        done = max(done, forward + backward * produced) + comm_s * size / total
+    return done
 
 
 def collective_phases(collective: str, flows: Iterable[tuple[int, int, T]]) -> list[list[T]]:

@@ -121,6 +121,7 @@ def estimated_iteration_s(job: Job, model: IterationModel = IterationModel()) ->
         compute,
         *collective_phases(job.collective, flows),
         steps=collective_steps(job.collective, len(job.tasks)),
+        buckets=job.ddp_buckets,
     )
 
 

@@ -244,3 +244,18 @@ def parameter_count(model: nn.Module) -> int:
 def gradient_bytes(model: nn.Module) -> int:
     """Bytes of one full gradient: what one all-reduce (or one push to a PS) carries."""
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def ddp_buckets(model: nn.Module) -> list[int]:
+    """Bytes of each gradient bucket DistributedDataParallel all-reduces, in the order it launches
+    them: the parameters in reverse (the order the backward pass produces their gradients),
+    packed by DDP's own rule and caps — a first bucket of `dist._DEFAULT_FIRST_BUCKET_BYTES`
+    (1 MiB), then 25 MiB (DDP's `bucket_cap_mb`) —, a parameter larger than the cap a bucket to
+    itself. ResNet-18 on CIFAR-10: 9.46, 26.49 and 8.74 MB (a test checks it against DDP's
+    communication hook)."""
+    import torch.distributed as dist
+
+    params = [p for p in reversed(list(model.parameters())) if p.requires_grad]
+    caps = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 1024 * 1024]
+    buckets, _ = dist._compute_bucket_assignment_by_size(params, caps, [False] * len(params))
+    return [sum(params[i].numel() * params[i].element_size() for i in b) for b in buckets]

@@ -99,6 +99,19 @@ def test_the_prediction_is_the_schedulers_with_the_fitted_constants(
     assert steps == collective_steps(job.collective, len(job.tasks))
 
 
+def test_a_rings_model_is_bucketed_as_ddp_buckets_its_gradient_and_only_the_rings():
+    """ResNet-18's three buckets let the ring's prediction hide part of its all-reduce under
+    the backward pass; the star of the same model (the worker's own exchange after the backward
+    pass) keeps compute + collective."""
+    nbytes = cal.model_bytes("resnet18", "cifar10")
+    ring = cal.modelled(S, ("ring", "resnet18", 200.0, BE), nbytes, 1.4)
+    assert len(ring[1].ddp_buckets) == 3 and sum(ring[1].ddp_buckets) == nbytes
+    assert cal.modelled(S, ("star", "resnet18", 200.0, BE), nbytes, 1.4)[1].ddp_buckets == ()
+    assert cal.predicted_iteration_s(*ring, FITTED) < cal.predicted_iteration_s(
+        ring[0], replace(ring[1], ddp_buckets=()), ring[2], FITTED
+    )
+
+
 def _run(
     collective: str, mbps: float, iter_s: float, flows: dict | None, network: str = BE
 ) -> dict:

@@ -140,6 +140,14 @@ DROP = object()
             "field 'workload.collective': expected 'ring' for a ring job, got 'ps'",
         ),
         (edit(GOOD, deadline=-5), "field 'deadline': expected a number > 0, got -5"),
+        (
+            edit(GOOD, gradient_buckets=[1e6, 0]),
+            "field 'gradient_buckets': expected a non-empty list of bytes > 0",
+        ),
+        (
+            edit(GOOD, collective="star", gradient_buckets=[1e6]),
+            "field 'gradient_buckets': expected no such field for a star job",
+        ),
         (edit(CUSTOM, workers=3), "field 'workers': expected no such field for a custom job"),
         (
             edit(CUSTOM, tasks=[{"name": "a", "cpu": 1}, {"name": "a", "cpu": 1}]),
@@ -191,6 +199,15 @@ def test_file_level_errors(tmp_path):
     empty.mkdir()
     with pytest.raises(JobError, match=r"folder has no .yaml/.yml job files"):
         load_jobs(empty)
+
+
+def test_a_ring_job_gives_its_gradient_buckets(tmp_path):
+    path = tmp_path / "ring.yaml"
+    path.write_text(yaml.safe_dump(edit(GOOD, gradient_buckets=[9.46e6, 26.49e6, 8.74e6])))
+    (job,) = load_jobs(path)
+    assert job.ddp_buckets == (9.46e6, 26.49e6, 8.74e6)
+    path.write_text(yaml.safe_dump(GOOD))
+    assert load_jobs(path)[0].ddp_buckets == ()
 
 
 def test_a_file_with_several_jobs(tmp_path):

@@ -11,7 +11,13 @@ import pytest
 from scheduler.jobs import all_to_all_job, ring_job, star_job, tree_job
 from scheduler.metrics import predicted_iteration_s
 from scheduler.model import Cluster, Decision, FlowAssignment, Job, Resources
-from scheduler.perfmodel import IterationModel, collective_phases, collective_steps
+from scheduler.perfmodel import (
+    BACKWARD_SHARE,
+    IterationModel,
+    collective_phases,
+    collective_steps,
+    overlapped_s,
+)
 from scheduler.rounds import estimated_iteration_s
 from topologies import parse_topology
 
@@ -136,3 +142,41 @@ def test_one_phase_collectives_are_predicted_as_before_to_the_bit(job):
     rate = dict(zip(((f.src, f.dst) for f in job.flows), rates))
     decision = spread(cluster, job, lambda f: rate[f.src, f.dst])
     assert predicted_iteration_s(cluster, job, decision) == single_phase_s(job, rates)
+
+
+# --- DDP's overlap of a ring's all-reduce with the backward pass (perfmodel.overlapped_s) -------
+@pytest.mark.parametrize("buckets", [(), (45e6,)])
+def test_one_bucket_overlaps_nothing(buckets):
+    assert overlapped_s(2.0, 3.0, buckets) == 5.0
+
+
+@pytest.mark.parametrize(
+    "compute, comm, buckets",
+    [(2.83, 2.8, (9.46e6, 26.49e6, 8.74e6)), (0.02, 0.5, (8.43e6, 0.53e6)), (1.0, 0.1, (1, 1, 1))],
+)
+def test_overlap_hides_at_most_the_buckets_before_the_last_under_the_backward_pass(
+    compute, comm, buckets
+):
+    """Never less than the compute plus the last bucket's share of the all-reduce (it starts once
+    the backward pass is over), nor than the all-reduce after the forward pass; never more than
+    compute and all-reduce one after the other."""
+    t = overlapped_s(compute, comm, buckets)
+    last = comm * buckets[-1] / sum(buckets)
+    forward = compute * (1 - BACKWARD_SHARE)
+    assert max(compute + last, forward + comm) - 1e-12 <= t < compute + comm
+
+
+def test_a_backward_pass_slower_than_the_network_leaves_only_the_last_bucket():
+    """Buckets whose all-reduce ends before the next is produced: the iteration is the compute
+    and the last bucket's all-reduce."""
+    assert overlapped_s(3.0, 0.3, (1, 1, 1)) == pytest.approx(3.0 + 0.1)
+
+
+def test_a_rings_buckets_shorten_its_prediction_and_other_collectives_ignore_them():
+    cluster = one_switch(3)
+    ring = ring_job("r", 3, R, M, MBPS, compute_s=1.0)
+    bucketed = ring_job("r", 3, R, M, MBPS, compute_s=1.0, ddp_buckets=(M / 2, M / 2))
+    decision = spread(cluster, ring)
+    plain = predicted_iteration_s(cluster, ring, decision)
+    assert predicted_iteration_s(cluster, bucketed, decision) < plain
+    assert estimated_iteration_s(bucketed) < estimated_iteration_s(ring)

@@ -20,7 +20,7 @@ from workloads.data import (
     read_cifar_batch,
     synthetic_dataset,
 )
-from workloads.models import build_model, gradient_bytes, parameter_count
+from workloads.models import build_model, ddp_buckets, gradient_bytes, parameter_count
 
 
 @pytest.mark.parametrize("name, params", [("resnet18", 11_689_512), ("mobilenetv2", 3_504_872)])
@@ -135,3 +135,36 @@ def test_synthetic_data_has_the_real_shapes_and_sizes(name):
     assert data.x_train.shape[1:] == data.x_test.shape[1:] == (c, h, w)
     assert int(data.y_train.min()) == 0 and int(data.y_train.max()) == classes - 1
     assert torch.equal(synthetic_dataset(name).y_test, data.y_test)  # seeded
+
+
+def test_ddp_buckets_are_the_buckets_ddp_all_reduces(tmp_path):
+    """`ddp_buckets` against DDP itself: a one-rank gloo group, a communication hook recording
+    each bucket's bytes in the order DDP hands them over (the second iteration's, after DDP
+    has rebuilt its buckets in the order the gradients came)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = build_model("mlp-large", (1, 8, 8), 10)
+    expected = ddp_buckets(model)
+    assert len(expected) == 2 and sum(expected) == gradient_bytes(model)
+    seen: list[int] = []
+
+    def hook(state, bucket):
+        seen.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, hook)
+        for _ in range(2):
+            seen.clear()
+            ddp(torch.randn(4, 1, 8, 8)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert seen == expected
