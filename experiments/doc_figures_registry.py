@@ -551,8 +551,10 @@ SEEDS_TABLES = [
 
 
 TAPFINGER_ROWS = {
-    "tapfinger": "TapFinger",
-    "las": "Tiresias (LAS)",
+    "tapfinger": "TapFinger, greedy",
+    "tapfinger-sampled": "TapFinger, sampled",
+    "las": "Tiresias (LAS, ours)",
+    "tiresias-paper": "Tiresias (the paper's elastic rule)",
     "optimus": "Optimus-like",
     "random": "Random",
     "min": "Min",
@@ -564,17 +566,44 @@ def _signed_pct(x: float) -> str:
     return f"{'+' if x >= 0 else '−'}{abs(100 * x):.1f} %"
 
 
+def _paired(r: dict) -> str:
+    """A paired ratio with its 95 % interval, as a signed percentage."""
+    if r["low"] is None:
+        return _signed_pct(r["ratio"] - 1)
+    return (
+        f"{_signed_pct(r['ratio'] - 1)} [{_signed_pct(r['low'] - 1)}, {_signed_pct(r['high'] - 1)}]"
+    )
+
+
 def _tapfinger_paper(doc: dict) -> str:
+    """Every policy's average JCT (mean ± sd over the episodes) and TapFinger, greedy and
+    sampled, over it paired by episode; an earlier checkpoint's rows after TapFinger's."""
     s = doc["tapfinger_paper_setting"]
+    jct, vs = s["avg_jct_slots"], s["tapfinger_vs"]
+    earlier = [k for k in jct if k.startswith("tapfinger@")]
+    labels = dict(list(TAPFINGER_ROWS.items())[:2])
+    for k in earlier:
+        name, sampled = (
+            k.removeprefix("tapfinger@").removesuffix("-sampled"),
+            k.endswith("-sampled"),
+        )
+        labels[k] = f"TapFinger, {name}'s checkpoint, {'sampled' if sampled else 'greedy'}"
+    labels |= dict(list(TAPFINGER_ROWS.items())[2:])
     rows = [
         (
             label,
-            pm(s["avg_jct_slots"][key], 2),
-            _signed_pct(s["tapfinger_vs"][key]) if key in s["tapfinger_vs"] else "",
+            pm(jct[key], 2),
+            *(
+                _paired(vs[mode][key]) if key in vs[mode] else ""
+                for mode in ("tapfinger", "tapfinger-sampled")
+            ),
         )
-        for key, label in TAPFINGER_ROWS.items()
+        for key, label in labels.items()
+        if key in jct
     ]
-    return md_table(("policy", "avg JCT", "TapFinger vs it"), rows)
+    return md_table(
+        ("policy", "avg JCT", "TapFinger greedy vs it", "TapFinger sampled vs it"), rows
+    )
 
 
 def _edgeflow(doc: dict) -> str:

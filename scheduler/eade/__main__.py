@@ -78,6 +78,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "go on from the training states",
         "stop training at the next episode after this many seconds (exit status 3)",
     )
+    ap.add_argument(
+        "--only-seed",
+        type=int,
+        default=None,
+        help="train this one of the --seeds only (one process per seed, side by side; train only)",
+    )
     add_options(ap, ExperimentConfig())
     try:
         return ap.parse_args(argv)
@@ -96,6 +102,13 @@ def config(args: argparse.Namespace) -> ExperimentConfig:
     if unknown:
         raise UsageError(
             f"--algorithms: unknown algorithm '{unknown[0]}' (known: {', '.join(ALL)})"
+        )
+    if args.only_seed is not None and (
+        args.command != "train" or not 0 <= args.only_seed < cfg.seeds
+    ):
+        raise UsageError(
+            f"--only-seed: expected a seed in 0..{cfg.seeds - 1} with the train command, got "
+            f"{args.only_seed} with {args.command}"
         )
     if not args.machines.is_file():
         raise UsageError(
@@ -190,7 +203,8 @@ def _run(args: argparse.Namespace, cfg: ExperimentConfig, setting: Setting, layo
 
     command, checkpoints, out = args.command, args.checkpoints, args.out
     rl = [a for a in cfg.algorithms if a in ALGORITHMS]
-    train_units = cfg.seeds * len(rl) * cfg.episodes if command != "evaluate" else 0
+    seeds = 1 if args.only_seed is not None else cfg.seeds
+    train_units = seeds * len(rl) * cfg.episodes if command != "evaluate" else 0
     eval_units = (
         cfg.seeds * (len(cfg.algorithms) + len(REFERENCES)) * cfg.eval_episodes
         if command != "train"
@@ -222,8 +236,9 @@ def _run(args: argparse.Namespace, cfg: ExperimentConfig, setting: Setting, layo
                 args.states,
                 args.resume,
                 args.stop_after_s,
+                args.only_seed,
             )
-            if finished:
+            if finished and args.only_seed is None:  # the other seeds' may still be training
                 out.mkdir(parents=True, exist_ok=True)
                 write_curves(curves_of(cfg, checkpoints), out)
         if eval_units and finished:

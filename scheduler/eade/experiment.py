@@ -330,8 +330,10 @@ def train_all(
     states: Path | None = None,
     resume: bool = False,
     stop_after_s: float = math.inf,
+    only_seed: int | None = None,
 ) -> bool:
-    """Train every RL algorithm of `cfg` on every seed and save its checkpoint (the acting
+    """Train every RL algorithm of `cfg` on every seed (or on `only_seed` alone: seeds train
+    independently, so processes can share them out) and save its checkpoint (the acting
     weights, the training time, the learning curve, the episodes done and planned). With
     `states`: the training states go there, `resume` goes on from them (a checkpoint already
     at `cfg.episodes` is kept), and after `stop_after_s` seconds the training under way stops at
@@ -339,7 +341,7 @@ def train_all(
     the call returns; True when every training is done.
     `progress(what, units)`: a unit is one episode."""
     deadline = time.perf_counter() + stop_after_s
-    for seed in range(cfg.seeds):
+    for seed in range(cfg.seeds) if only_seed is None else (only_seed,):
         layout = layouts(seed)
         stream = fixed_stream(setting, seed) if cfg.fixed_stream else None
         for name in (a for a in cfg.algorithms if a in ALGORITHMS):

@@ -419,6 +419,21 @@ def test_a_stopped_training_resumes_from_its_state_and_the_fixed_stream_is_evalu
     assert "N held-out" in table(doc) and "3 training episodes" in table(doc)
 
 
+def test_seeds_train_apart_as_they_train_together(tmp_path):
+    """--only-seed: two processes, one seed each, leave the checkpoints one process leaves."""
+    small = AgentConfig(batch=16, learning_starts=20, buffer=1000)
+    cfg = ExperimentConfig(seeds=2, episodes=2, curve_every=1, algorithms=("DDPG",))
+    both, apart = tmp_path / "both", tmp_path / "apart"
+    assert train_all(cfg, small, lambda s: layout(), TINY, both)
+    for seed in (1, 0):
+        assert train_all(cfg, small, lambda s: layout(), TINY, apart, only_seed=seed)
+    for seed in (0, 1):
+        a, b = (
+            torch.load(checkpoint_path(d, "DDPG", seed), weights_only=True) for d in (both, apart)
+        )
+        assert all(torch.equal(a["state"][k], b["state"][k]) for k in a["state"])
+
+
 def test_diagnostics_run_every_rule_on_every_setting(monkeypatch):
     import scheduler.eade.experiment as experiment
 
@@ -439,6 +454,8 @@ def test_cli_rejects_bad_input_with_one_line_and_status_2(tmp_path, capsys):
         (["train", "--algorithms", "EADE", "Greedy"], "--algorithms: unknown algorithm"),
         (["all", "--machines", str(tmp_path / "no.csv")], "no such file"),
         (["evaluate", "--checkpoints", str(tmp_path)], "no checkpoint"),
+        (["train", "--seeds", "2", "--only-seed", "2"], "--only-seed: expected a seed in 0..1"),
+        (["evaluate", "--only-seed", "0"], "with the train command"),
     ):
         assert cli(argv) == 2
         err = capsys.readouterr().err
