@@ -181,10 +181,11 @@ def targets(result: dict) -> dict:
     return out
 
 
-def tapfinger_paper_setting(episodes: int, earlier: dict[str, Path]) -> dict:
+def tapfinger_paper_setting(episodes: int, others: dict[str, Path]) -> dict:
     """TapFinger (greedy and sampled) and the baselines in TapFinger's own setting: average JCT
     per episode (1000, 1001, ...), mean ± sd, and TapFinger over each policy paired by episode
-    (`stats.paired_ratio`: geometric mean and 95 % interval); the checkpoint's training record."""
+    (`stats.paired_ratio`: geometric mean and 95 % interval); the checkpoint's training record;
+    `others` (name: checkpoint) evaluated beside it as tapfinger@name."""
     import torch
 
     from experiments.stats import paired_ratio
@@ -193,13 +194,19 @@ def tapfinger_paper_setting(episodes: int, earlier: dict[str, Path]) -> dict:
     from scheduler.tapfinger.net import load
     from scheduler.tapfinger.policy import CHECKPOINT
 
+    def record(path: Path) -> dict:
+        """The paper part's training record with its hyper-parameters (session 22's file keeps
+        one record of them for both parts)."""
+        data = torch.load(path, weights_only=True)
+        part = data["paper"]
+        return part["training"] | {"hyper": part.get("hyper") or data.get("hyper")}
+
     torch.set_num_threads(1)
     start = time.perf_counter()
     net = load(CHECKPOINT, "paper", paper.DIMS, paper.GRID)
-    others = {k: load(v, "paper", paper.DIMS, paper.GRID) for k, v in earlier.items()}
-    with RunProgress((2 + 2 * len(others) + len(paper.BASELINES)) * episodes) as progress:
-        jct = paper.compare(net, episodes, progress=progress.start, others=others)
-    saved = torch.load(CHECKPOINT, weights_only=True)["paper"]
+    nets = {k: load(v, "paper", paper.DIMS, paper.GRID) for k, v in others.items()}
+    with RunProgress((2 + 2 * len(nets) + len(paper.BASELINES)) * episodes) as progress:
+        jct = paper.compare(net, episodes, progress=progress.start, others=nets)
     return {
         "setting": asdict(paper.PaperSetting()),
         "episodes": episodes,
@@ -212,26 +219,22 @@ def tapfinger_paper_setting(episodes: int, earlier: dict[str, Path]) -> dict:
             }
             for mode in ("tapfinger", "tapfinger-sampled")
         },
-        "earlier_checkpoints": {
-            k: torch.load(v, weights_only=True)["paper"].get("hyper")
-            or torch.load(v, weights_only=True).get("hyper")
-            for k, v in earlier.items()
-        },
+        "other_checkpoints": {k: record(v) for k, v in others.items()},
         "paper_claim_vs_tiresias": -0.549,
-        "training": saved["training"] | {"hyper": saved["hyper"]},
+        "training": record(CHECKPOINT),
         "wall_s": time.perf_counter() - start,
     }
 
 
 def seed_systems(
-    seeds: int, topos: list[str], single: str, episodes: int, earlier: dict[str, Path]
+    seeds: int, topos: list[str], single: str, episodes: int, others: dict[str, Path]
 ) -> dict:
     """The seed systems' figures (module doc): TapFinger's setting over `episodes` episodes,
     EdgeFlow's mean ± sd over seeds 0..seeds-1."""
     out = {
         "machine": machine_info(),
         "seeds": seeds,
-        "tapfinger_paper_setting": tapfinger_paper_setting(episodes, earlier),
+        "tapfinger_paper_setting": tapfinger_paper_setting(episodes, others),
     }
     out["edgeflow"] = {}
     for topo in topos:
@@ -292,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         help="evaluation episodes of TapFinger's setting (--seed-systems)",
     )
     ap.add_argument(
-        "--earlier-tapfinger",
+        "--other-tapfinger",
         action="append",
         default=[],
         metavar="NAME=PATH",
@@ -313,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_multi: --policies: {e}", file=sys.stderr)
         return 2
+    for item in args.other_tapfinger:
+        name, _, path = item.partition("=")
+        if not name or not Path(path).is_file():
+            print(
+                f"bench_multi: --other-tapfinger: expected NAME=PATH of a checkpoint, got '{item}'",
+                file=sys.stderr,
+            )
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     single = args.single or default_algorithm()
@@ -324,13 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.seed_systems:
             for topo in args.seed_topos.split(","):  # a typo fails now, not after the paper runs
                 load_topology(topo)
-            earlier = dict(item.partition("=")[::2] for item in args.earlier_tapfinger)
+            others = dict(item.partition("=")[::2] for item in args.other_tapfinger)
             result = seed_systems(
                 args.seeds,
                 args.seed_topos.split(","),
                 single,
                 args.episodes,
-                {k: Path(v) for k, v in earlier.items()},
+                {k: Path(v) for k, v in others.items()},
             )
             (out / "seeds.json").write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))

@@ -577,17 +577,17 @@ def _paired(r: dict) -> str:
 
 def _tapfinger_paper(doc: dict) -> str:
     """Every policy's average JCT (mean ± sd over the episodes) and TapFinger, greedy and
-    sampled, over it paired by episode; an earlier checkpoint's rows after TapFinger's."""
+    sampled, over it paired by episode; another checkpoint's rows (tapfinger@name) after
+    TapFinger's."""
     s = doc["tapfinger_paper_setting"]
     jct, vs = s["avg_jct_slots"], s["tapfinger_vs"]
-    earlier = [k for k in jct if k.startswith("tapfinger@")]
     labels = dict(list(TAPFINGER_ROWS.items())[:2])
-    for k in earlier:
+    for k in (k for k in jct if k.startswith("tapfinger@")):
         name, sampled = (
             k.removeprefix("tapfinger@").removesuffix("-sampled"),
             k.endswith("-sampled"),
         )
-        labels[k] = f"TapFinger, {name}'s checkpoint, {'sampled' if sampled else 'greedy'}"
+        labels[k] = f"TapFinger ({name}), {'sampled' if sampled else 'greedy'}"
     labels |= dict(list(TAPFINGER_ROWS.items())[2:])
     rows = [
         (
@@ -780,10 +780,52 @@ SEEDS_QUOTES += [
     Q(
         SEEDS,
         SEEDS_JSON,
-        "The paper's claim, {claim} against Tiresias, does not hold for our TapFinger: it is "
-        "{vs:.1f} % *slower* than Tiresias",
+        "TapFinger has the paper's direction, and more: {vs} (the paper: {claim})",
+        vs=lambda d: _paired(_vs(d, "tiresias-paper")),
         claim=lambda d: _signed_pct(d["tapfinger_paper_setting"]["paper_claim_vs_tiresias"]),
-        vs=lambda d: 100 * d["tapfinger_paper_setting"]["tapfinger_vs"]["las"],
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "scores {j:.2f} slots here where the authors' released",
+        j=lambda d: _jct(d, "tiresias-paper"),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "TapFinger is {level}: {vs}, an interval that {holds} zero",
+        level=lambda d: _level(_vs(d, "las")),
+        vs=lambda d: _paired(_vs(d, "las")),
+        holds=lambda d: (
+            "holds" if _vs(d, "las")["low"] <= 1 <= _vs(d, "las")["high"] else "excludes"
+        ),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "it is {than} greedy ({s:.2f} against {g:.2f} slots)",
+        than=lambda d: (
+            "slower than"
+            if _jct(d, "tapfinger-sampled") > _jct(d, "tapfinger")
+            else "NOT slower than"
+        ),
+        s=lambda d: _jct(d, "tapfinger-sampled"),
+        g=lambda d: _jct(d, "tapfinger"),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "{n} of the planned {of} episodes, {cpu:.0f} s of CPU",
+        n=("tapfinger_paper_setting", "other_checkpoints", "paper-scale", "episodes"),
+        of=("tapfinger_paper_setting", "other_checkpoints", "paper-scale", "of"),
+        cpu=("tapfinger_paper_setting", "other_checkpoints", "paper-scale", "cpu_s"),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "Its validation JCT {never} below that of its initial weights, {v:.2f} slots",
+        never=lambda d: "never went" if _paper_scale(d)["kept_after_episodes"] == 0 else "went",
+        v=lambda d: _paper_scale(d)["validation"],
     ),
     Q(
         SEEDS,
@@ -826,6 +868,20 @@ SEEDS_QUOTES += [
 
 def _jct(d: dict, policy: str) -> float:
     return d["tapfinger_paper_setting"]["avg_jct_slots"][policy]["mean"]
+
+
+def _vs(d: dict, policy: str) -> dict:
+    """TapFinger (greedy) over `policy`, paired by episode."""
+    return d["tapfinger_paper_setting"]["tapfinger_vs"]["tapfinger"][policy]
+
+
+def _level(r: dict) -> str:
+    """A paired ratio's verdict: ahead (interval below 1), behind (above) or level."""
+    return "ahead" if r["high"] < 1 else "behind" if r["low"] > 1 else "level"
+
+
+def _paper_scale(d: dict) -> dict:
+    return d["tapfinger_paper_setting"]["other_checkpoints"]["paper-scale"]
 
 
 def _ef(d: dict, policy: str, key: str) -> float:

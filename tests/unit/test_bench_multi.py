@@ -1,6 +1,6 @@
 """bench_multi's ablation of one policy (experiments/bench_multi.py --policies --set): the
 policies asked for, with the knob changed, and one line with exit code 2 for a policy it does
-not know."""
+not know or another TapFinger checkpoint that is not there."""
 
 from __future__ import annotations
 
@@ -57,3 +57,17 @@ def test_an_unknown_policy_is_one_line_and_exit_2(tmp_path: Path):
         and "'nope'" in done.stderr
     )
     assert not list(tmp_path.iterdir())
+
+
+def test_another_tapfinger_checkpoint_that_is_not_there_is_one_line_and_exit_2(tmp_path: Path):
+    for item in ("nameless", f"gone={tmp_path / 'gone.pt'}"):
+        done = subprocess.run(
+            BENCH + ["--seed-systems", "--other-tapfinger", item, "--out", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.strip().count("\n") == 0 and f"'{item}'" in done.stderr
+        assert "--other-tapfinger" in done.stderr
+    assert not (tmp_path / "out").exists()
