@@ -11,6 +11,7 @@ re-made, `python experiments/doc_figures.py` says which figures moved.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Callable, Iterable
@@ -172,13 +173,92 @@ def _eade_table6(doc: dict) -> str:
     return md_table(("Random's utilisation: mean / std over clusters", *(n for _, n in UTIL)), rows)
 
 
+# The paper's mode (one stream per seed) in our setting and in the faithful one (issue 52).
+EADE_VARIANTS = {"fixed": "results/eade/fixed", "faithful": "results/eade/faithful"}
+
 EADE_TABLES = [
     Table("eade-training-cost", EADE, (EADE_RESULTS,), _eade_training_cost),
     Table("eade-paper", EADE, ("results/eade/results.md",), lambda md: md),
+    *(
+        Table(f"eade-{name}", EADE, (f"{folder}/results.md",), lambda md: md)
+        for name, folder in EADE_VARIANTS.items()
+    ),
     Table("eade-ces", EADE, (EADE_CES,), _eade_ces),
     Table("eade-diagnostics", EADE, (EADE_DIAG,), _eade_diagnostics),
     Table("eade-table6", EADE, (EADE_DIAG,), _eade_table6),
 ]
+
+
+def _ranked(doc: dict) -> list[str]:
+    """The algorithms (not the experts) by mean N, most first."""
+    names = [n for n in doc["algorithms"] if n not in ("Expert", "Expert-aggregate")]
+    return sorted(names, key=lambda n: -doc["algorithms"][n]["N"]["mean"])
+
+
+ORDINAL = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth")
+
+
+def _best_val_n(rows: list[dict], algorithm: str, upto: float) -> float:
+    """The best validation N within the first `upto` training episodes, mean over seeds."""
+    best: dict[str, float] = {}
+    for r in rows:
+        if r["algorithm"] == algorithm and r["val_N"] and float(r["episode"]) <= upto:
+            best[r["seed"]] = max(best.get(r["seed"], 0.0), float(r["val_N"]))
+    return statistics.fmean(best.values())
+
+
+def _variant_quotes(folder: str, where: str) -> list[Quote]:
+    """What docs/eade.md says of one fixed-stream variant's results ("On its fixed stream" and
+    "In the faithful setting" open the sentences)."""
+    results = f"{folder}/results.json"
+    return [
+        Q(
+            EADE,
+            results,
+            where + " EADE-DDPG places {n} of the 220 tasks, {rank} of the ten algorithms on N "
+            "(first: {first}, {fn:.1f}); on the held-out streams {h}",
+            n=lambda d: pm(d["algorithms"]["EADE-DDPG"]["N"], 1),
+            rank=lambda d: ORDINAL[_ranked(d).index("EADE-DDPG")],
+            first=lambda d: _ranked(d)[0],
+            fn=lambda d: d["algorithms"][_ranked(d)[0]]["N"]["mean"],
+            h=lambda d: pm(d["held_out"]["EADE-DDPG"]["N"], 1),
+        ),
+        Q(
+            EADE,
+            results,
+            where + ", training took EADE-DDPG {e} s of CPU per seed for {ee} episodes and SAC "
+            "{s} s for {se}",
+            e=lambda d: pm(d["training"]["EADE-DDPG"]["cpu_s"], 0),
+            ee=("training", "EADE-DDPG", "episodes"),
+            s=lambda d: pm(d["training"]["SAC"]["cpu_s"], 0),
+            se=("training", "SAC", "episodes"),
+        ),
+        Q(
+            EADE,
+            results,
+            where + ", all the trainings together took {h:.1f} h of CPU",
+            h=lambda d: (
+                sum(t["cpu_s"]["mean"] for t in d["training"].values())
+                * d["experiment"]["seeds"]
+                / 3600
+            ),
+        ),
+        Q(
+            EADE,
+            results,
+            where + " EADE-DDPG's failures: {a:.1f} choices of a cluster whose remaining resources "
+            "did not cover the task and {fr:.1f} that fragmentation failed; Utilization's {u:.1f}, "
+            "{ua}",
+            a=_n("EADE-DDPG", "failed_aggregate"),
+            fr=_n("EADE-DDPG", "failed_fragmented"),
+            u=_n("Utilization", "failed_fragmented"),
+            ua=lambda d: (
+                "all fragmentation"
+                if d["algorithms"]["Utilization"]["failed_aggregate"]["mean"] == 0
+                else "NOT all fragmentation"
+            ),
+        ),
+    ]
 
 
 def _diag(setting: str, rule: str, key: str = "N", stat: str = "mean") -> tuple:
@@ -361,6 +441,22 @@ EADE_QUOTES: list[Quote] = [
         e99=("latency", "eade-ddpg", "p99_ms"),
         c50=("latency", "ces-ppo", "p50_ms"),
         c99=("latency", "ces-ppo", "p99_ms"),
+    ),
+]
+
+
+EADE_QUOTES += [
+    *_variant_quotes(EADE_VARIANTS["fixed"], "On its fixed stream"),
+    *_variant_quotes(EADE_VARIANTS["faithful"], "In the faithful setting"),
+    Q(
+        EADE,
+        f"{EADE_VARIANTS['fixed']}/curves.csv",
+        "On its fixed stream, the best validation N within the first 100 episodes, mean over seeds: "
+        "EADE-DDPG {e100:.1f}, SAC {s100:.1f}; within all of them: {e:.1f} and {s:.1f}",
+        e100=lambda rows: _best_val_n(rows, "EADE-DDPG", 100),
+        s100=lambda rows: _best_val_n(rows, "SAC", 100),
+        e=lambda rows: _best_val_n(rows, "EADE-DDPG", math.inf),
+        s=lambda rows: _best_val_n(rows, "SAC", math.inf),
     ),
 ]
 

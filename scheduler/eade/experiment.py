@@ -570,7 +570,7 @@ def table(doc: dict) -> str:
         + (" N held-out |" if fixed else "")
         + " F | paper F | σ² (Ū) | GPU σ² | paper GPU σ² | failures | train wall s | "
         "train CPU s |",
-        "| --- | ---: | ---: |" + (" ---: |" if fixed else "") + " ---: " * 8 + "|",
+        "| --- | ---: | ---: |" + (" ---: |" if fixed else "") + " ---: |" * 8,
     ]
     for name, m in doc["algorithms"].items():
         paper = doc["paper"].get(name, {})

@@ -417,6 +417,8 @@ def test_a_stopped_training_resumes_from_its_state_and_the_fixed_stream_is_evalu
     assert set(doc["held_out"]) == set(doc["algorithms"])
     assert doc["training"][name]["episodes"] == 3
     assert "N held-out" in table(doc) and "3 training episodes" in table(doc)
+    rows = [line for line in table(doc).splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in rows}) == 1  # the separator too: a markdown table
 
 
 def test_seeds_train_apart_as_they_train_together(tmp_path):
