@@ -316,9 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_multi: --policies: {e}", file=sys.stderr)
         return 2
+    others: dict[str, Path] = {}
     for item in args.other_tapfinger:
         name, _, path = item.partition("=")
-        if not name or not Path(path).is_file():
+        others[name] = Path(path)
+        if not name or not others[name].is_file():
             print(
                 f"bench_multi: --other-tapfinger: expected NAME=PATH of a checkpoint, got '{item}'",
                 file=sys.stderr,
@@ -335,13 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.seed_systems:
             for topo in args.seed_topos.split(","):  # a typo fails now, not after the paper runs
                 load_topology(topo)
-            others = dict(item.partition("=")[::2] for item in args.other_tapfinger)
             result = seed_systems(
                 args.seeds,
                 args.seed_topos.split(","),
                 single,
                 args.episodes,
-                {k: Path(v) for k, v in others.items()},
+                others,
             )
             (out / "seeds.json").write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))

@@ -892,9 +892,7 @@ SEEDS_QUOTES += [
         "TapFinger is {level}: {vs}, an interval that {holds} zero",
         level=lambda d: _level(_vs(d, "las")),
         vs=lambda d: _paired(_vs(d, "las")),
-        holds=lambda d: (
-            "holds" if _vs(d, "las")["low"] <= 1 <= _vs(d, "las")["high"] else "excludes"
-        ),
+        holds=lambda d: "holds" if _level(_vs(d, "las")) == "level" else "excludes",
     ),
     Q(
         SEEDS,
