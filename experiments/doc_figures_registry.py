@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from experiments.doc_figures import Q, Quote, Table, at
+from scheduler.eade.experiment import episodes_trained
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -229,9 +230,9 @@ def _variant_quotes(folder: str, where: str) -> list[Quote]:
             where + ", training took EADE-DDPG {e} s of CPU per seed for {ee} episodes and SAC "
             "{s} s for {se}",
             e=lambda d: pm(d["training"]["EADE-DDPG"]["cpu_s"], 0),
-            ee=("training", "EADE-DDPG", "episodes"),
+            ee=lambda d: episodes_trained(d["training"]["EADE-DDPG"]),
             s=lambda d: pm(d["training"]["SAC"]["cpu_s"], 0),
-            se=("training", "SAC", "episodes"),
+            se=lambda d: episodes_trained(d["training"]["SAC"]),
         ),
         Q(
             EADE,

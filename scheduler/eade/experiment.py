@@ -542,17 +542,31 @@ def _cell(m: dict | None, digits: int) -> str:
     return f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f}"
 
 
+def episodes_trained(training: dict) -> str:
+    """An algorithm's training episodes, "a" or, where its seeds' trainings stopped at
+    different episodes (a run stopped by --stop-after-s), "least–most"."""
+    per_seed = training.get("episodes_per_seed") or [training["episodes"]]
+    lo, hi = min(per_seed), max(per_seed)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def _first_int(label: str) -> int:
+    return int(label.split("–")[0])
+
+
 def table(doc: dict) -> str:
     """Markdown: N, F, σ², GPU σ² (mean ± sd over seeds) beside the paper's Tables 7–9, the
     failures split (aggregate-infeasible choices / fragmentation / wrong waits), in the
     fixed-stream mode N on the held-out streams, and the training time per algorithm."""
     e = doc["experiment"]
     fixed = e.get("fixed_stream", False)
-    done = sorted({t["episodes"] for t in doc["training"].values()})
-    planned = sorted({t.get("planned", t["episodes"]) for t in doc["training"].values()})
-    trained = "/".join(map(str, done)) or "no"
+    done = sorted({episodes_trained(t) for t in doc["training"].values()}, key=_first_int)
+    planned = [
+        str(p) for p in sorted({t.get("planned", t["episodes"]) for t in doc["training"].values()})
+    ]
+    trained = "/".join(done) or "no"
     if planned != done and planned:
-        trained += f" (of {'/'.join(map(str, planned))} planned)"
+        trained += f" (of {'/'.join(planned)} planned)"
     evaluated = (
         f"the fixed stream of each seed (N on {e['eval_episodes']} held-out streams beside it)"
         if fixed
@@ -632,6 +646,10 @@ def plot_curves(curves: dict[str, list[list[dict]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for name, per_seed in curves.items():
+        # the episodes every seed reached: a training stopped by --stop-after-s leaves its
+        # seeds at different episodes
+        reached = min(len(rows) for rows in per_seed)
+        per_seed = [rows[:reached] for rows in per_seed]
         points = [r for r in per_seed[0] if "val_N" in r]
         x = [r["episode"] for r in points]
         val = np.mean([[r["val_N"] for r in rows if "val_N" in r] for rows in per_seed], axis=0)

@@ -48,6 +48,7 @@ from scheduler.eade.experiment import (
     agent_chooser,
     checkpoint_path,
     curves_of,
+    episodes_trained,
     evaluate_all,
     table,
     train_all,
@@ -419,6 +420,14 @@ def test_a_stopped_training_resumes_from_its_state_and_the_fixed_stream_is_evalu
     assert "N held-out" in table(doc) and "3 training episodes" in table(doc)
     rows = [line for line in table(doc).splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in rows}) == 1  # the separator too: a markdown table
+
+
+def test_episodes_trained_says_where_seeds_stopped_apart():
+    """A training stopped by --stop-after-s leaves its seeds at different episodes: the table
+    gives the range, not seed 0's count."""
+    assert episodes_trained({"episodes": 100, "episodes_per_seed": [100, 100, 100]}) == "100"
+    assert episodes_trained({"episodes": 712, "episodes_per_seed": [712, 690, 731]}) == "690–731"
+    assert episodes_trained({"episodes": 100}) == "100"  # results made before per-seed counts
 
 
 def test_seeds_train_apart_as_they_train_together(tmp_path):
