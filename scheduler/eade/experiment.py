@@ -550,17 +550,16 @@ def episodes_trained(training: dict) -> str:
     return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
-def _first_int(label: str) -> int:
-    return int(label.split("–")[0])
-
-
 def table(doc: dict) -> str:
     """Markdown: N, F, σ², GPU σ² (mean ± sd over seeds) beside the paper's Tables 7–9, the
     failures split (aggregate-infeasible choices / fragmentation / wrong waits), in the
     fixed-stream mode N on the held-out streams, and the training time per algorithm."""
     e = doc["experiment"]
     fixed = e.get("fixed_stream", False)
-    done = sorted({episodes_trained(t) for t in doc["training"].values()}, key=_first_int)
+    done = sorted(
+        {episodes_trained(t) for t in doc["training"].values()},
+        key=lambda label: int(label.split("–")[0]),
+    )
     planned = [
         str(p) for p in sorted({t.get("planned", t["episodes"]) for t in doc["training"].values()})
     ]
