@@ -4,6 +4,7 @@ results/ holds: every committed file cited by a doc, no plot or copy a command r
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -157,3 +158,18 @@ def test_make_figures_has_a_maker_for_every_committed_plot_source():
     # every committed end-to-end run set's results.json has its plots made
     committed = {f for f in _git_ls("results/e2e") if f.endswith("/results.json")}
     assert committed and committed <= {str(p.relative_to(REPO)) for p in plots.e2e_results()}
+
+
+def test_e2e_results_finds_a_run_set_whatever_its_header_holds(tmp_path):
+    from experiments import plots
+
+    # mixed-campus's header (scenario, machine, dilation) put "runs" past its first 4 kB
+    (tmp_path / "long").mkdir()
+    (tmp_path / "long" / "results.json").write_text(
+        json.dumps({"version": 1, "scenario": {"description": "x" * 5000}, "runs": []})
+    )
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "results.json").write_text(json.dumps({"scenario": "not a run set"}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.json").write_text('{"scenario": {}, "runs": [')
+    assert plots.e2e_results(tmp_path) == [tmp_path / "long" / "results.json"]
