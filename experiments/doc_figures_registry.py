@@ -1827,17 +1827,59 @@ def _e2e_schedulers(res: dict, judged: dict | None = None) -> str:
     )
 
 
-def _e2e_every_run(res: dict) -> str:
-    """`_e2e_schedulers` over every run, faithful or not (the last column still counts the
-    faithful ones): for a run set whose runs of some scheduler were all unfaithful, what they
-    measured, to be read with their verdicts."""
-    every = {
+def _every_run_counted(res: dict) -> dict:
+    """The run set with every run counted as faithful: what its runs measured, verdicts aside."""
+    return {
         **res,
         "runs": [
             {**r, "fidelity": {**r.get("fidelity", {}), "faithful": True}} for r in res["runs"]
         ],
     }
-    return _e2e_schedulers(every, judged=res)
+
+
+def _e2e_every_run(res: dict) -> str:
+    """`_e2e_schedulers` over every run, faithful or not (the last column still counts the
+    faithful ones): for a run set whose runs of some scheduler were all unfaithful, what they
+    measured, to be read with their verdicts."""
+    return _e2e_schedulers(_every_run_counted(res), judged=res)
+
+
+def _tta_ratio(res: dict, other: str) -> str:
+    """CES-PPO's mean TTA over `other`'s, paired by seed (report.comparisons): "r [low, high]"."""
+    from experiments import report
+
+    (r,) = [
+        c["tta"]
+        for c in report.comparisons(res, res["scenario"]["timeout_s"])
+        if c["other"] == other
+    ]
+    return f"{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
+
+
+def _mixed_ratio_quotes(name: str) -> list[Quote]:
+    """docs/workloads.md's comparisons of a mixed run set, over its faithful runs and over every
+    run."""
+    others = {"k": "k8s-spread", "o": "ces-ppo/best-effort", "n": "network-aware/ces"}
+    return [
+        Q(
+            WORK,
+            _e2e(name),
+            "against k8s-spread {k}, against its own placement on a best-effort network {o}, "
+            "against network-aware/ces {n}",
+            **{k: (lambda res, o=o: _tta_ratio(res, o)) for k, o in others.items()},
+        ),
+        Q(
+            WORK,
+            _e2e(name),
+            "Over every run, the unfaithful one included ({s} seeds; not a verdict): {k}, {o} "
+            "and {n}.",
+            s=lambda res: len({r["seed"] for r in res["runs"] if r["scheduler"] == "ces-ppo"}),
+            **{
+                k: (lambda res, o=o: _tta_ratio(_every_run_counted(res), o))
+                for k, o in others.items()
+            },
+        ),
+    ]
 
 
 def _e2e_headline(res: dict) -> str:
@@ -2176,6 +2218,8 @@ E2E_TABLES = [
     Table("workloads-mixed-campus", WORK, (_e2e("mixed-campus"),), _e2e_every_run),
     Table("workloads-mixed-ring", WORK, (_e2e("mixed-ring"),), _e2e_every_run),
 ]
+
+WORK_QUOTES += _mixed_ratio_quotes("mixed-campus")
 
 
 # --- docs/cluster.md ---------------------------------------------------------------------------
