@@ -92,6 +92,16 @@ def run_py(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+def tcp_mbps(net: ClusterEmulation, src: str, dst: str, seconds: int) -> float:
+    """One iperf3 TCP transfer `src` -> `dst`, its first second omitted: received Mbit/s."""
+    assert net.exec(dst, "iperf3 -s -1 -D -p 5201")[0] == 0
+    wait_for(lambda: ":5201 " in net.exec(dst, "ss -ltnH")[1], 10, f"iperf3 on {dst}")
+    ip = net.topo.node(dst).ip
+    code, out = net.exec(src, f"iperf3 -c {ip} -p 5201 -t {seconds} -O 1 -J", 60)
+    assert code == 0, out
+    return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+
+
 def test_a_host_without_its_underlay_or_unreachable_is_one_line_exit_2(cluster, tmp_path):
     token = tmp_path / "token"
     token.write_text(secrets.token_urlsafe(24) + "\n")
@@ -148,15 +158,15 @@ def test_a_topology_over_two_hosts_at_the_inner_mtu_with_its_tunnel_shaped(clust
             assert code == 0, out
             code, out = net.exec("n1", "cat /sys/class/net/eth0/mtu")
             assert out.strip() == "1450"
-            # the tunnel link holds its rate: iperf3 TCP n1 -> n2, receiver side
-            assert net.exec("n2", "iperf3 -s -1 -D -p 5201")[0] == 0
-            wait_for(lambda: ":5201 " in net.exec("n2", "ss -ltnH")[1], 10, "iperf3 on n2")
-            code, out = net.exec(
-                "n1", f"iperf3 -c {net.topo.node('n2').ip} -p 5201 -t 6 -O 1 -J", 60
-            )
-            mbps = json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
-            assert 0.85 * RATE <= mbps <= 1.05 * RATE, mbps
-            # n1 and n3 on one host: not limited by the tunnel link
+            # the tunnel link holds its rate. The bench reads 0.95 of a 50 Mbit/s grant
+            # (docs/cluster.md), one CI runner read 0.81 (two userspace datapaths on two shared
+            # cores); a link left unshaped reads the tunnel's ceiling (~400), one shaped twice
+            # or at a dilated rate half of the grant or less.
+            mbps = tcp_mbps(net, "n1", "n2", 6)
+            assert 0.7 * RATE <= mbps <= 1.05 * RATE, mbps
+            # n1 and n3 on one host, over their 1000 Mbit/s links: not held by the tunnel link
+            mbps = tcp_mbps(net, "n1", "n3", 3)
+            assert mbps > 2 * RATE, mbps
             assert left_of(cluster, prefix)["h1"], "the run's bridges exist while it runs"
     finally:
         sdn.stop()
