@@ -177,9 +177,10 @@ def _eade_table6(doc: dict) -> str:
 
 # The paper's mode (one stream per seed) in our setting and in the faithful one (issue 52).
 EADE_VARIANTS = {"fixed": "results/eade/fixed", "faithful": "results/eade/faithful"}
-# EADE-DDPG and the rules without training on five seeds of the faithful setting: the other RL
-# algorithms keep their three (their seeds 3 and 4 are not trained).
-EADE_FAITHFUL_5 = "results/eade/faithful-5seeds"
+# Every algorithm on seven seeds of the faithful setting; EADE-DDPG's seeds from 3 on (trained
+# after results/eade/faithful's three) ran the paper's 1000 episodes.
+EADE_FAITHFUL_7 = "results/eade/faithful-7seeds"
+EADE_NEW_SEEDS = 3
 
 EADE_TABLES = [
     Table("eade-training-cost", EADE, (EADE_RESULTS,), _eade_training_cost),
@@ -188,7 +189,7 @@ EADE_TABLES = [
         Table(f"eade-{name}", EADE, (f"{folder}/results.md",), lambda md: md)
         for name, folder in EADE_VARIANTS.items()
     ),
-    Table("eade-faithful-5seeds", EADE, (f"{EADE_FAITHFUL_5}/results.md",), lambda md: md),
+    Table("eade-faithful-7seeds", EADE, (f"{EADE_FAITHFUL_7}/results.md",), lambda md: md),
     Table("eade-ces", EADE, (EADE_CES,), _eade_ces),
     Table("eade-diagnostics", EADE, (EADE_DIAG,), _eade_diagnostics),
     Table("eade-table6", EADE, (EADE_DIAG,), _eade_table6),
@@ -451,10 +452,15 @@ EADE_QUOTES: list[Quote] = [
 ]
 
 
-def _eade_vs_random(doc: dict) -> dict[str, Any]:
-    """EADE-DDPG's N − Random's paired by seed, as docs/eade.md gives it: the mean gap `d`, its
-    95 % t-interval [`lo`, `hi`], the seeds `n`, whether the interval `holds` zero."""
-    ns = [[s["N"] for s in doc["per_seed"][x]] for x in ("EADE-DDPG", "Random")]
+def _seed_ns(doc: dict, algorithm: str) -> list[float]:
+    return [s["N"] for s in doc["per_seed"][algorithm]]
+
+
+def _eade_vs_random(doc: dict, seeds: int | None = None) -> dict[str, Any]:
+    """EADE-DDPG's N − Random's paired by seed (the first `seeds`, or all), as docs/eade.md gives
+    it: the mean gap `d`, its 95 % t-interval [`lo`, `hi`], the seeds `n`, whether the interval
+    `holds` zero."""
+    ns = [_seed_ns(doc, x)[:seeds] for x in ("EADE-DDPG", "Random")]
     mean, half = mean_interval([x - y for x, y in zip(*ns, strict=True)])
     lo, hi = mean - half, mean + half
     return {
@@ -476,9 +482,61 @@ def _eade_vs_random_quote(folder: str) -> Quote:
     )
 
 
+def _and(xs: list) -> str:
+    """1, 2 and 3."""
+    return ", ".join(map(str, xs[:-1])) + " and " + str(xs[-1])
+
+
+def _new_seeds(doc: dict, algorithm: str) -> str:
+    return _and([round(n) for n in _seed_ns(doc, algorithm)[EADE_NEW_SEEDS:]])
+
+
+def _eade_against_random(doc: dict) -> dict[str, int]:
+    """On how many seeds EADE-DDPG places more than Random, as many, fewer."""
+    gaps = [x - y for x, y in zip(_seed_ns(doc, "EADE-DDPG"), _seed_ns(doc, "Random"), strict=True)]
+    return {
+        "ahead": sum(g > 0 for g in gaps),
+        "level": sum(g == 0 for g in gaps),
+        "behind": sum(g < 0 for g in gaps),
+    }
+
+
+EADE_7_RESULTS = f"{EADE_FAITHFUL_7}/results.json"
 EADE_QUOTES += [
     _eade_vs_random_quote(EADE_VARIANTS["faithful"]),
-    _eade_vs_random_quote(EADE_FAITHFUL_5),
+    _eade_vs_random_quote(EADE_FAITHFUL_7),
+    Q(
+        EADE,
+        EADE_7_RESULTS,
+        "EADE-DDPG places {e} on the new seeds' streams, Random {r}",
+        e=lambda d: _new_seeds(d, "EADE-DDPG"),
+        r=lambda d: _new_seeds(d, "Random"),
+    ),
+    Q(
+        EADE,
+        EADE_7_RESULTS,
+        "ahead of Random on {ahead} seeds, level on {level} and behind on {behind}",
+        **{k: (lambda d, k=k: _eade_against_random(d)[k]) for k in ("ahead", "level", "behind")},
+    ),
+    Q(
+        EADE,
+        EADE_7_RESULTS,
+        "Two more seeds moved the gap from {d} [{lo}, {hi}] (five seeds)",
+        **{k: (lambda d, k=k: _eade_vs_random(d, 5)[k]) for k in ("d", "lo", "hi")},
+    ),
+    Q(
+        EADE,
+        EADE_7_RESULTS,
+        "On the held-out streams it stays behind Random ({e} against {r})",
+        e=lambda d: pm(d["held_out"]["EADE-DDPG"]["N"], 1),
+        r=lambda d: pm(d["held_out"]["Random"]["N"], 1),
+    ),
+    Q(
+        EADE,
+        EADE_7_RESULTS,
+        "The kept weights of the new seeds come from episodes {k}",
+        k=lambda d: _and(d["training"]["EADE-DDPG"]["kept_episode"][EADE_NEW_SEEDS:]),
+    ),
     *_variant_quotes(EADE_VARIANTS["fixed"], "On its fixed stream"),
     *_variant_quotes(EADE_VARIANTS["faithful"], "In the faithful setting"),
     Q(
