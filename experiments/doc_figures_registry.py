@@ -456,11 +456,11 @@ def _seed_ns(doc: dict, algorithm: str) -> list[float]:
     return [s["N"] for s in doc["per_seed"][algorithm]]
 
 
-def _eade_vs_random(doc: dict, seeds: int | None = None) -> dict[str, Any]:
-    """EADE-DDPG's N − Random's paired by seed (the first `seeds`, or all), as docs/eade.md gives
-    it: the mean gap `d`, its 95 % t-interval [`lo`, `hi`], the seeds `n`, whether the interval
-    `holds` zero."""
-    ns = [_seed_ns(doc, x)[:seeds] for x in ("EADE-DDPG", "Random")]
+def _eade_vs(doc: dict, other: str = "Random", seeds: int | None = None) -> dict[str, Any]:
+    """EADE-DDPG's N − `other`'s paired by seed (the first `seeds`, or all), as docs/eade.md
+    gives it: the mean gap `d`, its 95 % t-interval [`lo`, `hi`], the seeds `n`, whether the
+    interval `holds` zero."""
+    ns = [_seed_ns(doc, x)[:seeds] for x in ("EADE-DDPG", other)]
     mean, half = mean_interval([x - y for x, y in zip(*ns, strict=True)])
     lo, hi = mean - half, mean + half
     return {
@@ -472,13 +472,13 @@ def _eade_vs_random(doc: dict, seeds: int | None = None) -> dict[str, Any]:
     }
 
 
-def _eade_vs_random_quote(folder: str) -> Quote:
+def _eade_vs_quote(folder: str, other: str = "Random") -> Quote:
     return Q(
         EADE,
         f"{folder}/results.json",
-        "paired by seed, EADE-DDPG − Random is {d} tasks, 95 % interval [{lo}, {hi}] over {n} "
-        "seeds, which {holds} zero",
-        **{k: (lambda doc, k=k: _eade_vs_random(doc)[k]) for k in ("d", "lo", "hi", "n", "holds")},
+        f"paired by seed, EADE-DDPG − {other} is {{d}} tasks, 95 % interval [{{lo}}, {{hi}}] "
+        "over {n} seeds, which {holds} zero",
+        **{k: (lambda doc, k=k: _eade_vs(doc, other)[k]) for k in ("d", "lo", "hi", "n", "holds")},
     )
 
 
@@ -503,8 +503,10 @@ def _eade_against_random(doc: dict) -> dict[str, int]:
 
 EADE_7_RESULTS = f"{EADE_FAITHFUL_7}/results.json"
 EADE_QUOTES += [
-    _eade_vs_random_quote(EADE_VARIANTS["faithful"]),
-    _eade_vs_random_quote(EADE_FAITHFUL_7),
+    _eade_vs_quote(EADE_VARIANTS["faithful"]),
+    _eade_vs_quote(EADE_FAITHFUL_7),
+    _eade_vs_quote(EADE_FAITHFUL_7, "SAC"),
+    *_variant_quotes(EADE_FAITHFUL_7, "Over the seven seeds")[:2],
     Q(
         EADE,
         EADE_7_RESULTS,
@@ -522,7 +524,7 @@ EADE_QUOTES += [
         EADE,
         EADE_7_RESULTS,
         "Two more seeds moved the gap from {d} [{lo}, {hi}] (five seeds)",
-        **{k: (lambda d, k=k: _eade_vs_random(d, 5)[k]) for k in ("d", "lo", "hi")},
+        **{k: (lambda d, k=k: _eade_vs(d, seeds=5)[k]) for k in ("d", "lo", "hi")},
     ),
     Q(
         EADE,
