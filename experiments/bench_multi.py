@@ -196,10 +196,14 @@ def tapfinger_paper_setting(episodes: int, others: dict[str, Path]) -> dict:
 
     def record(path: Path) -> dict:
         """The paper part's training record with its hyper-parameters (session 22's file keeps
-        one record of them for both parts)."""
+        one record of them for both parts) and its history (per update: return, losses,
+        validation)."""
         data = torch.load(path, weights_only=True)
         part = data["paper"]
-        return part["training"] | {"hyper": part.get("hyper") or data.get("hyper")}
+        return part["training"] | {
+            "hyper": part.get("hyper") or data.get("hyper"),
+            "history": part.get("history", []),
+        }
 
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -220,6 +224,9 @@ def tapfinger_paper_setting(episodes: int, others: dict[str, Path]) -> dict:
             for mode in ("tapfinger", "tapfinger-sampled")
         },
         "other_checkpoints": {k: record(v) for k, v in others.items()},
+        "allocations_episode_1000": {
+            name: paper.allocations(n, 1000) for name, n in {"tapfinger": net, **nets}.items()
+        },
         "paper_claim_vs_tiresias": -0.549,
         "training": record(CHECKPOINT),
         "wall_s": time.perf_counter() - start,

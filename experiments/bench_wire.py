@@ -39,6 +39,7 @@ from pathlib import Path
 from edge import tc
 from experiments.common import REPO, RESULTS, require_root, write_results
 from protocol.dilation import Dilation
+from scheduler.config import positive_int
 from testbed import Emulation
 from topologies import parse_topology
 from workloads.metrics import wire_rate_mbps
@@ -243,13 +244,6 @@ def tcp_events(net: Emulation) -> dict[str, int]:
     return out
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text}")
-    return value
-
-
 def measure(args: argparse.Namespace, dilation: Dilation, cpus: list[float]) -> list[dict]:
     """Every case, `--repeats` times, in one emulation at `dilation`."""
     topo = parse_topology(topology(args.link, args.delay_ms), "bench_wire")
@@ -315,12 +309,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a training thread in each gloo worker, spending its quota as a run's workers do",
     )
-    parser.add_argument("--bytes", type=_positive, default=340_008, help="a message (the cycle's)")
-    parser.add_argument("--messages", type=_positive, default=30)
+    parser.add_argument(
+        "--bytes", type=positive_int, default=340_008, help="a message (the cycle's)"
+    )
+    parser.add_argument("--messages", type=positive_int, default=30)
     parser.add_argument(
         "--cpus", default="1.0,0.2", help="the gloo workers' quotas, emulated cores"
     )
-    parser.add_argument("--repeats", type=_positive, default=2)
+    parser.add_argument("--repeats", type=positive_int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_wire.json")
     args = parser.parse_args(argv)
     try:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from experiments.doc_figures import Q, Quote, Table, at
-from experiments.stats import mean_interval
+from experiments.stats import mean_interval, paired_ratio
 from scheduler.eade.experiment import episodes_trained
 
 
@@ -1030,17 +1030,102 @@ SEEDS_QUOTES += [
     Q(
         SEEDS,
         SEEDS_JSON,
-        "{n} of the planned {of} episodes, {cpu:.0f} s of CPU",
-        n=("tapfinger_paper_setting", "other_checkpoints", "paper-scale", "episodes"),
-        of=("tapfinger_paper_setting", "other_checkpoints", "paper-scale", "of"),
-        cpu=("tapfinger_paper_setting", "other_checkpoints", "paper-scale", "cpu_s"),
+        "all {n} of the planned {of} episodes, {cpu:.0f} s of CPU and {wall:.0f} s of wall time",
+        n=("tapfinger_paper_setting", "training", "episodes"),
+        of=("tapfinger_paper_setting", "training", "of"),
+        cpu=("tapfinger_paper_setting", "training", "cpu_s"),
+        wall=("tapfinger_paper_setting", "training", "wall_s"),
     ),
     Q(
         SEEDS,
         SEEDS_JSON,
-        "Its validation JCT {never} below that of its initial weights, {v:.2f} slots",
-        never=lambda d: "never went" if _paper_scale(d)["kept_after_episodes"] == 0 else "went",
-        v=lambda d: _paper_scale(d)["validation"],
+        "validation JCT was {v1:.1f} after\n"
+        "the first update, {v176:.1f} after 176 episodes and {last:.1f} at the end; its best, "
+        "{best:.2f} slots, after {kept} episodes, is the\ncheckpoint's (the median of the last "
+        "half's {n} scores: {median:.1f})",
+        v1=lambda d: _validations(d)[0][1],
+        v176=lambda d: dict(_validations(d))[176],
+        last=lambda d: _validations(d)[-1][1],
+        best=lambda d: _trained(d)["validation"],
+        kept=lambda d: _trained(d)["kept_after_episodes"],
+        n=lambda d: len(_last_half(d)),
+        median=lambda d: statistics.median(_last_half(d)),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "went from {r0} (the first four updates) to {r1} (the last four), and its\n"
+        "entropy fell from {e0:.2f} to {e1:.2f}",
+        r0=lambda d: _minus(statistics.mean(r["return"] for r in _history(d)[:4])),
+        r1=lambda d: _minus(statistics.mean(r["return"] for r in _history(d)[-4:])),
+        e0=lambda d: _history(d)[0]["entropy"],
+        e1=lambda d: _history(d)[-1]["entropy"],
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "the gradient's norm\nbefore clipping was {g0:.1f}–{g1:.1f} against the clip of {clip}, "
+        "and the critic's loss ({v:.2f} on\naverage, weighted {vc}) dwarfs the policy's "
+        "(|{p:.4f}|) and the entropy term's ({ec} × {e:.2f})",
+        g0=lambda d: min(r["grad_norm"] for r in _history(d)),
+        g1=lambda d: max(r["grad_norm"] for r in _history(d)),
+        clip=lambda d: _trained(d)["hyper"]["max_grad"],
+        v=lambda d: statistics.mean(r["value"] for r in _history(d)),
+        vc=lambda d: _trained(d)["hyper"]["value_coef"],
+        p=lambda d: statistics.mean(abs(r["policy"]) for r in _history(d)),
+        ec=lambda d: _trained(d)["hyper"]["entropy"],
+        e=lambda d: statistics.mean(r["entropy"] for r in _history(d)),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "(explained variance {e0:.2f} in the first\nupdate, {lo:.2f}–{hi:.2f} from the third on)",
+        e0=lambda d: _history(d)[0]["explained_variance"],
+        lo=lambda d: min(r["explained_variance"] for r in _history(d)[2:]),
+        hi=lambda d: max(r["explained_variance"] for r in _history(d)[2:]),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        '"vision" tasks {v}; "language" tasks {l}.',
+        v=lambda d: _allocations(d, "tapfinger", "vision"),
+        l=lambda d: _allocations(d, "tapfinger", "language"),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        'Session 22\'s weights had not learned the kinds apart: "vision" {v}; "language" {l}.',
+        v=lambda d: _allocations(d, "session-22", "vision"),
+        l=lambda d: _allocations(d, "session-22", "language"),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "{n} updates in {h:.2f} CPU h",
+        n=lambda d: len(_history(d)),
+        h=lambda d: _trained(d)["cpu_s"] / 3600,
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "sampled, on the benchmark episodes below, it is {pct:.0f} % faster\nthan session 22's "
+        "weights sampled",
+        pct=lambda d: (
+            100
+            * (
+                1
+                - d["tapfinger_paper_setting"]["tapfinger_vs"]["tapfinger-sampled"][
+                    "tapfinger@session-22-sampled"
+                ]["ratio"]
+            )
+        ),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "(session 22's weights: {vs}, also {level})",
+        vs=lambda d: _signed_pct(_vs(d, "las", "tapfinger@session-22")["ratio"] - 1),
+        level=lambda d: _level(_vs(d, "las", "tapfinger@session-22")),
     ),
     Q(
         SEEDS,
@@ -1085,9 +1170,15 @@ def _jct(d: dict, policy: str) -> float:
     return d["tapfinger_paper_setting"]["avg_jct_slots"][policy]["mean"]
 
 
-def _vs(d: dict, policy: str) -> dict:
-    """TapFinger (greedy) over `policy`, paired by episode."""
-    return d["tapfinger_paper_setting"]["tapfinger_vs"]["tapfinger"][policy]
+def _vs(d: dict, policy: str, tapfinger: str = "tapfinger") -> dict:
+    """TapFinger (greedy; or another checkpoint's, "tapfinger@name") over `policy`, paired by
+    episode."""
+    s = d["tapfinger_paper_setting"]
+    if tapfinger in s["tapfinger_vs"]:
+        return s["tapfinger_vs"][tapfinger][policy]
+    return paired_ratio(
+        s["avg_jct_slots"][tapfinger]["runs"], s["avg_jct_slots"][policy]["runs"]
+    ).to_json()
 
 
 def _level(r: dict) -> str:
@@ -1095,8 +1186,33 @@ def _level(r: dict) -> str:
     return "ahead" if r["high"] < 1 else "behind" if r["low"] > 1 else "level"
 
 
-def _paper_scale(d: dict) -> dict:
-    return d["tapfinger_paper_setting"]["other_checkpoints"]["paper-scale"]
+def _trained(d: dict) -> dict:
+    """The TapFinger checkpoint's training record (paper part)."""
+    return d["tapfinger_paper_setting"]["training"]
+
+
+def _history(d: dict) -> list[dict]:
+    return _trained(d)["history"]
+
+
+def _validations(d: dict) -> list[tuple[int, float]]:
+    """(episodes, validation score) of every validated update."""
+    return [(r["episodes"], r["validation"]) for r in _history(d) if "validation" in r]
+
+
+def _last_half(d: dict) -> list[float]:
+    rows = _validations(d)
+    return [v for _, v in rows[len(rows) // 2 :]]
+
+
+def _minus(x: float) -> str:
+    return f"−{-x:,.0f}" if x < 0 else f"{x:,.0f}"
+
+
+def _allocations(d: dict, checkpoint: str, kind: str, top: int = 3) -> str:
+    """A checkpoint's commonest greedy allocations to `kind` on episode 1000: "(c, g) n, ..."."""
+    given = d["tapfinger_paper_setting"]["allocations_episode_1000"][checkpoint][kind]
+    return ", ".join(f"({cell.replace(',', ', ')}) {n}" for cell, n in list(given.items())[:top])
 
 
 def _ef(d: dict, policy: str, key: str) -> float:

@@ -59,6 +59,17 @@ def add_resume_options(parser: argparse.ArgumentParser, resume_help: str, stop_h
     parser.add_argument("--stop-after-s", type=float, default=math.inf, help=stop_help)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text}")
+    return value
+
+
 def from_args(args: argparse.Namespace, base: Any, prefix: str = "") -> Any:
     """`base` with the fields the command line set (`add_options` with the same `prefix`)."""
     changes = {}

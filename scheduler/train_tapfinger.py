@@ -1,6 +1,7 @@
 """Train TapFinger's networks (scheduler/checkpoints/tapfinger.pt): MAPPO in TapFinger's own
-setting (`paper`) or in CES's simulator (`ces`), seeded, one thread; each writes its part of the
-checkpoint and keeps the other.
+setting (`paper`) or in CES's simulator (`ces`), seeded, one thread a process (--workers
+processes roll the episodes out, to the same result); each writes its part of the checkpoint and
+keeps the other.
 
     nice -n 19 python -m scheduler.train_tapfinger paper|ces [--resume] [--stop-after-s S] [options]
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .config import add_options, add_resume_options, from_args
+from .config import add_options, add_resume_options, from_args, positive_int
 from .tapfinger import mappo
 from .tapfinger.policy import CHECKPOINT
 
@@ -57,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
             p, "go on from --state", "stop at the first update after this many seconds of wall time"
         )
         p.add_argument("--smoke", action="store_true", help="a few short episodes (tests, CI)")
+        p.add_argument(
+            "--workers",
+            type=positive_int,
+            default=1,
+            help="processes rolling out the episodes (the result is the same for any number)",
+        )
         add_options(p, base)
     return ap
 
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         hp = replace(hp, **SMOKE)
     hp = from_args(args, hp)
-    training = mappo.Training(args.setting, hp)
+    training = mappo.Training(args.setting, hp, workers=args.workers)
     if args.resume:
         try:
             training.restore(torch.load(state, weights_only=False))

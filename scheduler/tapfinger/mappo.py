@@ -17,8 +17,10 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -121,15 +123,27 @@ def update(
     for _ in range(hp.epochs):
         order = rng.permutation(len(rows))
         for start in range(0, len(rows), hp.minibatch):
-            loss = ppo_loss(
+            parts = ppo_loss(
                 net, [rows[i] for i in order[start : start + hp.minibatch]], mean, std, hp
             )
+            loss = parts["policy"] - hp.entropy * parts["entropy"] + hp.value_coef * parts["value"]
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), hp.max_grad)
+            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), hp.max_grad)
             opt.step()
-            stats.append(loss.item())
-    return {"loss": float(np.mean(stats)) if stats else 0.0}
+            stats.append(
+                {"loss": loss.item(), "grad_norm": norm.item()}
+                | {k: v.item() for k, v in parts.items()}
+            )
+    if not stats:
+        return {"loss": 0.0}
+    returns = np.concatenate([r for *_, r in rows])
+    values = np.concatenate([s.value for _, s, *_ in rows])
+    # how much of the returns' spread the critic explained before the update (1: all, 0: none)
+    explained = 1 - np.var(returns - values) / max(np.var(returns), 1e-12)
+    return {k: float(np.mean([x[k] for x in stats])) for k in stats[0]} | {
+        "explained_variance": float(explained)
+    }
 
 
 def ppo_loss(
@@ -138,7 +152,7 @@ def ppo_loss(
     mean: float,
     std: float,
     hp: Hyper,
-) -> torch.Tensor:
+) -> dict[str, torch.Tensor]:
     """Clipped policy loss and entropy over the active agents (losers of a conflict and agents
     without a task left out), value loss over every agent; advantages normalised by mean, std."""
 
@@ -152,14 +166,20 @@ def ppo_loss(
     ratio = torch.exp(logp - old)
     pg = -torch.min(ratio * adv, ratio.clamp(1 - hp.clip, 1 + hp.clip) * adv)
     n = active.sum().clamp(min=1)
-    return (
-        (pg * active).sum() / n
-        - hp.entropy * (entropy * active).sum() / n
-        + hp.value_coef * ((value - ret) ** 2).mean()
-    )
+    return {
+        "policy": (pg * active).sum() / n,
+        "entropy": (entropy * active).sum() / n,
+        "value": ((value - ret) ** 2).mean(),
+    }
 
 
-def paper_episode(net: TapFingerNet, hp: Hyper, rng: np.random.Generator, seed: int) -> Episode:
+def episode_rng(hp: Hyper, seed: int) -> np.random.Generator:
+    """The sampled actions' generator of training episode `seed`: its own, so that an episode
+    is the same whichever worker rolls it out and whatever ran before it."""
+    return np.random.default_rng((hp.seed, seed))
+
+
+def paper_episode(net: TapFingerNet, hp: Hyper, seed: int) -> Episode:
     """Episode `seed` of TapFinger's own setting, sampled actions."""
     steps: list[tuple[Obs, Step]] = []
     rewards: list[np.ndarray] = []
@@ -169,7 +189,7 @@ def paper_episode(net: TapFingerNet, hp: Hyper, rng: np.random.Generator, seed: 
         rewards.append(np.zeros(len(obs.servers)))
 
     env = paper.PaperEnv(paper.PaperSetting(tasks=hp.paper_tasks), seed)
-    schedule = paper.tapfinger(net, greedy=False, rng=rng, record=record)
+    schedule = paper.tapfinger(net, greedy=False, rng=episode_rng(hp, seed), record=record)
     while not env.done:
         schedule(env)
         r = env.advance()
@@ -185,7 +205,7 @@ def training_clusters(topologies: tuple[str, ...]) -> tuple[Cluster, ...]:
     return tuple(Cluster.from_topology(load_topology(t)) for t in topologies)
 
 
-def ces_episode(net: TapFingerNet, hp: Hyper, rng: np.random.Generator, seed: int) -> Episode:
+def ces_episode(net: TapFingerNet, hp: Hyper, seed: int) -> Episode:
     """Episode `seed` in CES's simulator (the training topologies in turn), sampled actions."""
     clusters = training_clusters(hp.ces_topologies)
     cluster = clusters[seed % len(clusters)]
@@ -195,7 +215,7 @@ def ces_episode(net: TapFingerNet, hp: Hyper, rng: np.random.Generator, seed: in
         make_algorithm(hp.ces_single, seed=seed),
         net,
         greedy=False,
-        seed=int(rng.integers(2**31)),
+        seed=int(episode_rng(hp, seed).integers(2**31)),
         recorder=recorder,
     )
     result = Simulator(cluster.copy(), agent).run(scenario.jobs, scenario.events)
@@ -203,35 +223,45 @@ def ces_episode(net: TapFingerNet, hp: Hyper, rng: np.random.Generator, seed: in
     return recorder.steps, recorder.rewards
 
 
-def paper_validation(net: TapFingerNet, hp: Hyper) -> float:
-    """Average JCT (slots) of the greedy policy on held-out episodes of the paper setting."""
+Each = Callable[[Callable, TapFingerNet, Sequence[tuple]], list]
+
+
+def serially(job: Callable, net: TapFingerNet, args: Sequence[tuple]) -> list:
+    """`job(net, *a)` for every `a`, here (`Training.each` does it in its workers)."""
+    return [job(net, *a) for a in args]
+
+
+def paper_validation_episode(net: TapFingerNet, hp: Hyper, seed: int) -> float:
     setting = paper.PaperSetting(tasks=hp.paper_tasks)
-    return float(
-        np.mean(
-            [
-                paper.run(paper.PaperEnv(setting, VALIDATION_SEED + s), paper.tapfinger(net))
-                for s in range(hp.validation_episodes)
-            ]
-        )
-    )
+    return paper.run(paper.PaperEnv(setting, seed), paper.tapfinger(net))
 
 
-def ces_validation(net: TapFingerNet, hp: Hyper) -> float:
+def paper_validation(net: TapFingerNet, hp: Hyper, each: Each = serially) -> float:
+    """Average JCT (slots) of the greedy policy on held-out episodes of the paper setting."""
+    seeds = [(hp, VALIDATION_SEED + s) for s in range(hp.validation_episodes)]
+    return float(np.mean(each(paper_validation_episode, net, seeds)))
+
+
+def ces_validation_episode(net: TapFingerNet, hp: Hyper, topology: int, s: int) -> float:
+    cluster = training_clusters(hp.ces_topologies)[topology]
+    scenario = make_scenario(parse_arrivals(hp.ces_arrivals), cluster, VALIDATION_SEED + s)
+    agent = policy.TapFinger(make_algorithm(hp.ces_single, seed=s), net, seed=s)
+    result = Simulator(cluster.copy(), agent).run(scenario.jobs, scenario.events)
+    return result.summary()["avg_wait_s"]
+
+
+def ces_validation(net: TapFingerNet, hp: Hyper, each: Each = serially) -> float:
     """Average wait (s; a job still queued at the end counts with its wait so far) of the
     policy, sampled and seeded as it is evaluated, on held-out scenarios of every training
     topology."""
-    spec = parse_arrivals(hp.ces_arrivals)
-    waits = []
-    for cluster in training_clusters(hp.ces_topologies):
-        for s in range(hp.validation_episodes):
-            scenario = make_scenario(spec, cluster, VALIDATION_SEED + s)
-            agent = policy.TapFinger(make_algorithm(hp.ces_single, seed=s), net, seed=s)
-            result = Simulator(cluster.copy(), agent).run(scenario.jobs, scenario.events)
-            waits.append(result.summary()["avg_wait_s"])
-    return float(np.mean(waits))
+    runs = [
+        (hp, t, s) for t in range(len(hp.ces_topologies)) for s in range(hp.validation_episodes)
+    ]
+    return float(np.mean(each(ces_validation_episode, net, runs)))
 
 
-Setting = tuple[dict[str, int], int, Callable[..., Episode], Callable[[TapFingerNet, Hyper], float]]
+Validation = Callable[[TapFingerNet, Hyper, Each], float]
+Setting = tuple[dict[str, int], int, Callable[..., Episode], Validation]
 SETTINGS: dict[str, Setting] = {  # dims, grid, episode, validation
     "paper": (paper.DIMS, paper.GRID, paper_episode, paper_validation),
     "ces": (policy.DIMS, policy.GRID, ces_episode, ces_validation),
@@ -243,30 +273,58 @@ def build(dims: dict[str, int], grid: int, hp: Hyper, agents: int = 0) -> TapFin
     return TapFingerNet(dims, grid, hidden=hp.hidden, layers=hp.layers, agents=agents)
 
 
+def agent_count(hp: Hyper) -> int:
+    """Agents the network tells apart by id (0: none, one network for any number)."""
+    return len(paper.PaperSetting().capacities) if hp.agent_ids else 0
+
+
+_worker: dict = {}  # a rollout worker's own network, built once by `_start_worker`
+
+
+def _start_worker(setting: str, hp: Hyper) -> None:
+    torch.set_num_threads(1)
+    dims, grid, *_ = SETTINGS[setting]
+    _worker["net"] = build(dims, grid, hp, agent_count(hp))
+
+
+def _in_worker(job: Callable, weights: dict, training: bool, *args) -> tuple[object, float]:
+    """`job` on the worker's network with the trainer's weights; its result and CPU seconds."""
+    cpu = time.process_time()
+    net = _worker["net"]
+    net.load_state_dict(weights)
+    net.train(training)
+    return job(net, *args), time.process_time() - cpu
+
+
 class Training:
     """One setting's training, resumable: `state()` holds all it needs to go on — the weights,
     Adam's moments, both random generators, the episodes done (episode i is seed i), the
     history and the best weights so far — so a training stopped at an update and resumed from
-    its state goes on exactly as one that never stopped."""
+    its state goes on exactly as one that never stopped.
+
+    `workers` > 1 rolls an update's episodes and the validation's out in as many processes,
+    with the same result (each episode draws its actions from its own generator,
+    `episode_rng`); `cpu_s` counts theirs."""
 
     def __init__(
         self,
         setting: str,
         hp: Hyper,
-        validate: Callable[[TapFingerNet, Hyper], float] | None = None,
+        validate: Validation | None = None,
+        workers: int = 1,
     ):
         dims, grid, self.episode, default_validation = SETTINGS[setting]
-        self.setting, self.hp = setting, hp
+        self.setting, self.hp, self.workers = setting, hp, workers
         self.validate = validate or default_validation
-        agents = len(paper.PaperSetting().capacities) if hp.agent_ids else 0
-        self.net = build(dims, grid, hp, agents)
+        self.net = build(dims, grid, hp, agent_count(hp))
         self.opt = torch.optim.Adam(self.net.parameters(), lr=hp.lr)
-        self.act_rng = np.random.default_rng(hp.seed)  # sampled actions
         self.update_rng = np.random.default_rng(hp.seed)  # minibatches
         self.done = 0  # episodes trained
         self.history: list[dict] = []
         self.best: tuple[float, int, dict] | None = None  # score, after episodes, weights
         self.cpu_s = self.wall_s = 0.0
+        self._pool: ProcessPoolExecutor | None = None
+        self._worker_cpu = 0.0
 
     def state(self) -> dict:
         return {
@@ -274,7 +332,6 @@ class Training:
             "hyper": asdict(self.hp),
             "net": self.net.state_dict(),
             "opt": self.opt.state_dict(),
-            "act_rng": self.act_rng.bit_generator.state,
             "update_rng": self.update_rng.bit_generator.state,
             "done": self.done,
             "history": self.history,
@@ -297,13 +354,25 @@ class Training:
             )
         self.net.load_state_dict(state["net"])
         self.opt.load_state_dict(state["opt"])
-        self.act_rng.bit_generator.state = state["act_rng"]
         self.update_rng.bit_generator.state = state["update_rng"]
         self.done, self.history, self.best = state["done"], state["history"], state["best"]
         self.cpu_s, self.wall_s = state["cpu_s"], state["wall_s"]
 
+    def each(self, job: Callable, net: TapFingerNet, args: Sequence[tuple]) -> list:
+        """`job(net, *a)` for every `a`, in the workers if there are any (in order)."""
+        if self._pool is None:
+            return serially(job, net, args)
+        weights = net.state_dict()
+        futures = [self._pool.submit(_in_worker, job, weights, net.training, *a) for a in args]
+        results = []
+        for f in futures:
+            result, cpu = f.result()
+            self._worker_cpu += cpu
+            results.append(result)
+        return results
+
     def _score(self) -> float:
-        score = self.validate(self.net.eval(), self.hp)
+        score = self.validate(self.net.eval(), self.hp, self.each)
         self.net.train()
         if self.best is None or score < self.best[0]:
             self.best = (score, self.done, copy.deepcopy(self.net.state_dict()))
@@ -319,20 +388,35 @@ class Training:
         first update after `stop_after_s` seconds, stop (False); `save(self)` every
         `checkpoint_every` episodes and at the end. The best weights (lowest validation score)
         are in `best`; the first score is of the initial weights."""
+        if self.workers > 1:  # spawned, not forked: a fork of a process using torch may hang
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(
+                self.workers, context, _start_worker, (self.setting, self.hp)
+            )
+        try:
+            return self._run(log, stop_after_s, save)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
+                self._pool = None
+
+    def _run(
+        self, log: Callable[[str], None], stop_after_s: float, save: Callable[[Training], None]
+    ) -> bool:
         hp, wall, cpu = self.hp, time.perf_counter(), time.process_time()
 
         def clock() -> None:
             nonlocal wall, cpu
             self.wall_s += time.perf_counter() - wall
-            self.cpu_s += time.process_time() - cpu
-            wall, cpu = time.perf_counter(), time.process_time()
+            self.cpu_s += time.process_time() - cpu + self._worker_cpu
+            wall, cpu, self._worker_cpu = time.perf_counter(), time.process_time(), 0.0
 
         if self.best is None:
             self._score()
         started, saved = time.perf_counter(), -1
         while self.done < hp.episodes:
             k = min(hp.episodes_per_update, hp.episodes - self.done)
-            batch = [self.episode(self.net, hp, self.act_rng, self.done + i) for i in range(k)]
+            batch = self.each(self.episode, self.net, [(hp, self.done + i) for i in range(k)])
             before, self.done = self.done, self.done + k
             ret = float(np.mean([sum(r.sum() for r in rw) for _, rw in batch]))
             stats = update(self.net, self.opt, batch, hp, self.update_rng)

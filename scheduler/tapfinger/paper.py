@@ -34,6 +34,7 @@ level; what a fixed allocation can reach here.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -421,6 +422,21 @@ def run(env: PaperEnv, schedule: Scheduler, max_slots: int = 100_000) -> float:
         schedule(env)
         env.advance()
     return float(np.mean(env.jct))
+
+
+def allocations(net: TapFingerNet, seed: int, setting: PaperSetting = PaperSetting()) -> dict:
+    """What the greedy policy gives each kind of task over episode `seed`: per kind, the
+    (cpu, gpu) allocations it started tasks with ("c,g") and how often, the commonest first —
+    whether it learned which kind gains from GPUs."""
+    counts = {kind: Counter() for kind in KINDS}
+
+    def record(obs: Obs, step) -> None:
+        for t, i in step.winners.items():
+            c, g = cell_alloc(int(step.cell[i]))
+            counts[KINDS[int(obs.tasks[t][1] > 0.5)]][f"{c},{g}"] += 1  # feature 1: "language"
+
+    run(PaperEnv(setting, seed), tapfinger(net, record=record))
+    return {kind: dict(c.most_common()) for kind, c in counts.items()}
 
 
 BASELINES: dict[str, Callable[[int], Scheduler]] = {  # name -> scheduler of seed s

@@ -80,11 +80,13 @@ def test_a_conflict_has_one_winner_and_the_losers_log_probabilities_leave_the_lo
     assert step.active.tolist() == [False, True]
     hp = mappo.Hyper()
     adv = np.array([1.0, -2.0])
-    base = mappo.ppo_loss(net, [(obs, step, adv, np.zeros(2))], 0.0, 1.0, hp)
-    changed = mappo.ppo_loss(net, [(obs, step, np.array([50.0, -2.0]), np.zeros(2))], 0.0, 1.0, hp)
-    assert base.item() == pytest.approx(changed.item())  # the loser's advantage does not count
-    changed = mappo.ppo_loss(net, [(obs, step, np.array([1.0, 5.0]), np.zeros(2))], 0.0, 1.0, hp)
-    assert base.item() != pytest.approx(changed.item())  # the winner's does
+
+    def policy_loss(adv: np.ndarray) -> float:
+        return mappo.ppo_loss(net, [(obs, step, adv, np.zeros(2))], 0.0, 1.0, hp)["policy"].item()
+
+    base = policy_loss(adv)
+    assert base == pytest.approx(policy_loss(np.array([50.0, -2.0])))  # the loser's does not count
+    assert base != pytest.approx(policy_loss(np.array([1.0, 5.0])))  # the winner's does
 
 
 TINY_PAPER = replace(
@@ -102,7 +104,7 @@ TINY_PAPER = replace(
 def test_training_keeps_the_weights_that_validated_best():
     scores, seen = iter([5.0, 3.0, 9.0]), []  # before training, after episode 1, after 2
 
-    def validate(n, _hp):
+    def validate(n, _hp, _each):
         assert not n.training  # scored as it is used: evaluation mode
         seen.append({k: v.clone() for k, v in n.state_dict().items()})
         return next(scores)
@@ -139,6 +141,17 @@ def test_a_training_stopped_and_resumed_goes_on_as_if_it_had_not_stopped():
     assert longer.run(lambda _: None) and longer.done == 4
 
 
+def test_workers_roll_the_episodes_out_to_the_same_training():
+    hp = replace(TINY_PAPER, episodes=4, episodes_per_update=2, validate_every=2)
+    alone, shared = mappo.Training("paper", hp), mappo.Training("paper", hp, workers=2)
+    assert alone.run(lambda _: None) and shared.run(lambda _: None)
+    for a, b in ((alone.net, shared.net), (alone.best_net(), shared.best_net())):
+        assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    assert alone.history == shared.history and alone.best[:2] == shared.best[:2]
+    assert {"policy", "value", "entropy", "explained_variance"} <= alone.history[-1].keys()
+    assert shared.cpu_s > 0 and shared._pool is None  # the workers' time counted, pool gone
+
+
 def test_agent_ids_tell_identical_servers_apart():
     obs = two_agents_one_task()
     dims = {"server": 2, "task": 2, "running": 2, "central": 1}
@@ -149,6 +162,18 @@ def test_agent_ids_tell_identical_servers_apart():
         _, alloc, value, _ = net([obs])
         assert (not torch.allclose(alloc[0], alloc[1])) == differ
         assert (not torch.allclose(value[0], value[1])) == differ
+
+
+def test_the_allocations_of_each_kind_count_every_task_of_that_kind_once():
+    setting = paper.PaperSetting(tasks=30)
+    net = mappo.build(paper.DIMS, paper.GRID, TINY_PAPER, mappo.agent_count(TINY_PAPER)).eval()
+    given = paper.allocations(net, 3, setting)
+    kinds = [t.kind for t in paper.PaperEnv(setting, 3).schedule]
+    for k, kind in enumerate(paper.KINDS):
+        assert sum(given[kind].values()) == kinds.count(k) > 0
+        for cell in given[kind]:
+            c, g = map(int, cell.split(","))
+            assert c >= paper.MINIMUM[0] and g >= paper.MINIMUM[1]
 
 
 def test_speed_functions_and_the_baselines_in_the_paper_setting():
