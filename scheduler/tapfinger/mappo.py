@@ -46,6 +46,7 @@ class Hyper:
     hidden: int = 32  # units of every hidden layer
     layers: int = 2  # heterogeneous graph attention (HAN) layers
     agent_ids: bool = False  # servers carry their index (one-hot): a fixed set of agents only
+    separate_critic: bool = False  # the critic has its own graph encoder (the original's own net)
     lr: float = 3e-4  # Adam's learning rate
     gamma: float = 0.99  # discount
     gae_lambda: float = 0.95  # GAE's lambda
@@ -270,7 +271,14 @@ SETTINGS: dict[str, Setting] = {  # dims, grid, episode, validation
 
 def build(dims: dict[str, int], grid: int, hp: Hyper, agents: int = 0) -> TapFingerNet:
     torch.manual_seed(hp.seed)
-    return TapFingerNet(dims, grid, hidden=hp.hidden, layers=hp.layers, agents=agents)
+    return TapFingerNet(
+        dims,
+        grid,
+        hidden=hp.hidden,
+        layers=hp.layers,
+        agents=agents,
+        separate_critic=hp.separate_critic,
+    )
 
 
 def agent_count(hp: Hyper) -> int:
@@ -472,7 +480,12 @@ def write_checkpoint(path: Path, training: Training) -> None:
     hp = training.hp
     data[training.setting] = {
         "state": training.best_net().state_dict(),
-        "shape": {"hidden": hp.hidden, "layers": hp.layers, "agents": training.net.agents},
+        "shape": {
+            "hidden": hp.hidden,
+            "layers": hp.layers,
+            "agents": training.net.agents,
+            "separate_critic": hp.separate_critic,
+        },
         "hyper": asdict(hp),
         "training": training.summary(),
         "history": training.history,

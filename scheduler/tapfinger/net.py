@@ -94,18 +94,17 @@ class TapFingerNet(nn.Module):
         layers: int = 2,
         heads: int = 4,
         agents: int = 0,
+        separate_critic: bool = False,
     ):
         """`agents` > 0: every server's features get its index as a one-hot of that length (a
         fixed set of agents, as in TapFinger's setting, where the shared weights then act as
-        per-agent policies); 0: none (CES: any number of nodes)."""
+        per-agent policies); 0: none (CES: any number of nodes). `separate_critic`: the critic
+        has a graph encoder of its own, as the original's actors and critics are networks of
+        their own; otherwise it reads the actor's embeddings (the value loss then trains the
+        actor's encoder too)."""
         super().__init__()
         self.dims, self.grid, self.agents = dims, grid, agents
-        width = dict(dims, server=dims["server"] + agents)
-        self.inp = nn.ModuleDict({t: nn.Linear(width[t], hidden) for t in NODE_TYPES})
-        meta = (list(NODE_TYPES), list(EDGE_TYPES))
-        self.convs = nn.ModuleList(
-            HANConv(hidden, hidden, meta, heads=heads) for _ in range(layers)
-        )
+        self.inp, self.convs = self._encoder(hidden, layers, heads)
         self.empty = nn.Parameter(torch.zeros(hidden))  # an empty slot's embedding
         self.w_slot = nn.Linear(hidden, hidden, bias=False)
         self.w_query = nn.Linear(hidden, hidden, bias=False)
@@ -114,12 +113,22 @@ class TapFingerNet(nn.Module):
             nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, grid)
         )
         self.critic = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.critic_inp, self.critic_convs = (
+            self._encoder(hidden, layers, heads) if separate_critic else (None, None)
+        )
 
-    def encode(
-        self, batch: list[Obs]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Embeddings of the batch's graphs joined into one: servers (ΣA, H), each agent's slots
-        (ΣA, K, H), the central node per agent (ΣA, H) and the slots' global task indices."""
+    def _encoder(self, hidden: int, layers: int, heads: int) -> tuple[nn.ModuleDict, nn.ModuleList]:
+        """Input layers per node type and the HAN layers over them."""
+        width = dict(self.dims, server=self.dims["server"] + self.agents)
+        meta = (list(NODE_TYPES), list(EDGE_TYPES))
+        return (
+            nn.ModuleDict({t: nn.Linear(width[t], hidden) for t in NODE_TYPES}),
+            nn.ModuleList(HANConv(hidden, hidden, meta, heads=heads) for _ in range(layers)),
+        )
+
+    def graph(self, batch: list[Obs]) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+        """The batch's graphs joined into one: node features per type, edges per type, each
+        agent's slots as global task indices (-1: empty) and each agent's central node."""
         x = {t: [] for t in NODE_TYPES}
         edges = {e: [] for e in EDGE_TYPES}
         slot_index, central_of = [], []
@@ -154,39 +163,56 @@ class TapFingerNet(nn.Module):
             n["server"] += a
             n["task"] += len(o.tasks)
             n["running"] += len(o.running)
-        xs = {
-            t: self.inp[t](
-                torch.as_tensor(np.concatenate(x[t]), dtype=torch.float32).reshape(
-                    -1, self.inp[t].in_features
-                )
-            )
-            for t in NODE_TYPES
-        }
+        xs = {t: np.concatenate(v) for t, v in x.items()}
         es = {
             e: torch.as_tensor(np.concatenate(v, axis=1), dtype=torch.long)
             for e, v in edges.items()
         }
-        for conv in self.convs:
+        return xs, es, np.concatenate(slot_index), np.concatenate(central_of)
+
+    @staticmethod
+    def embed(
+        inp: nn.ModuleDict, convs: nn.ModuleList, x: dict, es: dict
+    ) -> dict[str, torch.Tensor]:
+        """Node embeddings per type: the input layers, then the HAN layers (residual)."""
+        xs = {
+            t: inp[t](torch.as_tensor(x[t], dtype=torch.float32).reshape(-1, inp[t].in_features))
+            for t in NODE_TYPES
+        }
+        for conv in convs:
             out = conv(xs, es)
             xs = {
                 t: torch.relu(out[t]) + xs[t] if out.get(t) is not None else xs[t]
                 for t in NODE_TYPES
             }
-        idx = torch.as_tensor(np.concatenate(slot_index), dtype=torch.long)
+        return xs
+
+    def _actor_view(self, xs: dict, slot_index: np.ndarray, central_of: np.ndarray):
+        """Servers (ΣA, H), each agent's slots (ΣA, K, H), the central node per agent (ΣA, H)
+        and the slots' global task indices."""
+        idx = torch.as_tensor(slot_index, dtype=torch.long)
         tasks = torch.cat([xs["task"], self.empty[None]])  # index -1: the empty embedding
-        return xs["server"], tasks[idx], xs["central"][np.concatenate(central_of)], idx
+        return xs["server"], tasks[idx], xs["central"][central_of], idx
 
     def forward(self, batch: list[Obs]):
         """Per agent of the batch: pointer logits (ΣA, K), allocation logits (ΣA, K, G), values
         (ΣA,), all masked; and the agents that have any task to take (ΣA,)."""
-        server, slots, central, _ = self.encode(batch)
+        x, es, slot_index, central_of = self.graph(batch)
+        server, slots, central, _ = self._actor_view(
+            self.embed(self.inp, self.convs, x, es), slot_index, central_of
+        )
+        if self.critic_convs is None:
+            seen = torch.cat([server, central], -1)
+        else:
+            own = self.embed(self.critic_inp, self.critic_convs, x, es)
+            seen = torch.cat([own["server"], own["central"][central_of]], -1)
         masks = torch.as_tensor(np.concatenate([o.masks for o in batch]))
         pickable = masks[..., 1:].any(-1)
         score = torch.tanh(self.w_slot(slots) + self.w_query(server)[:, None]) @ self.v
         pointer = score.masked_fill(~pickable, -1e9)
         pair = torch.cat([server[:, None].expand_as(slots), slots], -1)
         alloc = self.alloc(pair).masked_fill(~masks, -1e9)
-        value = self.critic(torch.cat([server, central], -1)).squeeze(-1)
+        value = self.critic(seen).squeeze(-1)
         return pointer, alloc, value, pickable.any(-1)
 
 

@@ -152,6 +152,21 @@ def test_workers_roll_the_episodes_out_to_the_same_training():
     assert shared.cpu_s > 0 and shared._pool is None  # the workers' time counted, pool gone
 
 
+def test_a_separate_critic_keeps_the_value_loss_out_of_the_actors_encoder():
+    obs = two_agents_one_task()
+    dims = {"server": 2, "task": 2, "running": 2, "central": 1}
+    for separate in (False, True):
+        torch.manual_seed(0)
+        net = mappo.TapFingerNet(dims, 3, separate_critic=separate)
+        pointer, alloc, value, _ = net([obs])
+        value.sum().backward()
+        actor = [p.grad for p in net.convs.parameters()]
+        assert any(g is not None and g.abs().sum() > 0 for g in actor) != separate
+        if separate:
+            assert any(p.grad.abs().sum() > 0 for p in net.critic_convs.parameters())
+            assert {k.split(".")[0] for k in net.state_dict()} >= {"critic_inp", "critic_convs"}
+
+
 def test_agent_ids_tell_identical_servers_apart():
     obs = two_agents_one_task()
     dims = {"server": 2, "task": 2, "running": 2, "central": 1}
