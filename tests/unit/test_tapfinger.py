@@ -158,7 +158,7 @@ def test_a_separate_critic_keeps_the_value_loss_out_of_the_actors_encoder():
     for separate in (False, True):
         torch.manual_seed(0)
         net = mappo.TapFingerNet(dims, 3, separate_critic=separate)
-        pointer, alloc, value, _ = net([obs])
+        value = net([obs])[2]
         value.sum().backward()
         actor = [p.grad for p in net.convs.parameters()]
         assert any(g is not None and g.abs().sum() > 0 for g in actor) != separate
