@@ -1123,6 +1123,42 @@ SEEDS_QUOTES += [
     Q(
         SEEDS,
         SEEDS_JSON,
+        "It trained all {n} of {of} episodes in {cpu:.0f} s of CPU; its best\nvalidation, "
+        "{v:.2f} slots, came after {k} episodes",
+        n=("tapfinger_paper_setting", "other_checkpoints", "separate-critic", "episodes"),
+        of=("tapfinger_paper_setting", "other_checkpoints", "separate-critic", "of"),
+        cpu=("tapfinger_paper_setting", "other_checkpoints", "separate-critic", "cpu_s"),
+        v=("tapfinger_paper_setting", "other_checkpoints", "separate-critic", "validation"),
+        k=(
+            "tapfinger_paper_setting",
+            "other_checkpoints",
+            "separate-critic",
+            "kept_after_episodes",
+        ),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        "against our\nTiresias (LAS) {las} ({level}), against the paper's elastic rule\n{paper}, "
+        "against the shared-encoder checkpoint {shared}, and level with the fixed\nKind-aware "
+        "rule ({kind}) and Optimus-like ({opt})",
+        las=lambda d: _paired(_vs(d, "las", SEPARATE)),
+        level=lambda d: _level(_vs(d, "las", SEPARATE)),
+        paper=lambda d: _paired(_vs(d, "tiresias-paper", SEPARATE)),
+        shared=lambda d: _paired(_vs(d, "tapfinger", SEPARATE)),
+        kind=lambda d: _paired(_vs(d, "kind-aware", SEPARATE)),
+        opt=lambda d: _paired(_vs(d, "optimus", SEPARATE)),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
+        'greedy allocations on episode 1000: "vision" tasks {v}; "language" tasks {l}',
+        v=lambda d: _allocations(d, "separate-critic", "vision"),
+        l=lambda d: _allocations(d, "separate-critic", "language"),
+    ),
+    Q(
+        SEEDS,
+        SEEDS_JSON,
         "(session 22's weights: {vs}, also {level})",
         vs=lambda d: _signed_pct(_vs(d, "las", "tapfinger@session-22")["ratio"] - 1),
         level=lambda d: _level(_vs(d, "las", "tapfinger@session-22")),
@@ -1184,6 +1220,9 @@ def _vs(d: dict, policy: str, tapfinger: str = "tapfinger") -> dict:
 def _level(r: dict) -> str:
     """A paired ratio's verdict: ahead (interval below 1), behind (above) or level."""
     return "ahead" if r["high"] < 1 else "behind" if r["low"] > 1 else "level"
+
+
+SEPARATE = "tapfinger@separate-critic"  # the training with a critic encoder of its own
 
 
 def _trained(d: dict) -> dict:
