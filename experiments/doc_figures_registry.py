@@ -779,6 +779,20 @@ TAPFINGER_ROWS = {
 }
 
 
+def _allocations_quote(text: str, checkpoint: str) -> Quote:
+    """A quote of a checkpoint's commonest allocations to each kind ({v}: vision, {l}: language)."""
+    return Q(
+        SEEDS,
+        SEEDS_JSON,
+        text,
+        v=lambda d: _allocations(d, checkpoint, "vision"),
+        l=lambda d: _allocations(d, checkpoint, "language"),
+    )
+
+
+SEPARATE = "tapfinger@separate-critic"  # the training with a critic encoder of its own
+
+
 def _signed_pct(x: float) -> str:
     return f"{'+' if x >= 0 else '−'}{abs(100 * x):.1f} %"
 
@@ -1084,19 +1098,10 @@ SEEDS_QUOTES += [
         lo=lambda d: min(r["explained_variance"] for r in _history(d)[2:]),
         hi=lambda d: max(r["explained_variance"] for r in _history(d)[2:]),
     ),
-    Q(
-        SEEDS,
-        SEEDS_JSON,
-        '"vision" tasks {v}; "language" tasks {l}.',
-        v=lambda d: _allocations(d, "tapfinger", "vision"),
-        l=lambda d: _allocations(d, "tapfinger", "language"),
-    ),
-    Q(
-        SEEDS,
-        SEEDS_JSON,
+    _allocations_quote('"vision" tasks {v}; "language" tasks {l}.', "tapfinger"),
+    _allocations_quote(
         'Session 22\'s weights had not learned the kinds apart: "vision" {v}; "language" {l}.',
-        v=lambda d: _allocations(d, "session-22", "vision"),
-        l=lambda d: _allocations(d, "session-22", "language"),
+        "session-22",
     ),
     Q(
         SEEDS,
@@ -1149,12 +1154,9 @@ SEEDS_QUOTES += [
         kind=lambda d: _paired(_vs(d, "kind-aware", SEPARATE)),
         opt=lambda d: _paired(_vs(d, "optimus", SEPARATE)),
     ),
-    Q(
-        SEEDS,
-        SEEDS_JSON,
+    _allocations_quote(
         'greedy allocations on episode 1000: "vision" tasks {v}; "language" tasks {l}',
-        v=lambda d: _allocations(d, "separate-critic", "vision"),
-        l=lambda d: _allocations(d, "separate-critic", "language"),
+        "separate-critic",
     ),
     Q(
         SEEDS,
@@ -1220,9 +1222,6 @@ def _vs(d: dict, policy: str, tapfinger: str = "tapfinger") -> dict:
 def _level(r: dict) -> str:
     """A paired ratio's verdict: ahead (interval below 1), behind (above) or level."""
     return "ahead" if r["high"] < 1 else "behind" if r["low"] > 1 else "level"
-
-
-SEPARATE = "tapfinger@separate-critic"  # the training with a critic encoder of its own
 
 
 def _trained(d: dict) -> dict:
