@@ -215,13 +215,16 @@ def tapfinger_paper_setting(episodes: int, others: dict[str, Path]) -> dict:
         "setting": asdict(paper.PaperSetting()),
         "episodes": episodes,
         "avg_jct_slots": {k: mean_std(v) | {"runs": v} for k, v in jct.items()},
+        # every TapFinger (the checkpoint's, greedy and sampled, and each other one's) over every
+        # other policy, the checkpoint's two modes not over each other
         "tapfinger_vs": {
             mode: {
                 k: paired_ratio(jct[mode], v).to_json()
                 for k, v in jct.items()
-                if k not in ("tapfinger", "tapfinger-sampled")
+                if k != mode and not {k, mode} <= {"tapfinger", "tapfinger-sampled"}
             }
-            for mode in ("tapfinger", "tapfinger-sampled")
+            for mode in jct
+            if mode.startswith("tapfinger")
         },
         "other_checkpoints": {k: record(v) for k, v in others.items()},
         "allocations_episode_1000": {

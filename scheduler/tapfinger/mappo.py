@@ -306,8 +306,8 @@ def _in_worker(job: Callable, weights: dict, training: bool, *args) -> tuple[obj
 
 class Training:
     """One setting's training, resumable: `state()` holds all it needs to go on — the weights,
-    Adam's moments, both random generators, the episodes done (episode i is seed i), the
-    history and the best weights so far — so a training stopped at an update and resumed from
+    Adam's moments, the minibatches' random generator, the episodes done (episode i is seed i,
+    its actions drawn from `episode_rng`), the history and the best weights so far — so a training stopped at an update and resumed from
     its state goes on exactly as one that never stopped.
 
     `workers` > 1 rolls an update's episodes and the validation's out in as many processes,

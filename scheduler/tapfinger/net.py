@@ -188,17 +188,15 @@ class TapFingerNet(nn.Module):
         return xs
 
     def _actor_view(self, xs: dict, slot_index: np.ndarray, central_of: np.ndarray):
-        """Servers (ΣA, H), each agent's slots (ΣA, K, H), the central node per agent (ΣA, H)
-        and the slots' global task indices."""
-        idx = torch.as_tensor(slot_index, dtype=torch.long)
+        """Servers (ΣA, H), each agent's slots (ΣA, K, H) and the central node per agent (ΣA, H)."""
         tasks = torch.cat([xs["task"], self.empty[None]])  # index -1: the empty embedding
-        return xs["server"], tasks[idx], xs["central"][central_of], idx
+        return xs["server"], tasks[torch.as_tensor(slot_index)], xs["central"][central_of]
 
     def forward(self, batch: list[Obs]):
         """Per agent of the batch: pointer logits (ΣA, K), allocation logits (ΣA, K, G), values
         (ΣA,), all masked; and the agents that have any task to take (ΣA,)."""
         x, es, slot_index, central_of = self.graph(batch)
-        server, slots, central, _ = self._actor_view(
+        server, slots, central = self._actor_view(
             self.embed(self.inp, self.convs, x, es), slot_index, central_of
         )
         if self.critic_convs is None:
